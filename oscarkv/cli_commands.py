@@ -1,0 +1,164 @@
+"""Subcommand implementations for ``oscarkv`` (argument setup and the run function of each)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import torch
+
+from oscarkv.cli import DEFAULT_CACHE, add_fields, pick
+from oscarkv.config import CalibrationConfig, EvalConfig, KVConfig
+
+log = logging.getLogger("oscarkv")
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class UserError(Exception):
+    """A problem with the user's input, reported without a traceback."""
+
+
+def _load(spec: str, dtype: str):
+    from oscarkv.models.loader import ModelLoadError, load_model
+
+    try:
+        return load_model(spec, DTYPES[dtype])
+    except ModelLoadError as e:
+        raise UserError(str(e)) from e
+
+
+def _model_args(p: argparse.ArgumentParser, dtype: str) -> None:
+    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct GGUF), a HF model directory or a .gguf file")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=dtype, help=f"model compute dtype (default {dtype})")
+
+
+# ---------------------------------------------------------------------------------- calibrate
+def setup_calibrate(p: argparse.ArgumentParser) -> None:
+    """Fit OSCAR rotations and clips from attention statistics and write the artifact."""
+    _model_args(p, "float32")
+    p.add_argument("--data", nargs="*", type=Path, default=None, help="calibration text files (default: the shipped calibration text)")
+    p.add_argument("--out", type=Path, required=True, help="artifact directory to write")
+    add_fields(p, CalibrationConfig, ["tokens", "heldout_tokens", "chunk", "rotation", "value_objective",
+                                      "share_heads", "center", "clip", "group_size", "seed"])
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    loaded = _load(args.model, args.dtype)
+    texts, desc = None, None
+    if args.data:
+        missing = [str(f) for f in args.data if not f.is_file()]
+        if missing:
+            raise UserError(f"calibration data not found: {', '.join(missing)}")
+        texts, desc = [f.read_text() for f in args.data], ", ".join(str(f) for f in args.data)
+    artifact = calibrate_to(loaded, _config(CalibrationConfig, args), args.out, texts, desc)
+    print(f"wrote {args.out} ({artifact.manifest['calibration']['seconds']:.1f} s)")
+    return 0
+
+
+def _config(cls, args, **extra):
+    try:
+        return pick(cls, args, **extra)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+
+
+def calibrate_to(loaded, cfg: CalibrationConfig, out: Path, texts=None, desc=None):
+    from oscarkv.calibrate.run import calibrate, format_summary
+
+    try:
+        artifact, rows = calibrate(loaded, cfg, texts, desc)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    artifact.save(out)
+    print(format_summary(rows))
+    return artifact
+
+
+def default_artifact(loaded, cache_dir: Path):
+    """The default model's artifact from the cache directory, calibrated once if missing or stale."""
+    from oscarkv.quant.artifact import Artifact, ArtifactError, ModelFingerprint
+
+    fp = ModelFingerprint.from_config(loaded.config)
+    path = cache_dir / "rotations" / fp.config_hash
+    try:
+        return Artifact.load(path, expect=fp)
+    except ArtifactError as e:
+        log.info("calibrating the default model once (%s) -> %s", e, path)
+    return calibrate_to(loaded, CalibrationConfig(), path)
+
+
+# ---------------------------------------------------------------------------------- eval
+def setup_eval(p: argparse.ArgumentParser) -> None:
+    """Measure long-context accuracy (RULER-style tasks, decode-faithful perplexity) per KV method."""
+    _model_args(p, "bfloat16")
+    p.add_argument("--rotations", type=Path, default=None, help="artifact directory for 'oscar' (default model: calibrated on first use)")
+    p.add_argument("--out", type=Path, required=True, help="directory for results.json, results.md and plots")
+    p.add_argument("--context", dest="contexts", type=lambda s: tuple(int(x) for x in s.split(",")),
+                   default=EvalConfig().contexts, help="prompt lengths in tokens, comma-separated")
+    p.add_argument("--windows", choices=["both", "on", "off"], default="both", help="BF16 sink/recent windows for low-bit methods")
+    p.add_argument("--sink", type=int, default=KVConfig().sink, help="BF16 sink tokens")
+    p.add_argument("--recent", type=int, default=KVConfig().recent, help="BF16 recent window tokens")
+    p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the default model's artifact is cached")
+    add_fields(p, EvalConfig, ["methods", "tasks", "samples", "seed"])
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from oscarkv.eval.report import write_report
+    from oscarkv.eval.runner import evaluate
+
+    windows = {"both": (True, False), "on": (True,), "off": (False,)}[args.windows]
+    kv = _config(KVConfig, argparse.Namespace(sink=args.sink, recent=args.recent))
+    cfg = _config(EvalConfig, args, windows=windows, kv=kv, contexts=args.contexts)
+    loaded = _load(args.model, args.dtype)
+    artifact = _artifact_for(loaded, args) if "oscar" in cfg.methods else None
+    try:
+        records, meta = evaluate(loaded, cfg, artifact)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    write_report(records, args.out, meta)
+    print((args.out / "results.md").read_text())
+    return 0
+
+
+def _artifact_for(loaded, args):
+    from oscarkv.quant.artifact import Artifact, ArtifactError, ModelFingerprint
+
+    if args.rotations is None:
+        if args.model != "default":
+            raise UserError("--rotations DIR is required for method 'oscar' (make one with: oscarkv calibrate --out DIR)")
+        return default_artifact(loaded, args.cache_dir)
+    try:
+        return Artifact.load(args.rotations, expect=ModelFingerprint.from_config(loaded.config))
+    except ArtifactError as e:
+        raise UserError(str(e)) from e
+
+
+# ---------------------------------------------------------------------------------- demo
+def setup_demo(p: argparse.ArgumentParser) -> None:
+    """Calibrate the default model (cached), then compare bf16/naive/quarot/oscar on NIAH at 2K-4K."""
+    p.add_argument("--samples", type=int, default=4, help="samples per context (default 4)")
+    p.add_argument("--out", type=Path, default=Path("runs/demo"), help="report directory (default runs/demo)")
+    p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the default model's artifact is cached")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from oscarkv.eval.report import write_report
+    from oscarkv.eval.runner import evaluate
+
+    loaded = _load("default", "bfloat16")
+    artifact = default_artifact(loaded, args.cache_dir)
+    cfg = EvalConfig(methods=("bf16", "naive", "quarot", "oscar"), tasks=("niah_single",),
+                     contexts=(2048, 4096), samples=args.samples)
+    records, meta = evaluate(loaded, cfg, artifact)
+    write_report(records, args.out, meta)
+    print((args.out / "results.md").read_text())
+    print(f"report, plot and JSON in {args.out}")
+    return 0
+
+
+COMMANDS = {
+    "calibrate": (setup_calibrate, run_calibrate),
+    "eval": (setup_eval, run_eval),
+    "demo": (setup_demo, run_demo),
+}

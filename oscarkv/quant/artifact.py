@@ -1,0 +1,176 @@
+"""The rotation artifact: ``rotations.safetensors`` (fp32 tensors) + ``manifest.json``.
+
+Written once by ``oscarkv calibrate`` and only loaded afterwards (the gpt-fast pattern).
+Tensors, stacked over layers (``L`` layers, ``H`` KV heads, head_dim ``d``):
+
+    key.rotation, value.rotation        [L, H, d, d]  R = U·H·P_br (or the chosen ablation)
+    key.eigvecs,  value.eigvecs         [L, H, d, d]  U, eigenvalues descending
+    key.eigenvalues, value.eigenvalues  [L, H, d]
+    key.mean, value.mean                [L, H, d]     zeros when centering is off
+
+The manifest records the format version, the oscarkv version, the model fingerprint, the
+method options, the group size, per-layer clip ratios and the calibration data. Loading
+validates all of it and raises :class:`ArtifactError` naming the offending field — there is
+no silent fallback to an identity rotation. Never pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from oscarkv.config import KVConfig
+from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec
+from oscarkv.quant.rotation import orthogonality_error
+
+FORMAT_VERSION = 1
+TENSOR_FILE = "rotations.safetensors"
+MANIFEST_FILE = "manifest.json"
+ORTHO_TOL = 1e-4
+
+
+class ArtifactError(ValueError):
+    """A rotation artifact that is missing, malformed or made for another model."""
+
+
+@dataclass(frozen=True)
+class ModelFingerprint:
+    """What an artifact must agree with: the attention geometry and a hash of the config."""
+
+    architecture: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    config_hash: str
+
+    @classmethod
+    def from_config(cls, config) -> ModelFingerprint:
+        """Fingerprint of a transformers ``PretrainedConfig`` (architecture, shapes, RoPE)."""
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
+        fields = {
+            "architecture": arch,
+            "hidden_size": config.hidden_size,
+            "intermediate_size": getattr(config, "intermediate_size", None),
+            "num_hidden_layers": config.num_hidden_layers,
+            "num_attention_heads": config.num_attention_heads,
+            "num_key_value_heads": config.num_key_value_heads,
+            "head_dim": head_dim,
+            "vocab_size": config.vocab_size,
+            "rope": _rope_theta(config),
+        }
+        digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+        return cls(arch, config.num_hidden_layers, config.num_attention_heads,
+                   config.num_key_value_heads, head_dim, digest)
+
+
+def _rope_theta(config) -> float | None:
+    params = getattr(config, "rope_parameters", None) or {}
+    return params.get("rope_theta", getattr(config, "rope_theta", None))
+
+
+@dataclass
+class Artifact:
+    """A loaded (or freshly fitted) rotation artifact."""
+
+    manifest: dict
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def fingerprint(self) -> ModelFingerprint:
+        return ModelFingerprint(**self.manifest["model"])
+
+    def save(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.validate()
+        save_file({k: v.float().contiguous() for k, v in self.tensors.items()}, str(out / TENSOR_FILE),
+                  metadata={"format_version": str(FORMAT_VERSION)})
+        (out / MANIFEST_FILE).write_text(json.dumps(self.manifest, indent=2) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path, expect: ModelFingerprint | None = None) -> Artifact:
+        """Load and validate; ``expect`` is the fingerprint of the model it will serve."""
+        path = Path(path)
+        for name in (MANIFEST_FILE, TENSOR_FILE):
+            if not (path / name).is_file():
+                raise ArtifactError(f"rotation artifact {path}: missing file {name}")
+        try:
+            manifest = json.loads((path / MANIFEST_FILE).read_text())
+        except json.JSONDecodeError as e:
+            raise ArtifactError(f"rotation artifact {path}: {MANIFEST_FILE} is not valid JSON ({e})") from e
+        art = cls(manifest, load_file(str(path / TENSOR_FILE)))
+        art.validate(expect)
+        return art
+
+    def validate(self, expect: ModelFingerprint | None = None) -> None:
+        """Check version, fingerprint, shapes, orthogonality and finiteness; raise naming the field."""
+        m = self.manifest
+        if m.get("format_version") != FORMAT_VERSION:
+            raise ArtifactError(f"field format_version: artifact has {m.get('format_version')!r}, "
+                                f"this oscarkv reads {FORMAT_VERSION}")
+        try:
+            fp = self.fingerprint
+        except (KeyError, TypeError) as e:
+            raise ArtifactError(f"field model: malformed fingerprint ({e})") from e
+        if expect is not None:
+            for field, want in asdict(expect).items():
+                have = getattr(fp, field)
+                if have != want:
+                    raise ArtifactError(f"field model.{field}: artifact was calibrated for {have!r}, "
+                                        f"but the model has {want!r}")
+        self._validate_tensors(fp)
+        self._validate_clips(fp)
+
+    def _validate_tensors(self, fp: ModelFingerprint) -> None:
+        L, H, d = fp.num_layers, fp.num_kv_heads, fp.head_dim
+        shapes = {f"{kind}.{name}": shape for kind in ("key", "value") for name, shape in
+                  (("rotation", (L, H, d, d)), ("eigvecs", (L, H, d, d)), ("eigenvalues", (L, H, d)), ("mean", (L, H, d)))}
+        for name, shape in shapes.items():
+            t = self.tensors.get(name)
+            if t is None:
+                raise ArtifactError(f"tensor {name}: missing")
+            if tuple(t.shape) != shape:
+                what = "layers" if t.dim() and t.shape[0] != L else "shape"
+                raise ArtifactError(f"tensor {name}: {what} mismatch, shape {tuple(t.shape)} but the model needs {shape}")
+            if not torch.isfinite(t).all():
+                raise ArtifactError(f"tensor {name}: contains NaN or Inf")
+        for kind in ("key", "value"):
+            err = orthogonality_error(self.tensors[f"{kind}.rotation"])
+            if err > ORTHO_TOL:
+                raise ArtifactError(f"tensor {kind}.rotation: not orthogonal (max |R Rᵀ - I| = {err:.2e})")
+
+    def _validate_clips(self, fp: ModelFingerprint) -> None:
+        clips = self.manifest.get("clip", {})
+        for kind in ("key", "value"):
+            vals = clips.get(kind)
+            if not isinstance(vals, list) or len(vals) != fp.num_layers:
+                raise ArtifactError(f"field clip.{kind}: expected {fp.num_layers} per-layer values, got {vals!r}")
+            if any(not isinstance(v, (int, float)) or not 0 < v <= 1 for v in vals):
+                raise ArtifactError(f"field clip.{kind}: values must lie in (0, 1], got {vals}")
+        g = self.manifest.get("group_size")
+        if not isinstance(g, int) or g <= 0 or fp.head_dim % g:
+            raise ArtifactError(f"field group_size: {g!r} does not divide head_dim {fp.head_dim}")
+
+    def codec(self, cfg: KVConfig, group: int) -> KVCodec:
+        """OSCAR codecs for every layer; the clips were fitted for the artifact's group size."""
+        if group != self.manifest["group_size"]:
+            raise ArtifactError(f"field group_size: artifact was fitted with G={self.manifest['group_size']}, "
+                                f"the cache asks for G={group}")
+        layers = []
+        for i in range(self.fingerprint.num_layers):
+            kinds = [TensorCodec(2, group, self.tensors[f"{kind}.rotation"][i], self.tensors[f"{kind}.mean"][i],
+                                 _clip(self.manifest["clip"][kind][i])) for kind in ("key", "value")]
+            layers.append(LayerCodec(*kinds))
+        return KVCodec(cfg, tuple(layers), group)
+
+
+def _clip(c: float) -> float | None:
+    return None if c >= 1.0 else float(c)

@@ -1,0 +1,146 @@
+"""Per-layer key/value codecs: rotate → center → clip → quantize → pack, and back.
+
+A :class:`TensorCodec` is the complete storage rule for one tensor kind (keys or values) of
+one layer: its rotation ``R [H, d, d]``, mean ``mu [H, d]``, clip ratio, bit width and group.
+The rotated domain is ``x_rot = (x - mu) @ R`` per KV head; caches store ``x_rot`` (BF16 for
+windows, packed low-bit codes for history) and map back with ``x = x_rot @ Rᵀ + mu``.
+:func:`build_codec` turns a :class:`~oscarkv.config.KVConfig` (plus, for ``oscar``, a
+rotation artifact) into a :class:`KVCodec` — the single code path for every method; caches
+(``oscarkv.cache``) and the evaluation harness only call it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from oscarkv.config import KVConfig
+from oscarkv.quant.bpe import bits_per_element, tiers
+from oscarkv.quant.clip import clip_groups
+from oscarkv.quant.int2 import Packed, dequantize, quantize
+from oscarkv.quant.rotation import compose
+
+
+@dataclass(frozen=True)
+class TensorCodec:
+    """Storage rule for keys or values of one layer. ``bits=None`` stores BF16 only."""
+
+    bits: int | None
+    group: int
+    rotation: torch.Tensor | None = None  # [H, d, d] fp32, orthogonal
+    mean: torch.Tensor | None = None  # [H, d] fp32, original domain
+    clip: float | None = None
+    per_channel: bool = False  # KIVI keys: quantize each channel over a block of tokens
+
+    def to_rotated(self, x: torch.Tensor) -> torch.Tensor:
+        """``[T, H, d]`` original domain → fp32 rotated, centered domain."""
+        x = x.float()
+        if self.mean is not None:
+            x = x - self.mean.to(x.device)
+        if self.rotation is not None:
+            x = torch.einsum("thd,hde->the", x, self.rotation.to(x.device))
+        return x
+
+    def from_rotated(self, x: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`to_rotated` (fp32)."""
+        x = x.float()
+        if self.rotation is not None:
+            x = torch.einsum("the,hde->thd", x, self.rotation.to(x.device))
+        if self.mean is not None:
+            x = x + self.mean.to(x.device)
+        return x
+
+    def encode(self, x_rot: torch.Tensor) -> Packed:
+        """Clip and quantize rotated ``[T, H, d]``; per-channel codecs need ``T`` = one token block."""
+        assert self.bits is not None, "encode() on a BF16 codec"
+        if self.per_channel:  # [T, H, d] -> [H, d, T]: groups run along tokens
+            return quantize(x_rot.permute(1, 2, 0), self.bits, x_rot.shape[0])
+        return quantize(clip_groups(x_rot, self.clip, self.group), self.bits, self.group)
+
+    def decode(self, p: Packed) -> torch.Tensor:
+        """Packed codes → fp32 rotated ``[T, H, d]``."""
+        assert self.bits is not None, "decode() on a BF16 codec"
+        if self.per_channel:
+            t = p.codes.shape[-1] * 8 // self.bits
+            return dequantize(p, self.bits, t).permute(2, 0, 1)
+        return dequantize(p, self.bits, self.group)
+
+    def fake(self, x: torch.Tensor) -> torch.Tensor:
+        """Round trip ``[T, H, d]`` through storage, back in the original domain (fp32)."""
+        if self.bits is None:
+            return x.float()
+        return self.from_rotated(self.decode(self.encode(self.to_rotated(x))))
+
+    def bpe(self, n_low: int, n_bf16: int, page: int) -> float:
+        if self.bits is None:
+            return 16.0
+        return bits_per_element(n_low, n_bf16, self.bits, page if self.per_channel else self.group)
+
+
+@dataclass(frozen=True)
+class LayerCodec:
+    key: TensorCodec
+    value: TensorCodec
+
+
+@dataclass(frozen=True)
+class KVCodec:
+    """Codecs for every layer plus the tier geometry they are used with."""
+
+    config: KVConfig
+    layers: tuple[LayerCodec, ...]
+    group: int
+
+    @property
+    def quantized(self) -> bool:
+        return self.config.method != "bf16"
+
+    def tiers(self, t: int):
+        c = self.config
+        return tiers(t, c.sink, c.recent, c.page_size)
+
+    def bpe(self, t: int) -> float:
+        """Bits per element of a ``t``-token sequence, keys and values averaged, windows included."""
+        tr = self.tiers(t)
+        first = self.layers[0]
+        n_bf16 = tr.sink + tr.recent
+        return 0.5 * (first.key.bpe(tr.history, n_bf16, self.config.page_size)
+                      + first.value.bpe(tr.history, n_bf16, self.config.page_size))
+
+
+def default_group(head_dim: int, group: int | None) -> int:
+    g = group or min(head_dim, 128)
+    if head_dim % g:
+        raise ValueError(f"group size {g} does not divide head_dim {head_dim}")
+    return g
+
+
+def build_codec(cfg: KVConfig, num_layers: int, num_kv_heads: int, head_dim: int, artifact=None) -> KVCodec:
+    """The codec of ``cfg.method``. ``oscar`` requires a matching artifact; others ignore it."""
+    g = default_group(head_dim, cfg.group_size)
+    if cfg.method == "oscar":
+        if artifact is None:
+            raise ValueError("kv method 'oscar' needs a rotation artifact (oscarkv calibrate --out DIR, then --rotations DIR)")
+        return artifact.codec(cfg, g)
+    layer = _baseline_layer(cfg.method, num_kv_heads, head_dim, g)
+    return KVCodec(cfg, (layer,) * num_layers, g)
+
+
+def _baseline_layer(method: str, heads: int, d: int, g: int) -> LayerCodec:
+    if method == "bf16":
+        bf = TensorCodec(None, g)
+        return LayerCodec(bf, bf)
+    if method == "int4":
+        c = TensorCodec(4, g)
+        return LayerCodec(c, c)
+    if method == "naive":
+        c = TensorCodec(2, g)
+        return LayerCodec(c, c)
+    if method == "quarot":
+        h = compose(torch.eye(d).expand(heads, d, d), "h")
+        c = TensorCodec(2, g, rotation=h)
+        return LayerCodec(c, c)
+    if method == "kivi":
+        return LayerCodec(TensorCodec(2, g, per_channel=True), TensorCodec(2, g))
+    raise ValueError(f"unknown method {method!r}")
