@@ -92,7 +92,9 @@ def default_artifact(loaded, cache_dir: Path):
 def setup_eval(p: argparse.ArgumentParser) -> None:
     """Measure long-context accuracy (RULER-style tasks, decode-faithful perplexity) per KV method."""
     _model_args(p, "bfloat16")
-    p.add_argument("--rotations", type=Path, default=None, help="artifact directory for 'oscar' (default model: calibrated on first use)")
+    p.add_argument("--rotations", nargs="+", default=None, metavar="[NAME=]DIR",
+                   help="artifact directory for 'oscar' (default model: calibrated on first use); "
+                        "NAME=DIR entries add variants reported as oscar:NAME (ablations)")
     p.add_argument("--out", type=Path, required=True, help="directory for results.json, results.md and plots")
     p.add_argument("--context", dest="contexts", type=lambda s: tuple(int(x) for x in s.split(",")),
                    default=EvalConfig().contexts, help="prompt lengths in tokens, comma-separated")
@@ -111,9 +113,11 @@ def run_eval(args: argparse.Namespace) -> int:
     kv = _config(KVConfig, argparse.Namespace(sink=args.sink, recent=args.recent))
     cfg = _config(EvalConfig, args, windows=windows, kv=kv, contexts=args.contexts)
     loaded = _load(args.model, args.dtype)
-    artifact = _artifact_for(loaded, args) if "oscar" in cfg.methods else None
+    artifacts = _artifacts_for(loaded, args) if "oscar" in cfg.methods else None
+    args.out.mkdir(parents=True, exist_ok=True)
     try:
-        records, meta = evaluate(loaded, cfg, artifact)
+        with open(args.out / "samples.jsonl", "w") as log_file:
+            records, meta = evaluate(loaded, cfg, artifacts, log_file)
     except ValueError as e:
         raise UserError(str(e)) from e
     write_report(records, args.out, meta)
@@ -121,17 +125,21 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _artifact_for(loaded, args):
+def _artifacts_for(loaded, args) -> dict:
     from oscarkv.quant.artifact import Artifact, ArtifactError, ModelFingerprint
 
     if args.rotations is None:
         if args.model != "default":
             raise UserError("--rotations DIR is required for method 'oscar' (make one with: oscarkv calibrate --out DIR)")
-        return default_artifact(loaded, args.cache_dir)
-    try:
-        return Artifact.load(args.rotations, expect=ModelFingerprint.from_config(loaded.config))
-    except ArtifactError as e:
-        raise UserError(str(e)) from e
+        return {"": default_artifact(loaded, args.cache_dir)}
+    fp, out = ModelFingerprint.from_config(loaded.config), {}
+    for entry in args.rotations:
+        name, _, path = entry.rpartition("=")
+        try:
+            out[name] = Artifact.load(Path(path), expect=fp)
+        except ArtifactError as e:
+            raise UserError(str(e)) from e
+    return out
 
 
 # ---------------------------------------------------------------------------------- demo
@@ -150,7 +158,7 @@ def run_demo(args: argparse.Namespace) -> int:
     artifact = default_artifact(loaded, args.cache_dir)
     cfg = EvalConfig(methods=("bf16", "naive", "quarot", "oscar"), tasks=("niah_single",),
                      contexts=(2048, 4096), samples=args.samples)
-    records, meta = evaluate(loaded, cfg, artifact)
+    records, meta = evaluate(loaded, cfg, {"": artifact})
     write_report(records, args.out, meta)
     print((args.out / "results.md").read_text())
     print(f"report, plot and JSON in {args.out}")

@@ -4,7 +4,7 @@ history exactly as token-by-token decoding would see it.
 For query position ``i`` the sequence holds ``t = i + 1`` tokens; key ``j`` is read from the
 tier :func:`~oscarkv.quant.bpe.history_end` assigns it at that length: the token itself at
 full precision (it is the current chunk), the sink and recent window as BF16-rounded rotated
-values mapped back, the history through the low-bit codec. Every stored version comes from
+values mapped back, the history through the low-bit codec applied to those BF16 values. Every stored version comes from
 the codec (``oscarkv.quant.codec``), so the simulation uses the same numbers as the caches.
 
 The function is registered as the transformers attention implementation ``"oscarkv_faithful"``
@@ -27,8 +27,10 @@ QUERY_BLOCK = 1024
 
 def stored_versions(codec: TensorCodec, x: torch.Tensor, page: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [B, H, T, d]`` → (low-bit version, BF16-window version), both fp32, original domain."""
-    rot = torch.stack([codec.to_rotated(row.transpose(0, 1)) for row in x])  # [B, T, H, d]
-    bf = codec.from_rotated(rot.bfloat16().float().flatten(0, 1)).unflatten(0, rot.shape[:2])
+    # NOTE: history pages are encoded from the BF16-rounded rotated values, as the caches do,
+    # so a page is a pure function of its tokens however they were chunked.
+    rot = torch.stack([codec.to_rotated(row.transpose(0, 1)) for row in x]).bfloat16().float()  # [B, T, H, d]
+    bf = codec.from_rotated(rot.flatten(0, 1)).unflatten(0, rot.shape[:2])
     low = torch.stack([_low_row(codec, r, page) for r in rot])
     return low.transpose(1, 2), bf.transpose(1, 2)
 
@@ -37,7 +39,7 @@ def _low_row(codec: TensorCodec, rot: torch.Tensor, page: int) -> torch.Tensor:
     if not codec.per_channel:
         return codec.from_rotated(codec.decode(codec.encode(rot)))
     # KIVI: quantize each full token block; a trailing partial block is never in history.
-    out = codec.from_rotated(rot.bfloat16().float())
+    out = codec.from_rotated(rot).clone()  # from_rotated may return a view of rot
     full = rot.shape[0] // page * page
     for s in range(0, full, page):
         out[s:s + page] = codec.from_rotated(codec.decode(codec.encode(rot[s:s + page])))

@@ -18,8 +18,10 @@ Records (one per method × task × context) go to ``oscarkv.eval.report``.
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from typing import TextIO
 
 import torch
 from tqdm.auto import tqdm
@@ -29,7 +31,7 @@ from oscarkv.cache.hf_cache import OscarCache
 from oscarkv.config import EvalConfig, KVConfig
 from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.faithful import faithful_logits
-from oscarkv.eval.perplexity_data import text_windows
+from oscarkv.eval.perplexity_data import max_windows, text_windows
 from oscarkv.quant.codec import KVCodec, build_codec
 
 
@@ -45,11 +47,19 @@ def kv_configs(cfg: EvalConfig) -> list[KVConfig]:
     return out
 
 
-def build_codecs(model, cfg: EvalConfig, artifact=None) -> dict[str, KVCodec]:
+def build_codecs(model, cfg: EvalConfig, artifacts: dict[str, object] | None = None) -> dict[str, KVCodec]:
+    """One codec per report label. ``artifacts`` maps a variant name to an OSCAR artifact;
+    the unnamed variant ``""`` is reported as ``oscar``, others as ``oscar:NAME``."""
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return {kv.label(): build_codec(kv, c.num_hidden_layers, c.num_key_value_heads, head_dim, artifact)
-            for kv in kv_configs(cfg)}
+    dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
+    out = {}
+    for kv in kv_configs(cfg):
+        variants = (artifacts or {"": None}) if kv.method == "oscar" else {"": None}
+        for name, art in variants.items():
+            label = kv.label().replace("oscar", f"oscar:{name}", 1) if name else kv.label()
+            out[label] = build_codec(kv, *dims, art)
+    return out
 
 
 @torch.inference_mode()
@@ -88,12 +98,18 @@ def answer_spans(tokenizer, target: str, answers: tuple[str, ...]) -> tuple[torc
 
 
 class Tally:
-    """Running sums per (label, task, context) → records."""
+    """Running sums per (label, task, context) → records; every sample is also logged as a
+    JSON line as soon as it is scored, so an interrupted run loses nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: TextIO | None = None) -> None:
         self.sums: dict[tuple[str, str, int], list[float]] = {}
+        self.log = log
 
     def add(self, key: tuple[str, str, int], value: float, bpe: float, kv_bytes: int | None = None) -> None:
+        if self.log is not None:
+            row = {"method": key[0], "task": key[1], "context": key[2], "value": value, "bpe": bpe}
+            self.log.write(json.dumps(row) + "\n")
+            self.log.flush()
         s = self.sums.setdefault(key, [0.0, 0, 0.0, 0])
         s[0] += value
         s[1] += 1
@@ -111,9 +127,8 @@ class Tally:
         return out
 
 
-def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm) -> list[dict]:
+def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, tally: Tally) -> list[dict]:
     model, tok = loaded.model, loaded.tokenizer
-    tally = Tally()
     for ctx in cfg.contexts:
         for task in (t for t in cfg.tasks if t != "ppl"):
             for sample in task_lib.generate(task, ctx, cfg.samples, tok, seed=cfg.seed):
@@ -129,10 +144,10 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm) ->
     return tally.records("accuracy")
 
 
-def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm) -> list[dict]:
-    tally = Tally()
+def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, tally: Tally) -> list[dict]:
     for ctx in cfg.contexts:
-        for window in text_windows(loaded.tokenizer, ctx, cfg.samples, seed=cfg.seed):
+        n = min(cfg.samples, max_windows(loaded.tokenizer, ctx))  # the text holds only so many windows
+        for window in text_windows(loaded.tokenizer, ctx, n, seed=cfg.seed):
             ids = window.view(1, -1)
             for label, codec in codecs.items():
                 logits = faithful_logits(loaded.model, ids, codec).float()
@@ -142,21 +157,23 @@ def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqd
     return tally.records("perplexity")
 
 
-def evaluate(loaded, cfg: EvalConfig, artifact=None) -> tuple[list[dict], dict]:
-    """Run every configured measurement; returns (records, meta)."""
-    codecs = build_codecs(loaded.model, cfg, artifact)
+def evaluate(loaded, cfg: EvalConfig, artifacts: dict[str, object] | None = None,
+             sample_log: TextIO | None = None) -> tuple[list[dict], dict]:
+    """Run every configured measurement; returns (records, meta). Per-sample scores are
+    written to ``sample_log`` (JSON lines) as they are measured."""
+    codecs = build_codecs(loaded.model, cfg, artifacts)
     n_tasks = sum(t != "ppl" for t in cfg.tasks)
     total = len(cfg.contexts) * cfg.samples * (n_tasks + ("ppl" in cfg.tasks)) * len(codecs)
     t0 = time.time()
     with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True) as bar:
-        records = run_tasks(loaded, codecs, cfg, bar) if n_tasks else []
+        records = run_tasks(loaded, codecs, cfg, bar, Tally(sample_log)) if n_tasks else []
         if "ppl" in cfg.tasks:
-            records += run_perplexity(loaded, codecs, cfg, bar)
+            records += run_perplexity(loaded, codecs, cfg, bar, Tally(sample_log))
     meta = {"model": loaded.source, "configs": {k: vars(c.config) for k, c in codecs.items()},
             "contexts": list(cfg.contexts), "samples": cfg.samples, "seed": cfg.seed,
             "tasks": list(cfg.tasks), "seconds": round(time.time() - t0, 1),
             "dtype": str(next(loaded.model.parameters()).dtype),
-            "artifact": artifact.manifest if artifact is not None else None,
+            "artifacts": {name or "oscar": a.manifest for name, a in (artifacts or {}).items()},
             "protocol": "document prefilled at full precision, stored per method; question+answer as the next "
                         "chunk; teacher-forced greedy span match; perplexity decode-faithful"}
     return records, meta

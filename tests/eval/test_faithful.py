@@ -41,3 +41,25 @@ def test_matches_brute_force(method, sink, recent, page):
     module = SimpleNamespace(layer_idx=0)
     out, _ = faithful_attention(module, q, k, v, None, scaling=d**-0.5, oscar_codec=codec)
     assert torch.allclose(out, brute_force(q, k, v, codec, d**-0.5), atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["naive", "kivi", "quarot"])
+def test_faithful_pass_equals_token_by_token_decode(method):
+    """The one-pass simulation gives the logits of decoding one token at a time through OscarCache."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from oscarkv.cache.hf_cache import OscarCache
+    from oscarkv.eval.faithful import faithful_logits
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=97)
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg).eval()
+    codec = build_codec(KVConfig(method, sink=4, recent=8, page_size=4), 2, 2, 16)
+    ids = torch.randint(0, 97, (1, 40))
+    one_pass = faithful_logits(model, ids, codec)
+    cache = OscarCache.from_codec(codec)
+    with torch.inference_mode():
+        steps = [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits for i in range(ids.shape[1])]
+    assert torch.allclose(one_pass, torch.cat(steps, 1), atol=1e-4)
