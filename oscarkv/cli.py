@@ -54,7 +54,7 @@ def _csv(kind):
 
 
 def pick(cls, args: argparse.Namespace, **extra):
-    names = {f.name for f in fields(cls)}
+    names = {f.name for f in fields(cls)} - set(extra)
     return cls(**{k: v for k, v in vars(args).items() if k in names}, **extra)
 
 

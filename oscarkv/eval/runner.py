@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from oscarkv.cache.hf_cache import OscarCache
+from oscarkv.cache.hf_cache import TIERS, OscarCache
 from oscarkv.config import EvalConfig, KVConfig
 from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.faithful import faithful_logits
@@ -138,8 +138,9 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, ta
                 doc = prefill(model, doc_ids)
                 for label, codec in codecs.items():
                     acc, cache = score_sample(model, doc, codec, q_ids, target, spans)
-                    stored = doc_ids.shape[1]
-                    tally.add((label, task, ctx), acc, codec.bpe(stored), cache.memory_bytes()["total"])
+                    # measured from the bytes the cache holds (document + question + answer)
+                    held = sum(v for k, v in cache.memory_bytes().items() if k in TIERS)
+                    tally.add((label, task, ctx), acc, cache.bpe(), held)
                 bar.update(len(codecs))
     return tally.records("accuracy")
 

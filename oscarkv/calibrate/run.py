@@ -1,0 +1,112 @@
+"""The calibration driver behind ``oscarkv calibrate``: text → statistics → solve → artifact.
+
+Role: tokenize the calibration text once; stream the first ``cfg.tokens`` tokens through the
+model as independent forwards of ``cfg.chunk`` tokens (positions from 0) while
+:class:`~oscarkv.calibrate.stats.StatsCollector` accumulates second moments; run the next
+``cfg.heldout_tokens`` tokens (disjoint from the statistics) as one more forward, batched into
+windows of ``min(chunk, heldout_tokens)`` tokens, to capture the held-out ``q, k, v`` that
+clips are fitted on; solve (:mod:`oscarkv.calibrate.solve`); and wrap the result in an
+:class:`~oscarkv.quant.artifact.Artifact` with the manifest that module defines.
+
+Owns nothing persistent: the artifact goes back to the caller (the CLI saves it), the
+per-layer summary rows go to :func:`format_summary` and into the manifest.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+import torch
+
+import oscarkv
+from oscarkv.calibrate.solve import Solution, solve
+from oscarkv.calibrate.stats import HeldoutCapture, StatsCollector, run_forward
+from oscarkv.config import CalibrationConfig
+from oscarkv.models.loader import LoadedModel
+from oscarkv.quant.artifact import FORMAT_VERSION, Artifact, ModelFingerprint
+from oscarkv.quant.codec import default_group
+
+DEFAULT_TEXT = "calibration.txt"
+"""The bundled calibration text (``oscarkv.data``) used when no texts are given."""
+
+
+def calibrate(loaded: LoadedModel, cfg: CalibrationConfig, texts: list[str] | None = None,
+              data_desc: str | None = None) -> tuple[Artifact, list[dict]]:
+    """Fit OSCAR rotations, means and clips for ``loaded``; return the artifact and summary rows.
+
+    ``texts`` default to the bundled calibration text; they are joined with blank lines and
+    tokenized once. ``data_desc`` names the data in the manifest. Raises ``ValueError`` when
+    the text is shorter than ``cfg.tokens + cfg.heldout_tokens`` tokens.
+    """
+    start = time.perf_counter()
+    fp = ModelFingerprint.from_config(loaded.config)
+    group = default_group(fp.head_dim, cfg.group_size)
+    if texts is None:
+        texts, data_desc = [_default_text()], data_desc or f"oscarkv.data:{DEFAULT_TEXT}"
+    chunks, heldout = split_tokens(token_ids(loaded.tokenizer, texts), cfg)
+    collector = StatsCollector(fp.num_layers, fp.num_kv_heads, fp.head_dim)
+    run_forward(loaded.model, chunks, collector, "calibration statistics")
+    capture = HeldoutCapture()
+    run_forward(loaded.model, [heldout], capture, "held-out tokens")
+    solution = solve(collector.finalize(), capture, cfg, group)
+    calibration = {"source": data_desc or f"{len(texts)} caller-supplied text(s)", "model_source": loaded.source,
+                   "tokens": cfg.tokens, "heldout_tokens": heldout.numel(),
+                   "seconds": round(time.perf_counter() - start, 2)}
+    manifest = build_manifest(fp, cfg, group, solution, calibration)
+    return Artifact(manifest, solution.tensors), solution.rows
+
+
+def _default_text() -> str:
+    from oscarkv.data import read_text
+
+    return read_text(DEFAULT_TEXT)
+
+
+def token_ids(tokenizer, texts: list[str]) -> torch.Tensor:
+    """All texts joined by blank lines, tokenized once without special tokens: ``int64 [n]``."""
+    ids = tokenizer("\n\n".join(texts), add_special_tokens=False, verbose=False)["input_ids"]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def split_tokens(ids: torch.Tensor, cfg: CalibrationConfig) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Statistics chunks ``[1, chunk]`` (the last may be shorter) and the held-out batch ``[n, w]``.
+
+    The held-out tokens directly follow the statistics tokens; they form ``n`` windows of
+    ``w = min(chunk, heldout_tokens)`` tokens, a trailing partial window is dropped."""
+    need = cfg.tokens + cfg.heldout_tokens
+    if cfg.heldout_tokens < 16:
+        raise ValueError(f"CalibrationConfig.heldout_tokens must be >= 16 to fit clips, got {cfg.heldout_tokens}")
+    if ids.numel() < need:
+        raise ValueError(f"calibration text too short: {ids.numel()} tokens, but tokens + heldout_tokens = "
+                         f"{cfg.tokens} + {cfg.heldout_tokens} = {need} are needed; give more text or fewer tokens")
+    chunks = [c[None] for c in ids[:cfg.tokens].split(cfg.chunk)]
+    width = min(cfg.chunk, cfg.heldout_tokens)
+    held = ids[cfg.tokens:need]
+    return chunks, held[:held.numel() // width * width].view(-1, width)
+
+
+def build_manifest(fp: ModelFingerprint, cfg: CalibrationConfig, group: int, solution: Solution,
+                   calibration: dict) -> dict:
+    """The artifact manifest (field meanings in :mod:`oscarkv.quant.artifact`)."""
+    return {"format_version": FORMAT_VERSION, "oscarkv_version": oscarkv.__version__, "model": asdict(fp),
+            "method": "oscar", "options": asdict(cfg), "group_size": group, "clip": solution.clips,
+            "calibration": calibration, "summary": solution.rows}
+
+
+_COLUMNS = (("layer", "layer", "{:>5d}"), ("K conc", "key_concentration", "{:>7.3f}"),
+            ("V conc", "value_concentration", "{:>7.3f}"), ("K clip", "key_clip", "{:>7.2f}"),
+            ("V clip", "value_clip", "{:>7.2f}"), ("K/had", "key_error_ratio", "{:>7.3f}"),
+            ("V/had", "value_error_ratio", "{:>7.3f}"))
+
+
+def format_summary(rows: list[dict]) -> str:
+    """Fixed-width per-layer table with a final line of means over layers."""
+    legend = ("conc: share of the weighting trace in the top d/8 eigenvalues; "
+              "K/had, V/had: predicted weighted INT2 error vs Hadamard-only (lower is better)")
+    header = " ".join(f"{name:>{5 if key == 'layer' else 7}}" for name, key, _ in _COLUMNS)
+    lines = [legend, header]
+    lines += [" ".join(fmt.format(row[key]) for _, key, fmt in _COLUMNS) for row in rows]
+    means = [sum(row[key] for row in rows) / max(1, len(rows)) for _, key, _ in _COLUMNS[1:]]
+    lines.append(" mean " + " ".join(fmt.format(m) for m, (_, _, fmt) in zip(means, _COLUMNS[1:])))
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""Streaming attention statistics, gathered inside the forward pass with nothing dumped.
+
+Role: the calibration attention function, registered with transformers as ``"oscarkv_calibrate"``,
+computes causal GQA attention itself (fp32, via SDPA with ``is_causal``) and hands the post-RoPE
+``q``, the ``k``, ``v`` and the per-head outputs ``o = S·V`` of every layer to an *observer*
+passed through the model call's keyword ``oscar_stats`` (transformers forwards unknown keyword
+arguments from ``model(...)`` down to the attention function; no global state is involved).
+
+Data owned:
+
+* :class:`StatsCollector` — float64 running sums per (layer, KV head) over all calibration
+  tokens (each chunk's products in fp32, see :func:`gram`); :meth:`StatsCollector.finalize` normalizes them into :class:`Statistics`:
+  ``C_Q = (1/N) Σ_t Σ_g q_gᵀq_g`` and ``C_S = (1/N) Σ_t Σ_g o_gᵀo_g`` (``g`` over the query heads
+  of the KV head's group, ``N`` tokens), the proxy ``(1/N) Σ_t (k C_Q kᵀ) vᵀv``, the key and value
+  means and ``C_K = (1/N) Σ kᵀk`` (reporting only). Summing over the group's heads (rather than
+  averaging) makes ``e C_Q eᵀ`` the total squared logit error of every query head that reads the
+  key, on the same footing as the value objective.
+* :class:`HeldoutCapture` — the fp32 ``q``, ``k``, ``v`` of the held-out tokens (about 1K
+  tokens, kept in memory) on which clips are fitted.
+
+NOTE (proxy): the proxy weight ``k C_Q kᵀ`` needs ``C_Q``, which is only known after all data.
+Instead of a second pass (doubling the cost), the collector uses a running estimate: the ``C_Q``
+accumulated over every chunk seen so far, *including* the current one (its queries are in hand
+before its keys are weighed). After the first 1K-token chunk the estimate is already close;
+the proxy is an ablation option only (``CalibrationConfig.value_objective``).
+
+Next: :mod:`oscarkv.calibrate.solve` turns :class:`Statistics` and the held-out capture into
+rotations, means and clip ratios.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import AttentionInterface
+
+NAME = "oscarkv_calibrate"
+"""The transformers attention implementation name used only while calibrating."""
+
+
+class Observer(Protocol):
+    """Receives every layer's attention tensors during a calibration forward."""
+
+    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                out: torch.Tensor, scaling: float) -> None: ...
+
+
+def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """fp32 causal GQA attention: ``query [B, Hq, T, d]``, ``key/value [B, Hkv, T, d]`` → ``[B, Hq, T, d]``."""
+    return F.scaled_dot_product_attention(query.float(), key.float(), value.float(), is_causal=True,
+                                          scale=scaling, enable_gqa=True)
+
+
+def calibration_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                          oscar_stats: Observer | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """The registered attention function; returns ``([B, T, Hq, d], None)`` like transformers' own.
+
+    NOTE: calibration batches are unpadded sequences starting at position 0 with no KV cache,
+    so plain causal attention is exact and ``attention_mask`` (None for a custom implementation)
+    is not needed. Sliding-window layers would need a banded mask and are refused.
+    """
+    if key.shape[2] != query.shape[2]:
+        raise ValueError("calibration attention needs whole causal sequences (use_cache=False, no past)")
+    if getattr(module, "sliding_window", None):
+        raise NotImplementedError(f"layer {module.layer_idx} uses sliding-window attention; calibration assumes full causal")
+    out = causal_attention(query, key, value, scaling)  # [B, Hq, T, d] fp32
+    if oscar_stats is not None:
+        oscar_stats.observe(module.layer_idx, query, key, value, out, scaling)
+    return out.transpose(1, 2).contiguous().to(query.dtype), None
+
+
+AttentionInterface.register(NAME, calibration_attention)
+
+
+@contextmanager
+def calibration_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Route the model's attention through :func:`calibration_attention`; restore it afterwards."""
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = previous
+
+
+@torch.inference_mode()
+def run_forward(model: torch.nn.Module, batches: Sequence[torch.Tensor], observer: Observer, desc: str) -> None:
+    """One independent forward per ``[B, T]`` batch (positions from 0), feeding ``observer``."""
+    with calibration_mode(model):
+        for ids in tqdm(batches, desc=desc, unit="chunk", leave=False):
+            model(ids, use_cache=False, logits_to_keep=1, oscar_stats=observer)
+
+
+def by_kv_head(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``[B, H, T, d]`` → ``[Hkv, B·(H/Hkv)·T, d]``: rows of every head of each GQA group.
+
+    Query head ``g`` belongs to KV head ``g // (H / Hkv)``, as in transformers' ``repeat_kv``."""
+    b, h, t, d = x.shape
+    return x.reshape(b, kv_heads, h // kv_heads, t, d).transpose(0, 1).reshape(kv_heads, -1, d)
+
+
+def gram(x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """``Σ_n w_n x_nᵀ x_n`` per head for ``x [H, N, d]`` (optional ``weight [H, N]``) → float64 ``[H, d, d]``.
+
+    NOTE: one chunk's product runs in fp32 (a few thousand rows: ~1e-6 relative error, 3x faster
+    than fp64 on CPU); the running sums across chunks are float64."""
+    x = x.float()
+    xw = x if weight is None else x * weight.unsqueeze(-1)
+    return (xw.transpose(1, 2) @ x).double()
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """Normalized second moments per (layer, KV head), float64 (see the module docstring)."""
+
+    c_q: torch.Tensor  # [L, H, d, d] query second moment, summed over the group's query heads
+    c_s: torch.Tensor  # [L, H, d, d] attention-output second moment (exact value objective)
+    c_proxy: torch.Tensor  # [L, H, d, d] reference proxy Σ (k C_Q kᵀ) vᵀv / N
+    c_k: torch.Tensor  # [L, H, d, d] key second moment (reporting)
+    key_mean: torch.Tensor  # [L, H, d]
+    value_mean: torch.Tensor  # [L, H, d]
+    tokens: int
+
+
+@dataclass
+class _LayerSums:
+    """float64 running sums of one layer (``H`` KV heads)."""
+
+    qq: torch.Tensor
+    oo: torch.Tensor
+    kk: torch.Tensor
+    wvv: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    n: int = 0
+
+    @classmethod
+    def zeros(cls, heads: int, d: int) -> _LayerSums:
+        z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
+        return cls(z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d), z(heads, d))
+
+
+class StatsCollector:
+    """Accumulates :class:`Statistics` over calibration chunks; one per calibration run."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
+        self.layers = [_LayerSums.zeros(num_kv_heads, head_dim) for _ in range(num_layers)]
+
+    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                out: torch.Tensor, scaling: float) -> None:
+        heads = key.shape[1]
+        s = self.layers[layer]
+        k, v = by_kv_head(key.float(), heads), by_kv_head(value.float(), heads)  # [H, N, d]
+        s.qq += gram(by_kv_head(query.float(), heads))
+        s.oo += gram(by_kv_head(out, heads))
+        s.kk += gram(k)
+        s.k += k.sum(1).double()
+        s.v += v.sum(1).double()
+        s.n += k.shape[1]
+        c_q = (s.qq / s.n).float()  # running estimate, this chunk included (module docstring)
+        w = ((k @ c_q) * k).sum(-1)  # [H, N] k C_Q kᵀ
+        s.wvv += gram(v, w)
+
+    def finalize(self) -> Statistics:
+        """Divide the sums by the token count and stack over layers."""
+        n = self.layers[0].n
+        if n == 0 or any(s.n != n for s in self.layers):
+            raise ValueError(f"calibration statistics saw {[s.n for s in self.layers]} tokens per layer")
+        stack = lambda name: torch.stack([getattr(s, name) for s in self.layers]) / n  # noqa: E731
+        return Statistics(stack("qq"), stack("oo"), stack("wvv"), stack("kk"), stack("k"), stack("v"), n)
+
+
+@dataclass(frozen=True)
+class HeldoutLayer:
+    """One layer's held-out attention inputs, fp32."""
+
+    query: torch.Tensor  # [B, Hq, T, d] post-RoPE
+    key: torch.Tensor  # [B, Hkv, T, d] post-RoPE
+    value: torch.Tensor  # [B, Hkv, T, d]
+    scaling: float
+
+
+@dataclass
+class HeldoutCapture:
+    """Keeps every layer's held-out ``q``, ``k``, ``v`` (one forward over ~1K tokens)."""
+
+    layers: dict[int, HeldoutLayer] = field(default_factory=dict)
+
+    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                out: torch.Tensor, scaling: float) -> None:
+        if layer in self.layers:
+            raise ValueError(f"held-out capture saw layer {layer} twice: run a single forward")
+        self.layers[layer] = HeldoutLayer(query.float().clone(), key.float().clone(), value.float().clone(), scaling)
+
+    def layer(self, index: int) -> HeldoutLayer:
+        return self.layers[index]
