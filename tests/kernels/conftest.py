@@ -1,0 +1,13 @@
+"""Kernel tests run Triton's CPU interpreter where no CUDA device is present.
+
+NOTE: ``TRITON_INTERPRET`` is Triton's own switch and is read when a ``@triton.jit`` function
+is defined, so it is set here, before any test module imports ``oscarkv.kernels``. The package
+itself never reads environment variables.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
