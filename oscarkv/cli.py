@@ -17,7 +17,7 @@ from dataclasses import fields
 from functools import cache
 from pathlib import Path
 
-DEFAULT_CACHE = Path.home() / ".cache" / "oscarkv"
+from oscarkv.config import CACHE_DIR as DEFAULT_CACHE
 
 
 @cache

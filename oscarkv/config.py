@@ -8,6 +8,10 @@ rotation artifact is fitted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+CACHE_DIR = Path.home() / ".cache" / "oscarkv"
+"""Default home of derived files: converted GGUF models and the default model's artifact."""
 
 TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
 """Synthetic long-context tasks (``oscarkv.eval.tasks``)."""

@@ -65,7 +65,7 @@ def build_codecs(model, cfg: EvalConfig, artifacts: dict[str, object] | None = N
 @torch.inference_mode()
 def prefill(model, ids: torch.Tensor) -> DynamicCache:
     cache = DynamicCache(config=model.config)
-    model(ids, past_key_values=cache, use_cache=True)
+    model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)  # only the K/V are needed
     return cache
 
 

@@ -37,17 +37,50 @@ def test_default_model_is_embedded():
 
 
 def test_tiny_hf_dir_loads(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16, vocab_size=50, architectures=["LlamaForCausalLM"])
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
-    vocab = {f"w{i}": i for i in range(50)}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tk).save_pretrained(tmp_path)
+    _word_tokenizer().save_pretrained(tmp_path)
     loaded = load_model(str(tmp_path), torch.bfloat16)
     assert loaded.config.architectures == ["LlamaForCausalLM"]
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
     assert loaded.tokenizer("w1 w2").input_ids[-2:] == [1, 2]
+
+
+def test_gguf_conversion_is_cached_by_content(tmp_path, monkeypatch):
+    """A GGUF file is converted once; the same bytes load from the cache, changed bytes convert anew."""
+    from oscarkv.models import loader
+
+    src = tmp_path / "tiny" / "model.gguf"
+    src.parent.mkdir()
+    src.write_bytes(b"GGUF-one")
+    hf_dir = tmp_path / "hf"
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16, vocab_size=50, architectures=["LlamaForCausalLM"])
+    model = LlamaForCausalLM(cfg)
+    conversions = []
+
+    def fake_convert(path):
+        conversions.append(path.read_bytes())
+        return model, _word_tokenizer()
+
+    monkeypatch.setattr(loader, "_load_gguf", fake_convert)
+    cache = tmp_path / "cache"
+    first = loader.load_model(str(src), cache_dir=cache)
+    second = loader.load_model(str(src), cache_dir=cache)
+    assert conversions == [b"GGUF-one"] and second.source == str(src)
+    for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values()):
+        assert torch.equal(a, b)
+    src.write_bytes(b"GGUF-two")
+    loader.load_model(str(src), cache_dir=cache)
+    assert conversions == [b"GGUF-one", b"GGUF-two"]
+    assert len([p for p in (cache / "models").iterdir() if not p.name.startswith(".")]) == 2
+
+
+def _word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.WordLevel({f"w{i}": i for i in range(50)}, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tk)

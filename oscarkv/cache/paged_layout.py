@@ -1,0 +1,89 @@
+"""The paged mixed-precision KV layout shared by the engine's pools and the attention kernels.
+
+This module is the contract between ``oscarkv.cache`` (who allocates pages and fills them),
+``oscarkv.engine`` (who builds the per-step page tables) and ``oscarkv.kernels`` (who reads
+them): it holds only the tensor containers and their invariants, no behaviour.
+
+Geometry (DESIGN.md §3): page size ``P`` tokens, KV heads ``H``, head_dim ``d``, quantization
+group ``G``. Every page id addresses the same page in every layer (pools carry a leading
+layer dimension), and page 0 of each pool is a scratch page that no sequence owns (CUDA graph
+padding rows point their tables at it).
+
+Pools (one per tier kind, all layers):
+
+    BF16 pool   k, v         bfloat16 [L, N_bf16, H, P, d]       rotated and centered values
+    INT2 pool   k/v.codes    uint8    [L, N_int2, H, P, d // 4]  quant.int2 packing per token
+                k/v.scale    float16  [L, N_int2, H, P, d // G]
+                k/v.zero     float16  [L, N_int2, H, P, d // G]
+
+Pages are head-major (``[H, P, ...]``) so one KV head's page is one contiguous block: a decode
+program serving a KV head streams it once.
+
+What is stored: keys ``(k - mu_K) @ R_K`` and values ``(v - mu_V) @ R_V`` per KV head
+(``oscarkv.quant.codec.TensorCodec.to_rotated``) rounded to BF16; an INT2 page holds
+``TensorCodec.encode`` of those BF16 values (the HF cache's demotion source, so the engine
+and ``OscarCache`` store the same bytes). Attention therefore takes the query rotated as
+``q @ R_K`` (per KV head group); the centering shifts every logit of one query by the same
+amount, which softmax ignores. Outputs are in the rotated, centered value domain: the model
+adds ``mu_V @ R_V`` back and maps through ``R_Vᵀ`` (folded into ``o_proj`` by the engine).
+
+Per-sequence tables (:class:`PageTables`, a batch of ``B`` sequences):
+
+* ``bf16_table int32 [B, Mb]``: the sequence's BF16 pages in slot order, **sink pages first,
+  then recent-window pages**; ``bf16_lens int32 [B]`` tokens. Invariant: every listed page is
+  full except the last one, so the BF16 tokens are exactly the first ``bf16_lens`` slots in
+  table order. (Sink length is a multiple of ``P`` — the engine validates ``sink % P == 0`` —
+  and the recent window starts on a page boundary.)
+* ``int2_table int32 [B, Mi]``: history pages, all full; ``int2_lens int32 [B]`` is a multiple
+  of ``P``.
+* Unused table entries are 0 (the scratch page) and are never read past the lengths.
+
+Decode attention is permutation invariant over keys (RoPE is already applied and there is no
+causal mask inside the cache), so only the set of cached tokens matters, not their order
+across tiers. Extend/prefill attention adds the current chunk's own K/V at full precision,
+causal within the chunk, every cached token visible to every chunk query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Int2Pages:
+    """One tensor kind (K or V) of the INT2 pool, one layer: ``[N_int2, H, P, ...]``."""
+
+    codes: torch.Tensor  # uint8 [N, H, P, d // 4]
+    scale: torch.Tensor  # float16 [N, H, P, d // G]
+    zero: torch.Tensor  # float16 [N, H, P, d // G]
+
+    @property
+    def group(self) -> int:
+        """Quantization group ``G`` implied by the shapes."""
+        return self.codes.shape[-1] * 4 // self.scale.shape[-1]
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's view of the pools, as the attention kernels take it."""
+
+    bf16_k: torch.Tensor  # bfloat16 [N_bf16, H, P, d]
+    bf16_v: torch.Tensor  # bfloat16 [N_bf16, H, P, d]
+    int2_k: Int2Pages | None  # None for a BF16-only cache (kv=bf16)
+    int2_v: Int2Pages | None
+
+    @property
+    def page_size(self) -> int:
+        return self.bf16_k.shape[2]
+
+
+@dataclass(frozen=True)
+class PageTables:
+    """Which pages each sequence of a batch reads (see the module docstring)."""
+
+    bf16_table: torch.Tensor  # int32 [B, Mb]
+    bf16_lens: torch.Tensor  # int32 [B]
+    int2_table: torch.Tensor  # int32 [B, Mi] (Mi may be 0)
+    int2_lens: torch.Tensor  # int32 [B], multiples of P
