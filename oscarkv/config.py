@@ -140,3 +140,55 @@ class EvalConfig:
             raise ValueError(f"EvalConfig.samples must be >= 1, got {self.samples}")
         if not self.windows:
             raise ValueError("EvalConfig.windows must hold True, False or both")
+
+
+ENGINE_METHODS = ("bf16", "naive", "quarot", "oscar")
+"""KV methods the paged engine serves: per-token INT2 pages (``oscarkv.cache.paged_layout``)
+or BF16 only. ``int4`` and ``kivi`` (per-channel keys) need other page formats."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The paged serving engine (``oscarkv.engine``): pools, scheduling and prefix caching."""
+
+    kv: KVConfig = field(default_factory=KVConfig)
+    """Storage rule and tier geometry; ``page_size`` is the page of every pool."""
+    kv_memory_bytes: int = 1 << 30
+    """One budget for all KV pools (BF16 windows + INT2 history, every layer, K and V)."""
+    bf16_fraction: float | None = None
+    """Share of ``kv_memory_bytes`` given to BF16 pages; ``None`` sizes the BF16 pool for
+    ``max_num_seqs`` full windows plus one step's chunks and gives the rest to INT2."""
+    max_num_seqs: int = 32
+    """Sequences decoded together (the running batch)."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step, decode tokens and prefill chunks together."""
+    prefill_chunk: int = 512
+    """Prefill chunks end at multiples of this many tokens (or the prompt's end). Chunk
+    boundaries change what a chunk attends to at full precision, so they are a fixed function
+    of the position: a prefix-cache hit and a preempted request replay them exactly."""
+    enable_prefix_caching: bool = True
+    """Share full pages between requests by content hash (per prefix and tier)."""
+    seed: int = 0
+    """Sampling seed of requests that do not set their own."""
+
+    def __post_init__(self) -> None:
+        kv, p = self.kv, self.kv.page_size
+        if kv.method not in ENGINE_METHODS:
+            raise ValueError(f"EngineConfig.kv.method must be one of {ENGINE_METHODS} for the paged engine, got {kv.method!r}")
+        if kv.sink % p:
+            raise ValueError(f"EngineConfig.kv.sink ({kv.sink}) must be a multiple of page_size ({p}): "
+                             "sink pages are whole pages in the paged layout")
+        if kv.method != "bf16" and kv.recent == 0 and p > 1:
+            raise ValueError("EngineConfig.kv.recent must be >= 1 when page_size > 1: with no recent window a "
+                             "decode step would demote the page that holds its own token")
+        if self.prefill_chunk < 1 or self.prefill_chunk % p:
+            raise ValueError(f"EngineConfig.prefill_chunk ({self.prefill_chunk}) must be a positive multiple of page_size ({p})")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"EngineConfig.max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.prefill_chunk + self.max_num_seqs:
+            raise ValueError(f"EngineConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"prefill_chunk + max_num_seqs ({self.prefill_chunk + self.max_num_seqs}) so prefill never starves")
+        if self.bf16_fraction is not None and not 0 < self.bf16_fraction <= 1:
+            raise ValueError(f"EngineConfig.bf16_fraction must lie in (0, 1], got {self.bf16_fraction}")
+        if self.kv_memory_bytes <= 0:
+            raise ValueError(f"EngineConfig.kv_memory_bytes must be > 0, got {self.kv_memory_bytes}")

@@ -1,0 +1,109 @@
+"""The KV pool tensors, sized from one memory budget, and their per-layer views.
+
+Role: allocate the tensors of the paged layout (:mod:`oscarkv.cache.paged_layout`, the
+contract) once at engine start-up and hand each layer its :class:`LayerKV`. Which page holds
+what is decided by :class:`~oscarkv.cache.manager.KVCacheManager`; the attention backend
+reads and writes the bytes.
+
+Sizing (:func:`plan_pools`): a BF16 page costs ``2 L H P d`` elements of the window dtype, an
+INT2 page ``2 L H P (d/4 + 4 d/G)`` bytes. Unless ``EngineConfig.bf16_fraction`` is set, the
+BF16 pool gets what ``max_num_seqs`` sequences need for their sink and windows
+(``S0 + W + P`` tokens each, plus one partial page) and one step's worth of chunk tokens; the
+INT2 pool gets the rest. ``kv=bf16`` puts the whole budget into BF16 pages.
+
+Window dtype: ``bfloat16`` for the quantized methods (DESIGN.md §3). For ``kv=bf16`` the pool
+holds the model's own dtype — NOTE: a deliberate, backward-compatible widening of the
+contract, matching ``OscarCache`` (whose ``bf16`` method stores K/V as given, like
+``DynamicCache``), so an fp32 CPU model is compared with transformers without an extra
+rounding; on a GPU the model dtype is bfloat16 and the pools are exactly the contract's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from oscarkv.cache.paged_layout import Int2Pages, LayerKV
+from oscarkv.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    """Pool sizes (pages, including the scratch page 0) and what one page costs."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    group: int
+    page_size: int
+    window_dtype: torch.dtype
+    bf16_pages: int
+    int2_pages: int  # 0 for kv=bf16
+
+    def bf16_page_bytes(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.page_size * self.head_dim * self.window_dtype.itemsize
+
+    def int2_page_bytes(self) -> int:
+        per_token = self.head_dim // 4 + 2 * 2 * (self.head_dim // self.group)  # codes + fp16 scale, zero
+        return 2 * self.num_layers * self.num_kv_heads * self.page_size * per_token
+
+    def capacity(self) -> dict[str, int]:
+        """Tokens each tier can hold (scratch pages excluded)."""
+        return {"bf16_tokens": (self.bf16_pages - 1) * self.page_size,
+                "int2_tokens": max(0, self.int2_pages - 1) * self.page_size}
+
+    def bytes_per_token(self) -> dict[str, float]:
+        """KV bytes per token per tier (all layers, K and V), from the page costs."""
+        return {"bf16": self.bf16_page_bytes() / self.page_size, "int2": self.int2_page_bytes() / self.page_size}
+
+
+def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: int, group: int,
+               model_dtype: torch.dtype) -> PoolGeometry:
+    """Split ``cfg.kv_memory_bytes`` into BF16 and INT2 pages (see the module docstring)."""
+    kv, P = cfg.kv, cfg.kv.page_size
+    dtype = model_dtype if kv.method == "bf16" else torch.bfloat16
+    geo = PoolGeometry(num_layers, num_kv_heads, head_dim, group, P, dtype, 0, 0)
+    budget = cfg.kv_memory_bytes
+    if kv.method == "bf16":
+        n_bf16 = budget // geo.bf16_page_bytes()
+    elif cfg.bf16_fraction is not None:
+        n_bf16 = int(budget * cfg.bf16_fraction) // geo.bf16_page_bytes()
+    else:
+        window_pages = -(-(kv.sink + kv.recent + P) // P) + 1
+        step_pages = -(-cfg.max_num_batched_tokens // P) + cfg.max_num_seqs
+        n_bf16 = min(cfg.max_num_seqs * window_pages + step_pages, budget // 2 // geo.bf16_page_bytes())
+    n_int2 = 0 if kv.method == "bf16" else (budget - n_bf16 * geo.bf16_page_bytes()) // geo.int2_page_bytes()
+    if n_bf16 < 2 or (kv.method != "bf16" and n_int2 < 2):
+        raise ValueError(f"EngineConfig.kv_memory_bytes={budget} is too small: {n_bf16} BF16 and {n_int2} INT2 pages")
+    return PoolGeometry(num_layers, num_kv_heads, head_dim, group, P, dtype, int(n_bf16), int(n_int2))
+
+
+class KVPools:
+    """The pool tensors of every layer (leading layer dimension, see the layout contract)."""
+
+    def __init__(self, geo: PoolGeometry, device: torch.device | str = "cpu") -> None:
+        self.geo = geo
+        L, H, P, d = geo.num_layers, geo.num_kv_heads, geo.page_size, geo.head_dim
+        self.bf16_k = torch.zeros(L, geo.bf16_pages, H, P, d, dtype=geo.window_dtype, device=device)
+        self.bf16_v = torch.zeros_like(self.bf16_k)
+        self.int2_k = self.int2_v = None
+        if geo.int2_pages:
+            self.int2_k, self.int2_v = (self._int2(L, geo.int2_pages, H, P, d, geo.group, device) for _ in range(2))
+
+    @staticmethod
+    def _int2(L: int, n: int, H: int, P: int, d: int, g: int, device) -> Int2Pages:
+        return Int2Pages(torch.zeros(L, n, H, P, d // 4, dtype=torch.uint8, device=device),
+                         torch.zeros(L, n, H, P, d // g, dtype=torch.float16, device=device),
+                         torch.zeros(L, n, H, P, d // g, dtype=torch.float16, device=device))
+
+    def layer(self, i: int) -> LayerKV:
+        """Layer ``i``'s view: ``[N, H, P, ...]`` tensors sharing storage with the pools."""
+        def pick(p: Int2Pages | None) -> Int2Pages | None:
+            return None if p is None else Int2Pages(p.codes[i], p.scale[i], p.zero[i])
+        return LayerKV(self.bf16_k[i], self.bf16_v[i], pick(self.int2_k), pick(self.int2_v))
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes allocated per pool kind."""
+        int2 = sum(t.numel() * t.element_size() for p in (self.int2_k, self.int2_v) if p for t in p)
+        return {"bf16": 2 * self.bf16_k.numel() * self.bf16_k.element_size(), "int2": int2}

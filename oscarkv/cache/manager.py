@@ -1,0 +1,198 @@
+"""The KV cache manager: the only object that touches the page pools.
+
+Role: turn "sequence ``s`` computes tokens ``[t0, t1)`` this step" into a :class:`WritePlan`
+(pages allocated, slots for the new tokens, demotions, the prefix the chunk attends to), and
+after the step commit it (register content keys, release demoted BF16 pages). It also
+serves prefix-cache hits and frees preempted or finished sequences. The scheduler talks only
+to this class (the pools sit behind it, as in vLLM v1); the model runner turns the plans of a
+step into tensors (``oscarkv.engine.model_runner``).
+
+Tier rule (DESIGN.md §3, :func:`oscarkv.quant.bpe.history_end`): after a step a sequence of
+``t1`` tokens holds sink ``[0, S0)`` and recent ``[h(t1), t1)`` in BF16 pages, history
+``[S0, h(t1))`` in INT2 pages. Every new token is first written to a BF16 page; pages that the
+new length sends to history are then encoded into INT2 pages by the attention backend
+(``demote``) — prompt middles included, so an INT2 page always holds ``encode`` of BF16
+values (the OscarCache rule) and the BF16 copy survives as a cached page for prefix hits.
+For ``kv=bf16`` nothing is demoted: every token past the sink lives in the recent list.
+
+A chunk's prefix view is the cache *after* the step's demotions restricted to positions
+``< t0`` (OscarCache writes first, then reads). NOTE: this needs no INT2 page to mix prefix
+tokens with chunk tokens; chunks start on page boundaries except decode steps, for which
+``EngineConfig`` requires ``recent >= 1`` (or ``P = 1``), and explicit chunk schedules are
+checked by :meth:`KVCacheManager.check_schedule`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from oscarkv.cache.page_pool import PagePool
+from oscarkv.cache.seq_kv import ChunkSchedule, SeqKV
+from oscarkv.config import KVConfig
+from oscarkv.quant.bpe import history_end
+
+
+class CachedSequence(Protocol):
+    """What the manager reads from a sequence (``oscarkv.engine.sequence.Sequence``)."""
+
+    kv: SeqKV
+    token_ids: list[int]
+    schedule: ChunkSchedule
+
+
+@dataclass
+class WritePlan:
+    """One sequence's cache work for one step (made by :meth:`KVCacheManager.plan`)."""
+
+    t0: int
+    t1: int
+    slots: list[int]  # [t1 - t0] flat BF16 slots page * P + offset of the new tokens
+    demote_src: list[int] = field(default_factory=list)  # BF16 pages to encode ...
+    demote_dst: list[int] = field(default_factory=list)  # ... into these INT2 pages
+    view_bf16: list[int] = field(default_factory=list)  # BF16 pages of the prefix view (sink, then recent)
+    view_bf16_len: int = 0
+    view_int2: list[int] = field(default_factory=list)  # INT2 pages of the prefix view
+    register: list[tuple[str, int, int]] = field(default_factory=list)  # (pool, page, page index) to key
+    release: list[int] = field(default_factory=list)  # BF16 pages to release after the step
+
+
+class KVCacheManager:
+    """Pools, tier bookkeeping and prefix caching (see the module docstring)."""
+
+    def __init__(self, kv: KVConfig, bf16: PagePool, int2: PagePool | None, prefix_caching: bool = True) -> None:
+        self.kv, self.bf16, self.int2 = kv, bf16, int2
+        self.prefix_caching = prefix_caching
+        self.P = kv.page_size
+
+    @property
+    def quantized(self) -> bool:
+        return self.int2 is not None
+
+    def hist_end(self, t: int) -> int:
+        """End of the INT2 history for ``t`` tokens, at least the sink's end (``S0`` for ``kv=bf16``)."""
+        if not self.quantized:
+            return self.kv.sink
+        return max(self.kv.sink, history_end(t, self.kv.sink, self.kv.recent, self.P))
+
+    def check_schedule(self, schedule: ChunkSchedule) -> None:
+        """Raise if a prefill chunk would demote a page holding tokens of both its prefix and itself."""
+        for t0 in schedule.starts():
+            first = t0 - t0 % self.P  # the page holding t0 mixes prefix and chunk tokens
+            if t0 % self.P and first >= self.kv.sink and self.hist_end(schedule.end(t0)) > first:
+                raise ValueError(f"chunk [{t0}, {schedule.end(t0)}) starts inside a page that it demotes to INT2; "
+                                 f"start chunks on multiples of page_size ({self.P}) or keep them shorter than the recent window")
+
+    # ------------------------------------------------------------------------- a step
+    def plan(self, seq: CachedSequence, t1: int) -> WritePlan | None:
+        """Allocate for tokens ``[num_tokens, t1)``; ``None`` (nothing changed) when the pools are short."""
+        s, P, S0 = seq.kv, self.P, self.kv.sink
+        t0, h0, h1 = s.num_tokens, S0 + len(s.history) * P, self.hist_end(t1)  # h0: recent page 0 starts here
+        n_sink = -(-min(t1, S0) // P) - len(s.sink)
+        n_recent = max(0, -(-(t1 - h0) // P) - len(s.recent)) if t1 > S0 else 0
+        n_demote = (h1 - h0) // P
+        if self.bf16.num_available < n_sink + n_recent or (n_demote and self.int2.num_available < n_demote):
+            return None
+        s.sink += [self.bf16.allocate() for _ in range(n_sink)]
+        s.recent += [self.bf16.allocate() for _ in range(n_recent)]
+        plan = WritePlan(t0, t1, [self._slot(s, p, h0) for p in range(t0, t1)])
+        plan.register = [("bf16", self._bf16_page(s, i, h0), i) for i in range(t0 // P, t1 // P)]
+        self._demote(seq, plan, h0, n_demote)
+        s.num_tokens = t1
+        self._view(s, plan, t0, h1)
+        return plan
+
+    def _slot(self, s: SeqKV, pos: int, h0: int) -> int:
+        if pos < self.kv.sink:
+            return s.sink[pos // self.P] * self.P + pos % self.P
+        return s.recent[(pos - h0) // self.P] * self.P + (pos - h0) % self.P
+
+    def _bf16_page(self, s: SeqKV, index: int, h0: int) -> int:
+        pos = index * self.P
+        return s.sink[index] if pos < self.kv.sink else s.recent[(pos - h0) // self.P]
+
+    def _demote(self, seq: CachedSequence, plan: WritePlan, h0: int, n: int) -> None:
+        """Move the ``n`` oldest recent pages to history: reuse a cached INT2 page or encode one."""
+        s = seq.kv
+        for k in range(n):
+            index, src = h0 // self.P + k, s.recent[k]
+            dst = self.int2.lookup(self._key(seq, index)) if self.prefix_caching else None
+            if dst is None:
+                dst = self.int2.allocate()
+                plan.demote_src.append(src)
+                plan.demote_dst.append(dst)
+                plan.register.append(("int2", dst, index))
+            s.history.append(dst)
+            plan.release.append(src)
+        s.recent = s.recent[n:]
+
+    def _view(self, s: SeqKV, plan: WritePlan, t0: int, h1: int) -> None:
+        """The prefix ``[0, t0)`` as stored at the new length: sink, recent from ``h1``, history."""
+        P, S0 = self.P, self.kv.sink
+        n_sink = min(t0, S0)
+        plan.view_bf16 = s.sink[: -(-n_sink // P)]
+        plan.view_bf16_len = n_sink
+        if t0 > h1:
+            plan.view_bf16 = plan.view_bf16 + s.recent[: -(-(t0 - h1) // P)]
+            plan.view_bf16_len += t0 - h1
+        n_hist = (min(h1, t0 - t0 % P) - S0) // P
+        plan.view_int2 = s.history[:max(0, n_hist)]
+
+    def commit(self, seq: CachedSequence, plan: WritePlan) -> None:
+        """After the step ran: key the pages that became full, release demoted BF16 pages."""
+        if self.prefix_caching:
+            for pool, page, index in plan.register:
+                (self.bf16 if pool == "bf16" else self.int2).register(page, self._key(seq, index))
+        for page in plan.release:
+            self.bf16.release(page)
+
+    def _key(self, seq: CachedSequence, index: int) -> bytes:
+        return seq.kv.key(index, seq.token_ids, seq.schedule, self.P)
+
+    # ------------------------------------------------------------------------- whole sequences
+    def free(self, seq: CachedSequence) -> None:
+        """Release every page of ``seq`` (finished or preempted); keyed pages stay cached."""
+        s = seq.kv
+        for page in s.sink + s.recent:
+            self.bf16.release(page)
+        for page in s.history:
+            self.int2.release(page)
+        s.reset()
+
+    def match_prefix(self, seq: CachedSequence) -> int:
+        """Adopt the longest cached prefix that ends where a chunk starts; return its length.
+
+        The hit must restore the exact state a cold run has there: sink and recent pages in
+        BF16, history in INT2. If the BF16 copy of a window was evicted, a shorter prefix is
+        tried (and the rest recomputed — exactly, since chunks replay as in a cold run)."""
+        if not self.prefix_caching or seq.kv.num_tokens:
+            return 0
+        for t in reversed(seq.schedule.starts()):
+            if t and t % self.P == 0 and self._has_prefix(seq, t):
+                self._adopt(seq, t)
+                return t
+        return 0
+
+    def _prefix_pages(self, seq: CachedSequence, t: int) -> list[tuple[PagePool, bytes, str]]:
+        P, S0, h = self.P, self.kv.sink, self.hist_end(t)
+        out = []  # (pool, key, tier) per page, in position order
+        for i in range(t // P):
+            tier = "history" if S0 <= i * P < h else ("sink" if i * P < S0 else "recent")
+            out.append((self.int2 if tier == "history" else self.bf16, self._key(seq, i), tier))
+        return out
+
+    def _has_prefix(self, seq: CachedSequence, t: int) -> bool:
+        return all(pool.peek(key) for pool, key, _ in self._prefix_pages(seq, t))
+
+    def _adopt(self, seq: CachedSequence, t: int) -> None:
+        s = seq.kv
+        for pool, key, tier in self._prefix_pages(seq, t):
+            getattr(s, tier).append(pool.lookup(key))
+        s.num_tokens = t
+
+    def tier_tokens(self, seq: CachedSequence) -> tuple[int, int, int]:
+        """(sink, history, recent) tokens held, from the page lists (tests compare with ``tiers``)."""
+        s = seq.kv
+        sink = min(s.num_tokens, self.kv.sink)
+        hist = len(s.history) * self.P
+        return sink, hist, s.num_tokens - sink - hist

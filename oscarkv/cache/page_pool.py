@@ -1,0 +1,104 @@
+"""Page bookkeeping of one pool: free list, reference counts, content keys, LRU eviction.
+
+Role: the block pool behind :class:`~oscarkv.cache.manager.KVCacheManager` (vLLM v1's
+``BlockPool``). It owns no tensors — only page ids ``1 .. N-1`` (page 0 is the scratch page
+of the layout contract, never handed out) and, per page, a reference count and an optional
+content key. The engine has two of them: one for BF16 pages, one for INT2 pages.
+
+States of a page (NOTE: the invariants the property tests check):
+
+* **free**: ref 0, no key, in ``_free``;
+* **used**: ref > 0 (shared by ``ref`` sequences), with or without a key;
+* **cached**: ref 0 with a key, in ``_evictable`` (least recently released first). Its bytes
+  are intact, so :meth:`lookup` can revive it; :meth:`allocate` evicts the oldest one (and
+  forgets its key) only when no free page is left.
+
+A key names a page's content (``oscarkv.cache.seq_kv.page_key``); at most one page per key.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+
+class PoolExhausted(RuntimeError):
+    """No free or evictable page is left."""
+
+
+class PagePool:
+    """Reference-counted page ids with a content-keyed LRU cache (see the module docstring)."""
+
+    def __init__(self, num_pages: int) -> None:
+        self.num_pages = num_pages  # including the scratch page 0
+        self._ref = [0] * num_pages
+        self._free: deque[int] = deque(range(1, num_pages))
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._key_of: dict[int, bytes] = {}
+        self._page_of: dict[bytes, int] = {}
+
+    @property
+    def num_available(self) -> int:
+        """Pages an allocation could get now (free plus evictable)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_pages - 1 - self.num_available
+
+    def ref(self, page: int) -> int:
+        return self._ref[page]
+
+    def allocate(self) -> int:
+        """A page with ref 1 and no key: a free one, else the least recently released cached one."""
+        if self._free:
+            page = self._free.popleft()
+        elif self._evictable:
+            page, _ = self._evictable.popitem(last=False)
+            del self._page_of[self._key_of.pop(page)]
+        else:
+            raise PoolExhausted(f"all {self.num_pages - 1} pages are in use")
+        self._ref[page] = 1
+        return page
+
+    def peek(self, key: bytes) -> bool:
+        """Whether a page with this content is held (used or cached)."""
+        return key in self._page_of
+
+    def lookup(self, key: bytes) -> int | None:
+        """Take a reference on the page holding ``key`` (reviving it if cached), or ``None``."""
+        page = self._page_of.get(key)
+        if page is None:
+            return None
+        if self._ref[page] == 0:
+            del self._evictable[page]
+        self._ref[page] += 1
+        return page
+
+    def register(self, page: int, key: bytes) -> None:
+        """Record that used ``page`` holds content ``key`` (ignored if the key or page is known)."""
+        assert self._ref[page] > 0, f"register on unused page {page}"
+        if key not in self._page_of and page not in self._key_of:
+            self._page_of[key] = page
+            self._key_of[page] = key
+
+    def release(self, page: int) -> None:
+        """Drop one reference; at zero a keyed page becomes cached, an unkeyed one free."""
+        assert page > 0 and self._ref[page] > 0, f"double free of page {page}"
+        self._ref[page] -= 1
+        if self._ref[page] == 0:
+            if page in self._key_of:
+                self._evictable[page] = None
+            else:
+                self._free.append(page)
+
+    def check(self) -> None:
+        """Assert the state invariants (used by tests): every page in exactly one state."""
+        free, cached = set(self._free), set(self._evictable)
+        assert len(free) == len(self._free) and not free & cached and 0 not in free | cached
+        for page in range(1, self.num_pages):
+            r = self._ref[page]
+            assert r >= 0
+            assert (page in free) == (r == 0 and page not in self._key_of), page
+            assert (page in cached) == (r == 0 and page in self._key_of), page
+        assert all(self._page_of[k] == p for p, k in self._key_of.items())
+        assert len(self._page_of) == len(self._key_of)
