@@ -8,9 +8,9 @@ Data owned, per layer, per batch row, per tensor kind (K or V), by :class:`_Tier
 
 - sink ``[0, S0)`` and recent window ``[h, t)``: rotated, centered values in BF16
   (``codec.to_rotated(x).bfloat16()``), ``h = history_end(t, ...)``;
-- history ``[S0, h)``: a list of :class:`~oscarkv.quant.int2.Packed` pages of ``page_size``
-  tokens each, aligned at ``S0`` (so KIVI's per-channel key blocks are pages). A page is
-  encoded once, when it enters the history, and never re-quantized.
+- history ``[S0, h)``: :class:`~oscarkv.quant.int2.Packed` blocks of whole ``page_size``-token
+  pages, aligned at ``S0`` (so KIVI's per-channel key blocks are pages). A page is encoded
+  once, when it enters the history, and never re-quantized.
 
 Demotion source (NOTE: an invariant the tests rely on): every history page is encoded from
 the BF16-rounded rotated values, ``encode(bf16(to_rotated(x)))`` — the value the recent
@@ -28,8 +28,8 @@ followed by the chunk's own K/V exactly as given. So a prefill chunk attends to 
 full precision and every later step reads the cache as stored, with the tiers of the new
 length — the tier rule of the decode-faithful simulation (``oscarkv.eval.faithful``).
 
-``dequant_cache=True`` keeps each page's dequantized values (input dtype) next to its codes,
-filled once when the page is stored, so a decode step copies them instead of decoding the
+``dequant_cache=True`` keeps each block's dequantized values (input dtype) next to its codes,
+filled once when the block is stored, so a decode step copies them instead of decoding the
 whole history again (3-7x faster per decode step at 2K tokens, CPU, one thread). It costs
 ``itemsize`` bytes per element against ``bits/8 + 4/G`` for the codes — 6.4x the history
 bytes for a BF16 model at INT2, G = 64 — reported apart as ``memory_bytes()["dequant_cache"]``.
@@ -64,15 +64,25 @@ TIERS = ("sink", "history", "recent")
 
 
 class _TierStore:
-    """Sink, packed history pages and recent window of one tensor kind of one batch row."""
+    """Sink, packed history blocks and recent window of one tensor kind of one batch row.
+
+    History is a list of blocks, each a whole number of pages encoded in one call: all pages
+    that one ``append`` demotes for a per-token codec (its codes are per token, so one call
+    equals a call per page, bit for bit, and a 4K-token prompt with page size 1 is one call,
+    not 4,096), exactly one page per block for a per-channel codec (KIVI's token blocks)."""
 
     def __init__(self, codec: TensorCodec, kv: KVConfig, dtype: torch.dtype, dequant_cache: bool) -> None:
         self.codec, self.kv, self.dtype = codec, kv, dtype
         self.length = 0
         self.sink: torch.Tensor | None = None  # [s, H, d] bf16, rotated
         self.recent: torch.Tensor | None = None  # [r, H, d] bf16, rotated
-        self.pages: list[Packed] = []  # each page_size tokens, in position order
-        self.dequant: list[torch.Tensor] | None = [] if dequant_cache else None  # [P, H, d] per page
+        self.blocks: list[Packed] = []  # whole pages each, in position order
+        self.block_lens: list[int] = []  # tokens per block
+        self.dequant: list[torch.Tensor] | None = [] if dequant_cache else None  # [n, H, d] per block
+
+    @property
+    def history(self) -> int:
+        return sum(self.block_lens)
 
     def append(self, x: torch.Tensor) -> None:
         """Write ``x [T, H, d]`` (original domain) and demote the pages the new length sends to history."""
@@ -86,51 +96,45 @@ class _TierStore:
         self.length = t1
         tail = torch.cat([self.recent, rot[n_sink:]])  # positions [t1 - len(tail), t1)
         n_demote = history_end(t1, c.sink, c.recent, c.page_size) - (t1 - tail.shape[0])
-        for s in range(0, n_demote, c.page_size):
-            self._store_page(self.codec.encode(tail[s:s + c.page_size].float()))
+        step = c.page_size if self.codec.per_channel else max(n_demote, 1)
+        for s in range(0, n_demote, step):
+            self._store_block(tail[s:s + step].float())
         # clone: a view would keep the demoted BF16 page alive (and memory_bytes would not see it)
         self.recent = tail[n_demote:].clone() if n_demote else tail
 
-    def _store_page(self, page: Packed) -> None:
-        self.pages.append(page)
+    def _store_block(self, rot: torch.Tensor) -> None:
+        block = self.codec.encode(rot)
+        self.blocks.append(block)
+        self.block_lens.append(rot.shape[0])
         if self.dequant is not None:
-            self.dequant.append(self._decode(page))
+            self.dequant.append(self._decode(block))
 
-    def _decode(self, page: Packed) -> torch.Tensor:
-        return self.codec.from_rotated(self.codec.decode(page)).to(self.dtype)
-
-    def _dequantized(self, n_pages: int) -> list[torch.Tensor]:
-        """The first ``n_pages`` pages mapped back to the original domain, ``[P, H, d]`` each."""
-        if self.dequant is not None:
-            return self.dequant[:n_pages]
-        pages = self.pages[:n_pages]
-        if self.codec.per_channel or not pages:
-            rot = [self.codec.decode(p) for p in pages]
-        else:  # per-token codes decode elementwise: one call for all pages, split back per page
-            rot = self.codec.decode(Packed(*(torch.cat(f) for f in zip(*pages)))).split(self.kv.page_size)
-        # NOTE: from_rotated per page, as for the dequant cache, so both modes are bit-identical.
-        return [self.codec.from_rotated(r) for r in rot]
+    def _decode(self, block: Packed) -> torch.Tensor:
+        """A block mapped back to the original domain, ``[n, H, d]`` in the model dtype."""
+        return self.codec.from_rotated(self.codec.decode(block)).to(self.dtype)
 
     def read_into(self, dst: torch.Tensor) -> None:
         """Write the first ``n`` stored tokens, as attention must see them, into ``dst [n, H, d]``.
 
         Each tier is mapped back and copied once into the caller's output (no concatenations)."""
-        n, P = dst.shape[0], self.kv.page_size
+        n = dst.shape[0]
         pos = min(n, self.sink.shape[0])
         dst[:pos] = self.codec.from_rotated(self.sink[:pos])
-        h_end = self.sink.shape[0] + len(self.pages) * P
-        for page in self._dequantized(-(-max(0, min(n, h_end) - pos) // P)):
-            m = min(P, n - pos)
-            dst[pos:pos + m] = page[:m]
+        for i, m in enumerate(self.block_lens):
+            if pos >= n:
+                return
+            block = self.dequant[i] if self.dequant is not None else self._decode(self.blocks[i])
+            m = min(m, n - pos)
+            dst[pos:pos + m] = block[:m]
             pos += m
         dst[pos:] = self.codec.from_rotated(self.recent[:n - pos])
 
     def tiers(self) -> Tiers:
-        return Tiers(self.sink.shape[0], len(self.pages) * self.kv.page_size, self.recent.shape[0])
+        return Tiers(self.sink.shape[0], self.history, self.recent.shape[0])
 
     def memory_bytes(self) -> dict[str, int]:
         extra = sum(t.numel() * t.element_size() for t in self.dequant or [])
-        return {"sink": _nbytes(self.sink), "history": sum(p.nbytes() for p in self.pages),
+        return {"sink": _nbytes(self.sink), "history": sum(p.nbytes() for p in self.blocks),
                 "recent": _nbytes(self.recent), "dequant_cache": extra}
 
 

@@ -141,8 +141,13 @@ def test_chunking_does_not_change_what_is_stored(method):
     for other in ([13, 20, 12, 16], [1] * 61):
         for a, b in zip(stores([61]), stores(other)):
             assert torch.equal(a.sink, b.sink) and torch.equal(a.recent, b.recent)
-            assert len(a.pages) == len(b.pages) == 4
-            assert all(torch.equal(u, w) for pa, pb in zip(a.pages, b.pages) for u, w in zip(pa, pb))
+            assert a.history == b.history == 32
+            if a.codec.per_channel:  # KIVI keys: one block per page, whatever the chunking
+                assert len(a.blocks) == len(b.blocks) == 4
+                assert all(torch.equal(u, w) for pa, pb in zip(a.blocks, b.blocks) for u, w in zip(pa, pb))
+            else:  # per-token codes: the same tokens' codes, however they were split into blocks
+                for fa, fb in zip(zip(*a.blocks), zip(*b.blocks)):  # codes, scale, zero
+                    assert torch.equal(torch.cat(fa), torch.cat(fb))
 
 
 @pytest.mark.parametrize("method,dtype", [("kivi", torch.float32), ("oscar", torch.float32),
@@ -185,21 +190,26 @@ def test_tier_counts_every_step(model, prompt, hand):
             assert cache.tiers() == Tiers(*hand[t])
 
 
-def test_pages_are_encoded_once(model, monkeypatch):
+@pytest.mark.parametrize("method", ["kivi", "naive"])
+def test_pages_are_encoded_once(model, monkeypatch, method):
+    """Each token is encoded once: KIVI one page per call, per-token codecs one call per demotion."""
     calls = []
     encode = TensorCodec.encode
     monkeypatch.setattr(TensorCodec, "encode", lambda self, x: calls.append(x.shape[0]) or encode(self, x))
     ids = torch.randint(0, VOCAB, (2, 100), generator=torch.Generator().manual_seed(6))
-    cache = make_cache("kivi", None)
+    cache = make_cache(method, None)
     run_chunks(model, cache, ids, [70])
     stores = [s for layer in cache.layers for row in layer.rows for s in row]
-    first = [(list(s.pages), [p.codes.clone() for p in s.pages]) for s in stores]
+    assert len(calls) == sum(5 if s.codec.per_channel else 1 for s in stores)  # 40 history tokens, 5 pages
+    assert sum(calls) == len(stores) * 40
+    first = [(list(s.blocks), [p.codes.clone() for p in s.blocks]) for s in stores]
     run_chunks(model, cache, ids[:, 70:], [1] * 30)
-    assert set(calls) == {8}  # every encode is one page
-    assert len(calls) == sum(len(s.pages) for s in stores) == L * 2 * 2 * cache.tiers().history // 8
-    for s, (pages, codes) in zip(stores, first):
-        assert all(a is b for a, b in zip(s.pages, pages))  # the same stored objects, untouched
-        assert all(torch.equal(p.codes, c) for p, c in zip(s.pages, codes))
+    n_prompt = sum(5 if s.codec.per_channel else 1 for s in stores)
+    assert set(calls[n_prompt:]) == {8}  # decoding demotes one page at a time
+    assert sum(calls) == sum(s.history for s in stores) == L * 2 * 2 * cache.tiers().history
+    for s, (blocks, codes) in zip(stores, first):
+        assert all(a is b for a, b in zip(s.blocks, blocks))  # the same stored objects, untouched
+        assert all(torch.equal(p.codes, c) for p, c in zip(s.blocks, codes))
 
 
 @pytest.mark.parametrize("method", ["naive", "kivi", "int4", "oscar"])
