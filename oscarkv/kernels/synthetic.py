@@ -66,8 +66,8 @@ def random_cache(lens: list[int], heads: int, head_dim: int, *, page: int = 16, 
         bt.append(perm_b[ob : ob + nbp])
         it.append(perm_i[oi : oi + nip])
         ob, oi = ob + nbp, oi + nip
-    bf_k = torch.randn(nb, heads, page, head_dim, generator=gen, device=device).bfloat16()
-    bf_v = torch.randn(nb, heads, page, head_dim, generator=gen, device=device).bfloat16()
+    bf_k = torch.randn(nb, heads, page, head_dim, generator=gen, device=device, dtype=torch.bfloat16)
+    bf_v = torch.randn(nb, heads, page, head_dim, generator=gen, device=device, dtype=torch.bfloat16)
     bf_k[0], bf_v[0] = float("nan"), float("nan")
     ik = iv = None
     if int2:

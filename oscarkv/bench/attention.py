@@ -1,0 +1,145 @@
+"""``oscarkv bench attention``: decode attention time and achieved bandwidth, BF16 vs INT2 caches.
+
+For each (context, batch) the run builds random paged caches (:mod:`oscarkv.kernels.synthetic`)
+of the requested attention shape (default Qwen3-8B: 32 query heads, 8 KV heads, head_dim 128)
+and times, as medians of repeats after warm-up (``triton.testing.do_bench``):
+
+* ``bf16``  — :func:`oscarkv.kernels.decode.decode_attention` over an all-BF16 cache;
+* ``int2``  — the same kernel over the mixed cache (BF16 sink + recent window, INT2 history);
+* ``torch`` — PyTorch's ``scaled_dot_product_attention`` on dense BF16 K/V (its fastest backend);
+* ``copy``  — a device-to-device copy, measured once: the achievable bandwidth.
+
+Achieved bandwidth = bytes the step must read (each cached byte once, plus q and out) / time.
+It prints a table and writes the numbers as JSON. It needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from oscarkv.kernels.decode import decode_attention
+from oscarkv.kernels.synthetic import random_cache
+from oscarkv.quant.bpe import tiers
+
+
+@dataclass(frozen=True)
+class AttentionBench:
+    """What to measure."""
+
+    contexts: tuple[int, ...] = (8192, 32768, 65536, 131072)
+    """Tokens per sequence."""
+    batches: tuple[int, ...] = (1, 8, 32, 64)
+    """Sequences per decode step."""
+    q_heads: int = 32
+    """Query heads (Qwen3-8B)."""
+    kv_heads: int = 8
+    """KV heads (Qwen3-8B)."""
+    head_dim: int = 128
+    page_size: int = 64
+    sink: int = 64
+    recent: int = 256
+    memory_gib: float = 60.0
+    """Skip a configuration whose caches would exceed this many GiB."""
+
+
+@dataclass
+class Row:
+    context: int
+    batch: int
+    us: dict[str, float] = field(default_factory=dict)
+    bytes: dict[str, int] = field(default_factory=dict)
+    gbps: dict[str, float] = field(default_factory=dict)
+
+
+def _time_us(fn) -> float:
+    import triton.testing
+
+    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def copy_bandwidth(gib: float = 2.0) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    n = int(gib * 2**30) // 4
+    a = torch.randn(n, device="cuda")
+    b = torch.empty_like(a)
+    us = _time_us(lambda: b.copy_(a))
+    return 2 * a.numel() * 4 / us / 1e3
+
+
+def cache_bytes(cfg: AttentionBench, context: int, batch: int, int2: bool) -> int:
+    """Bytes one decode step must read for one layer: K and V once, q in, out written."""
+    h, d = cfg.kv_heads, cfg.head_dim
+    g = min(d, 128)
+    if int2:
+        tr = tiers(context, cfg.sink, cfg.recent, cfg.page_size)
+        per_tok = (tr.sink + tr.recent) * d * 2 + tr.history * (d // 4 + 4 * (d // g))
+    else:
+        per_tok = context * d * 2
+    return batch * (2 * h * per_tok + 2 * cfg.q_heads * d * 2)
+
+
+def _torch_peer(cfg: AttentionBench, context: int, batch: int) -> float:
+    q = torch.randn(batch, cfg.q_heads, 1, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, cfg.kv_heads, context, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return _time_us(lambda: sdpa(q, k, v, enable_gqa=True))
+
+
+def measure(cfg: AttentionBench, context: int, batch: int, configs: dict | None = None) -> Row:
+    """One table row. ``configs`` may override the kernel tiles per kind (``{"int2": {...}}``)."""
+    row = Row(context, batch)
+    configs = configs or {}
+    for kind in ("bf16", "int2"):
+        nbytes = cache_bytes(cfg, context, batch, kind == "int2")
+        if nbytes > cfg.memory_gib * 2**30:
+            continue
+        kv, tables = random_cache([context] * batch, cfg.kv_heads, cfg.head_dim, page=cfg.page_size, sink=cfg.sink,
+                                  recent=cfg.recent, int2=kind == "int2", device="cuda", seed=context + batch)
+        q = torch.randn(batch, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+        scale = cfg.head_dim**-0.5
+        row.us[kind] = _time_us(lambda: decode_attention(q, kv, tables, scale, config=configs.get(kind)))
+        row.bytes[kind] = nbytes
+        row.gbps[kind] = nbytes / row.us[kind] / 1e3
+        del kv, tables
+        torch.cuda.empty_cache()
+    if cache_bytes(cfg, context, batch, False) <= cfg.memory_gib * 2**30:
+        row.us["torch"] = _torch_peer(cfg, context, batch)
+        row.gbps["torch"] = cache_bytes(cfg, context, batch, False) / row.us["torch"] / 1e3
+        torch.cuda.empty_cache()
+    return row
+
+
+def format_table(rows: list[Row], copy_gbps: float) -> str:
+    lines = [f"copy bandwidth (read + write): {copy_gbps:.0f} GB/s",
+             f"{'context':>8} {'batch':>5} | {'bf16 us':>9} {'%copy':>6} | {'int2 us':>9} {'%copy':>6} | "
+             f"{'torch us':>9} {'%copy':>6} | {'bf16/int2':>9} {'torch/bf16':>10}"]
+    for r in rows:
+        def cell(k):
+            if k not in r.us:
+                return f"{'-':>9} {'-':>6}"
+            return f"{r.us[k]:9.1f} {100 * r.gbps[k] / copy_gbps:5.0f}%"
+        ratio = f"{r.us['bf16'] / r.us['int2']:9.2f}" if {"bf16", "int2"} <= r.us.keys() else f"{'-':>9}"
+        peer = f"{r.us['torch'] / r.us['bf16']:10.2f}" if {"bf16", "torch"} <= r.us.keys() else f"{'-':>10}"
+        lines.append(f"{r.context:8d} {r.batch:5d} | {cell('bf16')} | {cell('int2')} | {cell('torch')} | {ratio} {peer}")
+    return "\n".join(lines)
+
+
+def run(cfg: AttentionBench, out: Path | None) -> str:
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench attention needs a CUDA device")
+    copy_bandwidth(), copy_bandwidth()  # NOTE: warm-up: the card idles at a low clock
+    copy_gbps = copy_bandwidth()
+    rows = [measure(cfg, c, b) for c in cfg.contexts for b in cfg.batches]
+    table = format_table(rows, copy_gbps)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg),
+                                   "copy_gbps": copy_gbps, "splits_note": "default_splits(batch, kv_heads)",
+                                   "rows": [asdict(r) for r in rows]}, indent=1))
+    return table
+

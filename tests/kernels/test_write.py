@@ -1,0 +1,80 @@
+"""Write-path kernel vs the quantizer spec: INT2 bytes bit-identical to ``TensorCodec.encode`` of
+the stored BF16 values, demotion bit-identical to ``demote_ref``, rotation within one BF16 ulp."""
+
+import pytest
+import torch
+
+from oscarkv.cache.paged_layout import Int2Pages
+from oscarkv.kernels.reference import demote_ref, encode_ref, write_ref
+from oscarkv.kernels.write import demote_pages, write_tokens
+from oscarkv.quant.codec import TensorCodec
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+def _codec(h, d, g, clip, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rot = torch.linalg.qr(torch.randn(h, d, d, generator=gen))[0].contiguous()
+    return TensorCodec(2, g, rotation=rot.to(DEV), mean=torch.randn(h, d, generator=gen).to(DEV), clip=clip)
+
+
+def _pools(n, h, p, d, g):
+    nan = float("nan")
+    return (torch.full((n, h, p, d), nan, device=DEV).bfloat16(),
+            Int2Pages(torch.zeros(n, h, p, d // 4, dtype=torch.uint8, device=DEV),
+                      torch.full((n, h, p, d // g), nan, device=DEV).half(), torch.full((n, h, p, d // g), nan, device=DEV).half()))
+
+
+def _same(a: Int2Pages, b: Int2Pages) -> bool:
+    return all(torch.equal(getattr(a, f).nan_to_num(7), getattr(b, f).nan_to_num(7)) for f in ("codes", "scale", "zero"))
+
+
+SHAPES = [(2, 32, 16, 4, 0.9, 11), (1, 64, 64, 8, None, 5)] if not CUDA else \
+    [(8, 128, 128, 64, 0.96, 1000), (8, 128, 64, 64, 0.92, 333), (8, 64, 64, 16, None, 77)]
+
+
+@pytest.mark.parametrize("h,d,g,p,clip,t", SHAPES)
+def test_write_tokens_bit_identical(h, d, g, p, clip, t):
+    codec = _codec(h, d, g, clip, seed=t)
+    x = torch.randn(t, h, d, device=DEV).bfloat16()
+    n_pages = 2 * (t // p + 2)
+    perm = torch.randperm(n_pages * p - p, device=DEV)[:t] + p  # random distinct slots, never page 0
+    tier = torch.rand(t, device=DEV) < 0.5
+    bs = torch.where(tier, perm, -1).int()
+    is_ = torch.where(~tier, perm, -1).int()
+    b1, i1 = _pools(n_pages, h, p, d, g)
+    b2, i2 = _pools(n_pages, h, p, d, g)
+    write_tokens(x, codec, b1, bs, i1, is_)
+    write_ref(x, codec, b2, bs, i2, is_)
+    assert torch.equal(b1.isnan(), b2.isnan()), "wrote a different set of BF16 slots"
+    ulp = (b2.float().abs() * 2.0**-7).nan_to_num(0)  # one BF16 ulp (upper bound)
+    assert ((b1.float() - b2.float()).nan_to_num(0).abs() <= ulp).all()
+    # INT2 bytes: bit-identical to the spec applied to the kernel's own BF16 rotated values
+    keep = is_ >= 0
+    got_pages, got_off = is_[keep].long() // p, is_[keep].long() % p
+    kernel_rows = _kernel_rotated(x, codec, h, p, d)[keep]
+    ref = encode_ref(kernel_rows, codec)
+    assert torch.equal(i1.codes[got_pages, :, got_off], ref.codes)
+    assert torch.equal(i1.scale[got_pages, :, got_off], ref.scale) and torch.equal(i1.zero[got_pages, :, got_off], ref.zero)
+
+
+def _kernel_rotated(x, codec, h, p, d):
+    """The kernel's own BF16 rotated values of every token of ``x``."""
+    t = x.shape[0]
+    pool = torch.zeros((t + p - 1) // p + 1, h, p, d, device=DEV).bfloat16()
+    write_tokens(x, codec, pool, torch.arange(p, p + t, device=DEV).int())
+    return pool.transpose(1, 2).reshape(-1, h, d)[p : p + t]
+
+
+@pytest.mark.parametrize("h,d,g,p,clip,t", SHAPES)
+def test_demotion_bit_identical(h, d, g, p, clip, t):
+    codec = _codec(h, d, g, clip, seed=t + 1)
+    b, i1 = _pools(6, h, p, d, g)
+    _, i2 = _pools(6, h, p, d, g)
+    b.copy_(torch.randn(b.shape, device=DEV).bfloat16())
+    src, dst = torch.tensor([3, 1], device=DEV).int(), torch.tensor([2, 5], device=DEV).int()
+    demote_pages(b, src, i1, dst, codec)
+    demote_ref(b, src, i2, dst, codec)
+    assert _same(i1, i2)
+    assert torch.isnan(i1.scale[[0, 1, 3, 4]]).all(), "wrote pages it was not asked to"
