@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from oscarkv.cli import DEFAULT_CACHE, add_fields, pick
+from oscarkv.bench.cli import run_bench, setup_bench
 from oscarkv.config import CalibrationConfig, EvalConfig, KVConfig
 
 log = logging.getLogger("oscarkv")
@@ -179,4 +180,5 @@ COMMANDS = {
     "calibrate": (setup_calibrate, run_calibrate),
     "eval": (setup_eval, run_eval),
     "demo": (setup_demo, run_demo),
+    "bench": (setup_bench, run_bench),
 }

@@ -21,8 +21,6 @@ from pathlib import Path
 
 import torch
 
-from oscarkv.kernels.decode import decode_attention
-from oscarkv.kernels.synthetic import random_cache
 from oscarkv.quant.bpe import tiers
 
 
@@ -92,6 +90,11 @@ def _torch_peer(cfg: AttentionBench, context: int, batch: int) -> float:
 
 def measure(cfg: AttentionBench, context: int, batch: int, configs: dict | None = None) -> Row:
     """One table row. ``configs`` may override the kernel tiles per kind (``{"int2": {...}}``)."""
+    # NOTE: imported here so that ``oscarkv --help`` never imports Triton (whose CPU interpreter
+    # switch is read when a kernel module is first imported).
+    from oscarkv.kernels.decode import decode_attention
+    from oscarkv.kernels.synthetic import random_cache
+
     row = Row(context, batch)
     configs = configs or {}
     for kind in ("bf16", "int2"):
