@@ -105,5 +105,6 @@ class KVPools:
 
     def nbytes(self) -> dict[str, int]:
         """Bytes allocated per pool kind."""
-        int2 = sum(t.numel() * t.element_size() for p in (self.int2_k, self.int2_v) if p for t in p)
+        int2 = sum(t.numel() * t.element_size() for p in (self.int2_k, self.int2_v) if p is not None
+                   for t in (p.codes, p.scale, p.zero))
         return {"bf16": 2 * self.bf16_k.numel() * self.bf16_k.element_size(), "int2": int2}

@@ -64,6 +64,7 @@ class KVCacheManager:
         self.kv, self.bf16, self.int2 = kv, bf16, int2
         self.prefix_caching = prefix_caching
         self.P = kv.page_size
+        self.hit_tokens = 0  # prompt tokens served from the prefix cache (a statistic)
 
     @property
     def quantized(self) -> bool:
@@ -170,6 +171,7 @@ class KVCacheManager:
         for t in reversed(seq.schedule.starts()):
             if t and t % self.P == 0 and self._has_prefix(seq, t):
                 self._adopt(seq, t)
+                self.hit_tokens += t
                 return t
         return 0
 

@@ -1,0 +1,124 @@
+"""Attention over the paged mixed cache: one backend interface, and the per-step context.
+
+Role: the seam between the model and the KV cache. A model layer hands its post-RoPE
+``q [T, Hq, d]``, ``k, v [T, H, d]`` to :meth:`StepContext.attention`, which
+
+1. maps K and V into the stored domain with the layer's codecs (``TensorCodec.to_rotated``:
+   keys centered and rotated by ``R_K``; values only centered, their rotation being folded
+   into the weights — ``oscarkv.models.folding``),
+2. writes them into their BF16 slots and encodes the pages the step demotes into INT2
+   (:meth:`AttentionBackend.write`, :meth:`AttentionBackend.demote`),
+3. rotates the queries once (``q @ R_K`` per KV-head group) and runs extend attention: each
+   chunk sees its prefix as stored (the step's :class:`PageTables`) plus itself at full
+   precision, causally — the rule of ``OscarCache`` (``oscarkv.cache.hf_cache``).
+
+NOTE: every step, decode included, goes through ``extend``: the current token attends to
+itself at full precision, as in ``OscarCache``. ``decode`` (all tokens read from the cache,
+the current one as stored) is part of the interface for kernels and benchmarks.
+
+:class:`TorchAttention` runs anywhere, the CPU included, on the PyTorch oracles of
+``oscarkv.kernels.reference`` (the reference the Triton kernels are tested against). A
+Triton backend implements the same four methods. The runner builds one
+:class:`StepContext` per step and passes it down the model explicitly (no global state).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from oscarkv.cache.kv_pools import KVPools
+from oscarkv.cache.paged_layout import LayerKV, PageTables
+from oscarkv.kernels import reference as ref
+from oscarkv.quant.codec import TensorCodec
+
+
+class AttentionBackend(ABC):
+    """Write path and attention over :class:`LayerKV` pages (see the layout contract)."""
+
+    @abstractmethod
+    def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store stored-domain ``k_rot, v_rot [T, H, d]`` (fp32) at flat BF16 slots ``[T]``."""
+
+    @abstractmethod
+    def demote(self, kv: LayerKV, key: TensorCodec, value: TensorCodec, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Encode full BF16 pages ``src [n]`` into INT2 pages ``dst [n]`` (``TensorCodec.encode``)."""
+
+    @abstractmethod
+    def extend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV,
+               tables: PageTables, cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
+        """Rotated ``q [T, Hq, d]`` over each sequence's cached prefix plus its chunk → fp32 ``[T, Hq, d]``."""
+
+    @abstractmethod
+    def decode(self, q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float) -> torch.Tensor:
+        """One rotated query per sequence ``[B, Hq, d]`` over its whole cache → fp32 ``[B, Hq, d]``."""
+
+
+class TorchAttention(AttentionBackend):
+    """The PyTorch implementation (CPU or GPU): ``oscarkv.kernels.reference`` behind the interface."""
+
+    def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
+        # NOTE: for BF16 pools this is ``reference.write_ref`` after ``to_rotated`` (tested
+        # equal); the cast goes to the pool's dtype so that kv=bf16 pools of an fp32 model
+        # store K/V unrounded (see oscarkv.cache.kv_pools).
+        s = slots.long()
+        page, off = s // kv.page_size, s % kv.page_size
+        kv.bf16_k[page, :, off] = k_rot.to(kv.bf16_k.dtype)
+        kv.bf16_v[page, :, off] = v_rot.to(kv.bf16_v.dtype)
+
+    def demote(self, kv: LayerKV, key: TensorCodec, value: TensorCodec, src: torch.Tensor, dst: torch.Tensor) -> None:
+        ref.demote_ref(kv.bf16_k, src, kv.int2_k, dst, key)
+        ref.demote_ref(kv.bf16_v, src, kv.int2_v, dst, value)
+
+    def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale):
+        return ref.extend_attention_ref(q, k_new, v_new, kv, tables, cu_seqlens, scale)
+
+    def decode(self, q, kv, tables, scale):
+        return ref.decode_attention_ref(q, kv, tables, scale)
+
+
+@dataclass(frozen=True)
+class LayerStorage:
+    """How one layer's K and V are stored: the key codec and the (folded) value codec."""
+
+    key: TensorCodec
+    value: TensorCodec
+
+    def rotate_queries(self, q: torch.Tensor) -> torch.Tensor:
+        """``q [T, Hq, d]`` → ``q @ R_K`` per KV-head group, fp32 (identity without a key rotation)."""
+        r = self.key.rotation
+        if r is None:
+            return q.float()
+        T, Hq, d = q.shape
+        qg = q.float().view(T, r.shape[0], Hq // r.shape[0], d)  # [T, H, rep, d]
+        return torch.einsum("thrd,hde->thre", qg, r.to(q.device)).reshape(T, Hq, d)
+
+
+@dataclass
+class StepContext:
+    """Everything attention needs for one step; built by the model runner, read by every layer.
+
+    ``slots [T]`` flat BF16 slots of the new tokens; ``demote_src/dst [n]`` page ids;
+    ``tables`` the prefix views; ``cu_seqlens int32 [B + 1]`` the chunk boundaries in the
+    flat token batch."""
+
+    backend: AttentionBackend
+    pools: KVPools
+    storage: list[LayerStorage]
+    tables: PageTables
+    cu_seqlens: torch.Tensor
+    slots: torch.Tensor
+    demote_src: torch.Tensor
+    demote_dst: torch.Tensor
+    scale: float
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write this step's K/V of ``layer``, demote, attend (see the module docstring)."""
+        st, kv = self.storage[layer], self.pools.layer(layer)
+        k_rot, v_rot = st.key.to_rotated(k), st.value.to_rotated(v)  # [T, H, d] fp32
+        self.backend.write(kv, k_rot, v_rot, self.slots)
+        if self.demote_src.numel():
+            self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
+        return self.backend.extend(st.rotate_queries(q), k_rot, v_rot, kv, self.tables, self.cu_seqlens, self.scale)

@@ -1,0 +1,54 @@
+"""Token choice per sequence: greedy, temperature, top-k, top-p, per-request RNG.
+
+Role: turns the runner's fp32 logits ``[N, V]`` (one row per sequence that samples this
+step) into token ids and their log-probabilities. Greedy rows take the argmax (ties → the
+lowest id, as ``torch.argmax``); other rows draw from the tempered, top-k/top-p filtered
+distribution with the sequence's own ``torch.Generator`` — so a seeded request gives the same
+tokens in any batch. Log-probabilities are those of the model's distribution (raw logits).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from oscarkv.engine.request import SamplingParams
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, then top-p on one row ``[V]`` (removed entries → -inf)."""
+    x = logits / params.temperature
+    if params.top_k and params.top_k < x.numel():
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, idx = torch.sort(x, descending=True)
+        cum = sorted_x.softmax(-1).cumsum(-1)
+        drop = cum - sorted_x.softmax(-1) >= params.top_p  # tokens after the mass reached top_p
+        x = x.masked_fill(torch.zeros_like(drop).scatter(0, idx, drop), float("-inf"))
+    return x
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
+    """Tokens and their log-probabilities for ``logits [N, V]`` fp32."""
+    logp = torch.log_softmax(logits, dim=-1)
+    tokens = logits.argmax(-1).tolist()
+    for i, (p, gen) in enumerate(zip(params, generators)):
+        if not p.greedy:
+            probs = filter_logits(logits[i], p).softmax(-1)
+            tokens[i] = int(torch.multinomial(probs.cpu(), 1, generator=gen))
+    chosen = [float(logp[i, t]) for i, t in enumerate(tokens)]
+    return tokens, chosen
+
+
+def prompt_logprobs(logits: torch.Tensor, targets: list[int], k: int) -> list[dict[int, float]]:
+    """Per row of ``logits [n, V]``: log-probs of ``targets[i]`` and of the ``k`` most likely tokens."""
+    logp = torch.log_softmax(logits, dim=-1)
+    out = []
+    for i, t in enumerate(targets):
+        row = {t: float(logp[i, t])}
+        if k:
+            vals, ids = logp[i].topk(k)
+            row.update(zip(ids.tolist(), vals.tolist()))
+        out.append(row)
+    return out

@@ -1,0 +1,138 @@
+"""Continuous batching with one token budget per step (no prefill/decode modes).
+
+Role: each step, pick which sequences compute which chunk, get their pages from the
+:class:`~oscarkv.cache.manager.KVCacheManager`, and hand the model runner one
+:class:`SchedulerOutput` — the only object that crosses from scheduler to runner. The
+scheduler owns the ``waiting`` queue and the ``running`` list.
+
+Policy (vLLM v1's, first come first served):
+
+1. running sequences in order: the decode token or the next prefill chunk of each, while the
+   budget lasts (a chunk that does not fit waits for the next step; chunk ends are fixed by
+   the sequence's :class:`~oscarkv.cache.seq_kv.ChunkSchedule`);
+2. when the pools cannot hold a running sequence's step, the most recently admitted running
+   sequence not yet scheduled this step is **preempted by recompute**: its pages are freed
+   (keyed ones stay cached), it goes back to the front of ``waiting`` with its generated
+   tokens, and later replays them exactly;
+3. then waiting sequences, in order, up to ``max_num_seqs`` running: prefix-cache match, then
+   their first chunk.
+
+NOTE: no request is lost or duplicated: a sequence is in exactly one of ``waiting``,
+``running`` or finished, and the cache manager's reference counts are released exactly once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from oscarkv.cache.manager import KVCacheManager, WritePlan
+from oscarkv.config import EngineConfig
+from oscarkv.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledChunk:
+    """Sequence ``seq`` computes tokens ``[plan.t0, plan.t1)`` with the pages of ``plan``."""
+
+    seq: Sequence
+    plan: WritePlan
+
+    @property
+    def samples(self) -> bool:
+        """Whether the chunk reaches the last known token (so a new token is sampled)."""
+        return self.plan.t1 == len(self.seq.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.plan.t1 - c.plan.t0 for c in self.chunks)
+
+
+class Scheduler:
+    """Waiting queue, running batch and the per-step policy (see the module docstring)."""
+
+    def __init__(self, cfg: EngineConfig, manager: KVCacheManager) -> None:
+        self.cfg, self.manager = cfg, manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out, budget = SchedulerOutput(), self.cfg.max_num_batched_tokens
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING:  # preempted earlier in this loop
+                continue
+            t0, t1 = seq.next_chunk()
+            if t1 - t0 > budget:
+                continue
+            plan = self._plan_or_preempt(seq, t1, out)
+            if plan is not None:
+                out.chunks.append(ScheduledChunk(seq, plan))
+                budget -= t1 - t0
+        if not out.preempted:
+            budget = self._admit(out, budget)
+        return out
+
+    def _plan_or_preempt(self, seq: Sequence, t1: int, out: SchedulerOutput) -> WritePlan | None:
+        scheduled = {id(c.seq) for c in out.chunks}
+        while (plan := self.manager.plan(seq, t1)) is None:
+            victims = [s for s in self.running if id(s) not in scheduled]
+            victim = victims[-1]  # seq itself is always a candidate
+            if victim is seq and len(self.running) == 1 and not out.chunks:
+                raise RuntimeError(f"request {seq.request_id}: the KV pools cannot hold one sequence of "
+                                   f"{t1} tokens; raise EngineConfig.kv_memory_bytes")
+            self._preempt(victim, out)
+            if victim is seq:
+                return None
+        return plan
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.manager.free(seq)
+        self.running.remove(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            seq = self.waiting[0]
+            self.manager.match_prefix(seq)
+            t0, t1 = seq.next_chunk()
+            plan = self.manager.plan(seq, t1) if t1 - t0 <= budget else None
+            if plan is None:
+                if not self.running and not out.chunks and t1 - t0 <= budget:
+                    raise RuntimeError(f"request {seq.request_id}: the KV pools cannot hold its first chunk; "
+                                       "raise EngineConfig.kv_memory_bytes")
+                self.manager.free(seq)  # give back prefix-hit pages; retried next step
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.chunks.append(ScheduledChunk(seq, plan))
+            budget -= t1 - t0
+        return budget
+
+    def commit(self, out: SchedulerOutput) -> None:
+        """After the runner: let the cache manager key and release this step's pages."""
+        for c in out.chunks:
+            self.manager.commit(c.seq, c.plan)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Remove ``seq`` from wherever it is and free its pages."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.manager.free(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, reason

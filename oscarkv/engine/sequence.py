@@ -1,0 +1,75 @@
+"""A request inside the engine: its tokens, cache pages, sampling state and text.
+
+Role: owned by the :class:`~oscarkv.engine.scheduler.Scheduler` from admission to finish.
+``token_ids`` is the prompt followed by the generated tokens; ``kv.num_tokens`` of them are
+stored in the cache (the cache manager advances it). A step computes the chunk
+``[num_computed, schedule.end(num_computed))``; when that chunk reaches the last known token
+the step samples a new one. After a preemption ``num_computed`` is 0 again and the chunks
+replay exactly as they ran (prompt chunks, then one generated token per step, without
+sampling), so the resumed request continues with the same cache bytes and the same RNG state.
+"""
+
+from __future__ import annotations
+
+import itertools
+from enum import Enum
+
+import torch
+
+from oscarkv.cache.seq_kv import ChunkSchedule, SeqKV
+from oscarkv.engine.request import RequestOutput, SamplingParams
+
+_arrivals = itertools.count()
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One request's engine state (see the module docstring)."""
+
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                 schedule: ChunkSchedule, default_seed: int) -> None:
+        if not prompt_ids:
+            raise ValueError(f"request {request_id}: empty prompt")
+        self.request_id, self.params, self.schedule = request_id, params, schedule
+        self.arrival = next(_arrivals)
+        self.token_ids: list[int] = list(prompt_ids)
+        self.num_prompt = len(prompt_ids)
+        self.kv = SeqKV()
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.logprobs: list[float] = []
+        self.prompt_logprobs: list[dict[int, float] | None] = [None]
+        seed = params.seed if params.seed is not None else default_seed + self.arrival
+        self.generator = None if params.greedy else torch.Generator().manual_seed(seed)
+        self.text, self.sent_text_len, self.sent_tokens = "", 0, 0
+
+    @property
+    def num_computed(self) -> int:
+        return self.kv.num_tokens
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt:]
+
+    def next_chunk(self) -> tuple[int, int]:
+        t0 = self.num_computed
+        return t0, self.schedule.end(t0)
+
+    def output(self, holdback: int = 0) -> RequestOutput:
+        """Cumulative output and the delta since the last call (text held back by ``holdback``
+        characters while unfinished, so a partial stop string or UTF-8 sequence never leaks)."""
+        finished = self.status is Status.FINISHED
+        end = len(self.text) if finished else max(self.sent_text_len, len(self.text) - holdback)
+        out = RequestOutput(
+            self.request_id, self.token_ids[:self.num_prompt], self.output_ids, self.text[:end],
+            new_token_ids=self.output_ids[self.sent_tokens:], new_text=self.text[self.sent_text_len:end],
+            logprobs=list(self.logprobs) if self.params.logprobs else None,
+            prompt_logprobs=list(self.prompt_logprobs) if self.params.prompt_logprobs is not None else None,
+            finished=finished, finish_reason=self.finish_reason)
+        self.sent_text_len, self.sent_tokens = end, len(self.output_ids)
+        return out

@@ -1,0 +1,59 @@
+"""Fold the value rotation R_V and mean mu_V into ``v_proj`` and ``o_proj`` (DESIGN.md §1).
+
+Role: make the model produce and consume rotated values, so the engine stores values with no
+runtime rotation. Math convention ``y = x W`` (``nn.Linear`` stores ``Wᵀ``). For KV head
+``h`` and each query head ``g`` of its group:
+
+    v_proj:  W_v[:, h] <- W_v[:, h] R_V[h]            (bias b_v[h] <- b_v[h] R_V[h])
+    o_proj:  W_o[g]    <- R_V[h]ᵀ W_o[g]              (the rows of head g)
+    o_proj bias        += sum_g mu_V[h(g)] W_o[g]     (attention scores sum to 1)
+
+The engine then stores ``v R_V - mu_V R_V`` — :func:`folded_value_codec`, a codec with no
+rotation and the rotated mean, i.e. exactly ``TensorCodec.to_rotated`` of the unfolded value —
+and attention outputs in that domain feed the folded ``o_proj`` unchanged. Products are
+formed in fp64 and cast back to the parameter dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from oscarkv.quant.codec import TensorCodec
+
+
+def fold_layer(attn, value: TensorCodec) -> None:
+    """Fold one layer's value codec (rotation ``[H, d, d]``, mean ``[H, d]``) into ``attn`` in place."""
+    if value.rotation is None and value.mean is None:
+        return
+    H, d, rep = attn.num_kv_heads, attn.head_dim, attn.num_heads // attn.num_kv_heads
+    r = value.rotation.double() if value.rotation is not None else torch.eye(d, dtype=torch.float64).expand(H, d, d)
+    wv, wo = attn.v_proj.weight, attn.o_proj.weight  # [H d, D], [D, Hq d]
+    with torch.no_grad():
+        w = wv.double().view(H, d, -1)  # rows of head h: W_v[:, h]ᵀ
+        wv.copy_(torch.einsum("hde,hdk->hek", r, w).reshape(wv.shape))  # R_hᵀ W_v[:, h]ᵀ
+        if attn.v_proj.bias is not None:
+            b = attn.v_proj.bias.double().view(H, d)
+            attn.v_proj.bias.copy_(torch.einsum("hd,hde->he", b, r).reshape(-1))
+        wo_h = wo.double().view(wo.shape[0], H, rep, d)  # [D, H, rep, d]: columns of query head g
+        if value.mean is not None:
+            mean = value.mean.double().to(wo.device)  # [H, d]
+            attn.o_proj.bias.add_(torch.einsum("khrd,hd->k", wo_h, mean).to(wo.dtype))
+        wo.copy_(torch.einsum("khrd,hde->khre", wo_h, r).reshape(wo.shape))  # W_o[g]ᵀ R_h
+
+
+def folded_value_codec(value: TensorCodec) -> TensorCodec:
+    """The storage codec after folding: no rotation, mean ``mu_V R_V`` (rotated domain)."""
+    if value.rotation is None:
+        return value
+    mean = None if value.mean is None else torch.einsum("hd,hde->he", value.mean.double(),
+                                                       value.rotation.double()).float()
+    return TensorCodec(value.bits, value.group, None, mean, value.clip, value.per_channel)
+
+
+def fold_values(model, codecs) -> list[TensorCodec]:
+    """Fold every layer of a :class:`~oscarkv.models.llama.PagedLM`; returns the storage value codecs."""
+    out = []
+    for layer, codec in zip(model.model.layers, codecs):
+        fold_layer(layer.self_attn, codec.value)
+        out.append(folded_value_codec(codec.value))
+    return out

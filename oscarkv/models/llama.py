@@ -1,0 +1,182 @@
+"""Llama, Qwen2 and Qwen3 written for paged attention: one implementation, flat token batches.
+
+Role: the engine's model. Activations are ``[T, hidden]`` for the ``T`` tokens of a step (all
+sequences concatenated, vLLM style); attention is delegated to the step's
+:class:`~oscarkv.engine.attention.StepContext`, which writes K/V into the paged mixed cache
+and attends over it. The families differ only in what the config says, dispatched on
+``config.architectures[0]`` (never on a name):
+
+* ``LlamaForCausalLM``: ``attention_bias`` on q/k/v/o, ``mlp_bias`` on the MLP;
+* ``Qwen2ForCausalLM``: bias on q/k/v, none on o;
+* ``Qwen3ForCausalLM``: ``attention_bias`` on q/k/v/o, plus RMS QK-norm over ``head_dim``
+  before RoPE.
+
+Parameter names follow transformers (``model.layers.{i}.self_attn.q_proj.weight`` ...), so
+:meth:`PagedLM.from_hf` loads the state dict of the model that
+:func:`oscarkv.models.loader.load_model` returns (HF directory or GGUF). ``o_proj`` always has
+a bias: zero unless the config has one, it receives the folded value mean
+(:mod:`oscarkv.models.folding`). :meth:`PagedLM.random` builds random weights from a config
+(benchmarks at real shapes without downloads, ``oscarkv.models.shapes``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from oscarkv.models.loader import check_architecture
+
+
+class RMSNorm(nn.Module):
+    """transformers' RMSNorm, operation for operation (fp32 statistics, weight in the model dtype)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def _biases(config) -> tuple[bool, bool, bool]:
+    """(q/k/v bias, o bias, QK-norm) for the config's architecture."""
+    arch = check_architecture((config.architectures or [None])[0], "paged model")
+    bias = bool(getattr(config, "attention_bias", False))
+    if arch == "Qwen2ForCausalLM":
+        return True, False, False
+    return bias, bias, arch == "Qwen3ForCausalLM"
+
+
+class Attention(nn.Module):
+    """Projections, QK-norm and RoPE; the attention itself is the step context's."""
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        qkv_bias, o_bias, qk_norm = _biases(config)
+        D, d = config.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(D, self.num_heads * d, bias=qkv_bias)
+        self.k_proj = nn.Linear(D, self.num_kv_heads * d, bias=qkv_bias)
+        self.v_proj = nn.Linear(D, self.num_kv_heads * d, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, D, bias=True)  # the bias takes the folded value mean
+        self.has_o_bias = o_bias
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step) -> torch.Tensor:
+        T, d = x.shape[0], self.head_dim
+        q = self.q_proj(x).view(T, self.num_heads, d)  # [T, Hq, d]
+        k = self.k_proj(x).view(T, self.num_kv_heads, d)  # [T, H, d]
+        v = self.v_proj(x).view(T, self.num_kv_heads, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, d]
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        o = step.attention(self.layer_idx, q, k, v)  # [T, Hq, d] fp32, rotated value domain
+        return self.o_proj(o.to(x.dtype).reshape(T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        D, I = config.hidden_size, config.intermediate_size
+        self.gate_proj, self.up_proj = nn.Linear(D, I, bias=bias), nn.Linear(D, I, bias=bias)
+        self.down_proj = nn.Linear(I, D, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, step)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config)  # transformers' inv_freq (incl. rope scaling)
+
+
+class PagedLM(nn.Module):
+    """A causal LM over flat token batches: ``forward(ids [T], positions [T], step) -> hidden [T, D]``."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def head_dim(self) -> int:
+        return self.model.layers[0].self_attn.head_dim
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, step) -> torch.Tensor:
+        x = self.model.embed_tokens(ids)  # [T, D]
+        cos, sin = self.model.rotary_emb(x, positions.unsqueeze(0))  # [1, T, d] each
+        for layer in self.model.layers:
+            x = layer(x, cos[0], sin[0], step)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, D]`` → fp32 logits ``[N, V]``."""
+        return self.lm_head(hidden).float()
+
+    @classmethod
+    def from_hf(cls, hf_model: nn.Module) -> PagedLM:
+        """Copy the weights of a transformers model of a supported architecture."""
+        p = next(hf_model.parameters())
+        model = cls(hf_model.config).to(dtype=p.dtype, device=p.device)
+        state = {k: v for k, v in hf_model.state_dict().items() if "rotary_emb" not in k}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.endswith("o_proj.bias") and "rotary_emb" not in k]
+        if missing or unexpected:
+            raise ValueError(f"PagedLM.from_hf: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        for layer in model.model.layers:
+            if not layer.self_attn.has_o_bias:  # not in the checkpoint: zero until a value mean is folded in
+                nn.init.zeros_(layer.self_attn.o_proj.bias)
+        return model.eval()
+
+    @classmethod
+    def random(cls, config, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               seed: int = 0) -> PagedLM:
+        """Random weights at the config's shapes (``initializer_range`` normal, zero biases, unit norms)."""
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = cls(config)
+        std = getattr(config, "initializer_range", 0.02)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                nn.init.ones_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+            else:
+                nn.init.normal_(p, std=std)
+        return model.to(dtype).eval()

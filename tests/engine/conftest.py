@@ -1,0 +1,110 @@
+"""Tiny random models (Llama, Qwen2, Qwen3), an OSCAR artifact for them, and engine factories."""
+
+from dataclasses import asdict
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from oscarkv.config import EngineConfig, KVConfig
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.request import SamplingParams
+from oscarkv.quant.artifact import FORMAT_VERSION, Artifact, ModelFingerprint
+
+L, HKV, D, VOCAB = 2, 2, 32, 128
+WINDOWS = dict(sink=8, recent=16, page_size=8)
+CONFIGS = {"LlamaForCausalLM": LlamaConfig, "Qwen2ForCausalLM": Qwen2Config, "Qwen3ForCausalLM": Qwen3Config}
+
+
+def tiny_config(arch: str = "LlamaForCausalLM", **kw):
+    base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=L, num_attention_heads=4,
+                num_key_value_heads=HKV, head_dim=D, vocab_size=VOCAB, architectures=[arch],
+                tie_word_embeddings=False)
+    config = CONFIGS[arch](**{**base, **kw})
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def tiny_model(arch: str = "LlamaForCausalLM", seed: int = 0):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch)).eval()
+    with torch.no_grad():  # larger weights: peaky, well separated logits (fewer near-ties)
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.15)
+    return model
+
+
+def make_artifact(config, seed: int = 1) -> Artifact:
+    """Random orthogonal rotations, means and clips, like ``oscarkv calibrate`` writes them."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.linalg.qr(torch.randn(L, HKV, D, D, generator=g))[0]
+    tensors = {}
+    for kind in ("key", "value"):
+        tensors |= {f"{kind}.rotation": q, f"{kind}.eigvecs": q,
+                    f"{kind}.mean": 0.3 * torch.randn(L, HKV, D, generator=g),
+                    f"{kind}.eigenvalues": torch.rand(L, HKV, D, generator=g).sort(-1, descending=True).values}
+    manifest = {"format_version": FORMAT_VERSION, "oscarkv_version": "test",
+                "model": asdict(ModelFingerprint.from_config(config)), "method": "oscar", "options": {},
+                "group_size": D, "clip": {"key": [0.9] * L, "value": [1.0] * L}, "calibration": {}}
+    art = Artifact(manifest, tensors)
+    art.validate()
+    return art
+
+
+@pytest.fixture(scope="session")
+def llama():
+    return tiny_model()
+
+
+@pytest.fixture(scope="session")
+def artifact(llama):
+    return make_artifact(llama.config)
+
+
+def engine_config(method: str = "oscar", **kw) -> EngineConfig:
+    base = dict(kv=KVConfig(method, group_size=D if method != "bf16" else None, **WINDOWS),
+                kv_memory_bytes=1 << 22, max_num_seqs=8, max_num_batched_tokens=80, prefill_chunk=64)
+    return EngineConfig(**{**base, **kw})
+
+
+def make_engine(model, method: str = "oscar", artifact=None, **kw) -> LLMEngine:
+    return LLMEngine.from_hf(model, engine_config(method, **kw), artifact if method == "oscar" else None)
+
+
+def run(engine: LLMEngine, prompts, params=None, on_step=None) -> list:
+    """All prompts to completion; outputs in prompt order."""
+    params = params or SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params if isinstance(params, SamplingParams) else params[i])
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        if on_step:
+            on_step(engine)
+    return [done[str(i)] for i in range(len(prompts))]
+
+
+def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (length + 3 * i,), generator=g).tolist() for i in range(n)]
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: list[int], n: int, cache, chunk: int | None = None) -> tuple[list[int], list[float]]:
+    """Reference: greedy decoding with transformers and ``cache`` (prompt fed in chunks of ``chunk``)."""
+    ids, toks, lps = list(prompt), [], []
+    chunk = chunk or len(prompt)
+    for s in range(0, len(prompt), chunk):
+        e = min(s + chunk, len(prompt))
+        logits = model(torch.tensor([ids[s:e]]), past_key_values=cache, position_ids=torch.arange(s, e)[None]).logits
+    for _ in range(n):
+        logp = torch.log_softmax(logits[0, -1].float(), -1)
+        t = int(logp.argmax())
+        toks.append(t)
+        lps.append(float(logp[t]))
+        ids.append(t)
+        logits = model(torch.tensor([[t]]), past_key_values=cache, position_ids=torch.tensor([[len(ids) - 1]])).logits
+    return toks, lps

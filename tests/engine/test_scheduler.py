@@ -1,0 +1,96 @@
+"""Scheduler and prefix cache on the real serving path: hits, preemption, tiers, sampling."""
+
+import torch
+
+from oscarkv.engine.request import SamplingParams
+from oscarkv.quant.bpe import tiers
+from tests.engine.conftest import WINDOWS, make_engine, prompts, run
+
+GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=True)
+
+
+def test_prefix_hit_identical_to_cold(llama, artifact):
+    base = prompts(1, 70, seed=3)[0]
+    b = base[:66] + [5, 6, 7, 8, 9]
+    warm = make_engine(llama, "oscar", artifact, prefill_chunk=16, max_num_batched_tokens=32)
+    run(warm, [base])
+    hot = run(warm, [b])[0]
+    assert warm.manager.hit_tokens == 64  # the last chunk start inside b's prompt
+    cold = run(make_engine(llama, "oscar", artifact, prefill_chunk=16, max_num_batched_tokens=32), [b])[0]
+    assert hot.token_ids == cold.token_ids
+    assert hot.logprobs == cold.logprobs  # same bytes, same arithmetic
+
+
+def test_preemption_resumes_exactly(llama, artifact):
+    ps = [p[:24] for p in prompts(3, 24, seed=4)]
+    params = [SamplingParams(max_tokens=20, temperature=0.8 if i % 2 else 0, seed=i, ignore_eos=True, logprobs=True)
+              for i in range(len(ps))]
+    roomy = run(make_engine(llama, "oscar", artifact), ps, params)
+    tight = make_engine(llama, "oscar", artifact, kv_memory_bytes=65_536, bf16_fraction=0.5)
+    preempted = []
+    orig = tight.scheduler._preempt
+    tight.scheduler._preempt = lambda seq, out: (preempted.append(seq.request_id), orig(seq, out))
+    outs = run(tight, ps, params)
+    assert preempted, "the pool was meant to be too small for all three requests"
+    for a, b in zip(roomy, outs):
+        assert a.token_ids == b.token_ids and len(b.token_ids) == 20
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    assert tight.manager.bf16.num_used == 0 and tight.manager.int2.num_used == 0  # nothing leaked
+
+
+def test_tier_boundaries_at_every_step(llama, artifact):
+    engine = make_engine(llama, "oscar", artifact, prefill_chunk=16, max_num_batched_tokens=32)
+    seen = []
+
+    def check(e):
+        for seq in e.scheduler.running:
+            got = e.manager.tier_tokens(seq)
+            assert got == tuple(tiers(seq.num_computed, WINDOWS["sink"], WINDOWS["recent"], WINDOWS["page_size"]))
+            seen.append(got)
+    run(engine, prompts(2, 20, seed=5) + [[1, 2, 3, 4, 5]], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True), on_step=check)
+    assert any(h > 0 for _, h, _ in seen) and any(s < WINDOWS["sink"] for s, _, _ in seen)
+
+
+def test_sampling_seed_batch_invariant_and_topk1_is_greedy(llama, artifact):
+    ps = prompts(3, 25, seed=6)
+    sp = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=20, seed=7, ignore_eos=True)
+    alone = run(make_engine(llama, "naive"), ps[:1], sp)[0]
+    batched = run(make_engine(llama, "naive"), ps, sp)[0]
+    assert alone.token_ids == batched.token_ids
+    top1 = run(make_engine(llama, "naive"), ps[:1], SamplingParams(max_tokens=12, top_k=1, seed=1, ignore_eos=True))[0]
+    greedy = run(make_engine(llama, "naive"), ps[:1], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    assert top1.token_ids == greedy.token_ids
+
+
+class _Tok:
+    """A tokenizer stand-in: token i is the word ``w{i}``."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"w{i}" for i in ids)
+
+
+def test_stop_tokens_strings_and_max_tokens(llama):
+    p = prompts(1, 20, seed=8)[0]
+    free = run(make_engine(llama, "bf16"), [p], GREEDY)[0]
+    third = free.token_ids[2]
+    first_at = free.token_ids.index(third)
+    stopped = run(make_engine(llama, "bf16"), [p], SamplingParams(max_tokens=20, temperature=0, stop_token_ids=(third,)))[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[:first_at + 1]
+    assert free.finish_reason == "length" and len(free.token_ids) == 20
+    engine = make_engine(llama, "bf16")
+    engine.tokenizer = _Tok()
+    word = f"w{free.token_ids[4]}"
+    out = run(engine, [p], SamplingParams(max_tokens=20, temperature=0, stop=(word,), ignore_eos=True))[0]
+    assert out.finish_reason == "stop" and word not in out.text
+    assert all(lp <= 0 for lp in free.logprobs) and len(free.logprobs) == 20
+
+
+def test_prompt_logprobs_are_teacher_forced(llama):
+    p = prompts(1, 20, seed=9)[0]
+    out = run(make_engine(llama, "bf16"), [p], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1))[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(llama(torch.tensor([p])).logits[0, :-1].float(), -1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(p)
+    for i, row in enumerate(out.prompt_logprobs[1:]):
+        assert abs(row[p[i + 1]] - float(ref[i, p[i + 1]])) < 1e-4
+        assert int(ref[i].argmax()) in row

@@ -1,0 +1,60 @@
+"""The paged model: weights load from transformers, value folding is exact, shapes build."""
+
+import torch
+
+from oscarkv.config import KVConfig
+from oscarkv.models.folding import fold_values
+from oscarkv.models.llama import PagedLM
+from oscarkv.quant.codec import TensorCodec
+from tests.engine.conftest import make_artifact, tiny_model
+
+
+class DenseStep:
+    """Causal attention over the given chunk only, values mapped through the storage codec."""
+
+    def __init__(self, values: list[TensorCodec]) -> None:
+        self.values = values
+
+    def attention(self, layer, q, k, v):
+        v = self.values[layer].to_rotated(v).to(q.dtype) if self.values else v
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        att = torch.einsum("thd,shd->hts", q, k) * q.shape[-1] ** -0.5
+        att = att.masked_fill(~torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).tril(), float("-inf"))
+        return torch.einsum("hts,shd->thd", att.softmax(-1), v)
+
+
+def test_folded_values_equal_unfolded_fp64():
+    hf = tiny_model("Qwen3ForCausalLM").double()
+    art = make_artifact(hf.config)
+    codec = art.codec(KVConfig("oscar", group_size=32), 32)
+    ids, pos = torch.randint(0, 128, (17,)), torch.arange(17)
+    plain = PagedLM.from_hf(hf)
+    ref = plain.compute_logits(plain(ids, pos, DenseStep([])))
+    folded = PagedLM.from_hf(hf)
+    values = fold_values(folded, codec.layers)
+    assert values[0].rotation is None and values[0].mean is not None
+    out = folded.compute_logits(folded(ids, pos, DenseStep(values)))
+    # fp64 model; the artifact's rotations are fp32 (orthogonal to ~1e-7), hence not 1e-12
+    assert (out - ref).abs().max() < 1e-5 * ref.abs().max()
+
+
+def test_from_hf_matches_transformers_dense():
+    for arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        hf = tiny_model(arch)
+        ids = torch.randint(0, 128, (13,))
+        ours = PagedLM.from_hf(hf)
+        with torch.no_grad():
+            got = ours.compute_logits(ours(ids, torch.arange(13), DenseStep([])))
+            want = hf(ids[None]).logits[0]
+        assert (got - want).abs().max() < 1e-4, arch
+
+
+def test_random_init_at_real_shapes_is_cheap_on_meta():
+    from oscarkv.models.shapes import SHAPES, shape_config
+
+    for name in SHAPES:
+        config = shape_config(name)
+        model = PagedLM.random(config, dtype=torch.bfloat16, device="meta")
+        n = sum(p.numel() for p in model.parameters())
+        assert n > 3e9 and model.model.layers[0].self_attn.q_norm is not None
