@@ -1,0 +1,87 @@
+"""CPU engine benchmark: decode tokens/s at several batch sizes, and KV bytes per token.
+
+Role: ``oscarkv bench-engine``. For each KV method it builds the engine on the loaded
+model (fp32 on the CPU; pools BF16/INT2), prefills ``batch`` random prompts of
+``prompt_len`` tokens, then times ``new_tokens`` decode steps of the whole batch
+(tokens/s = batch × steps / seconds, prefill excluded). KV bytes per token are measured from
+the pools — bytes of the pages the sequences hold, divided by their tokens — and compared
+with the BPE formula of ``oscarkv.quant.bpe`` for the same tier split.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from oscarkv.config import EngineConfig, KVConfig
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.llm import load_artifact
+from oscarkv.engine.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    methods: tuple[str, ...]
+    batches: tuple[int, ...]
+    prompt_len: int
+    new_tokens: int
+
+
+def held_bytes(engine: LLMEngine) -> tuple[int, int, int]:
+    """(bytes held, tokens held, KV elements held) over the running sequences, from the page lists."""
+    geo = engine.runner.pools.geo
+    b = i = tokens = 0
+    for seq in engine.scheduler.running:
+        b += len(seq.kv.sink) + len(seq.kv.recent)
+        i += len(seq.kv.history)
+        tokens += seq.num_computed
+    # NOTE: partially filled BF16 pages count whole: that is what the pool holds.
+    nbytes = b * geo.bf16_page_bytes() + i * geo.int2_page_bytes()
+    return nbytes, tokens, tokens * 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim
+
+
+def bench_one(loaded, method: str, batch: int, spec: BenchSpec, artifact) -> dict:
+    cfg = EngineConfig(KVConfig(method), kv_memory_bytes=1 << 30, max_num_seqs=batch,
+                       max_num_batched_tokens=max(2048, spec.prompt_len + batch), prefill_chunk=512)
+    engine = LLMEngine.from_hf(loaded.model, cfg, artifact if method == "oscar" else None, loaded.tokenizer)
+    g = torch.Generator().manual_seed(batch)
+    vocab = loaded.config.vocab_size
+    params = SamplingParams(max_tokens=spec.new_tokens + 1, temperature=0, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(str(i), torch.randint(0, vocab, (spec.prompt_len,), generator=g).tolist(), params)
+    while any(s.num_computed < s.num_prompt for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()  # prefill (and the first token)
+    t0, steps = time.perf_counter(), 0
+    nbytes, tokens, elements = held_bytes(engine)
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    dt = time.perf_counter() - t0
+    tr = engine.codec.tiers(tokens // batch)
+    formula = engine.codec.bpe(tokens // batch) if engine.codec.quantized else 8.0 * engine.runner.pools.geo.window_dtype.itemsize
+    return {"method": method, "batch": batch, "prompt_len": spec.prompt_len, "decode_steps": steps,
+            "tokens_per_s": round(batch * steps / dt, 2), "kv_bytes_per_token": round(nbytes / tokens, 1),
+            "bpe_measured": round(8.0 * nbytes / elements, 3), "bpe_formula": round(formula, 3),
+            "tiers_per_seq": list(tr)}
+
+
+def run_engine_cpu(loaded, spec: BenchSpec, rotations=None) -> list[dict]:
+    torch.set_grad_enabled(False)
+    rows = []
+    for method in spec.methods:
+        artifact = load_artifact(loaded, method, rotations)
+        for batch in spec.batches:
+            rows.append(bench_one(loaded, method, batch, spec, artifact))
+            print(rows[-1], flush=True)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = "| method | batch | decode tok/s | KV bytes/token | BPE measured | BPE formula | tiers (sink, hist, recent) |"
+    lines = [head, "|" + "---|" * 7]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['batch']} | {r['tokens_per_s']} | {r['kv_bytes_per_token']} | "
+                     f"{r['bpe_measured']} | {r['bpe_formula']} | {tuple(r['tiers_per_seq'])} |")
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""An asyncio driver for servers: submit a request, async-iterate its outputs, cancel it.
+
+Role: runs :meth:`LLMEngine.step` in one background thread (the model is blocking); the
+event loop talks to it through a thread-safe command queue (add, abort) and receives each
+request's :class:`RequestOutput` s on its own ``asyncio.Queue``. The engine is touched only
+by the worker thread, so the scheduler needs no locks.
+
+    engine = AsyncEngine(LLMEngine.from_hf(...))
+    async for out in engine.generate("id-1", prompt, SamplingParams(max_tokens=64)):
+        print(out.new_text, end="")
+    await engine.abort("id-1")   # or break out of the loop: the request is aborted
+
+``close()`` stops the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.request import RequestOutput, SamplingParams
+
+
+class AsyncEngine:
+    """Background-thread engine loop with per-request async streams."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="oscarkv-engine", daemon=True)
+        self._thread.start()
+
+    async def generate(self, request_id: str, prompt: str | list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Submit and stream; leaving the loop early aborts the request."""
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), q)
+        self._commands.put(("add", request_id, prompt, params))
+        finished = False
+        try:
+            while not finished:
+                item = await q.get()
+                if isinstance(item, Exception):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._commands.put(("abort", request_id))
+            self._streams.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._commands.put(("wake",))
+        self._thread.join()
+
+    # ------------------------------------------------------------------------- worker thread
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain(block=not self.engine.has_unfinished())
+            if self.engine.has_unfinished():
+                for out in self.engine.step():
+                    self._emit(out.request_id, out)
+
+    def _drain(self, block: bool) -> None:
+        try:
+            cmd = self._commands.get(timeout=0.1) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, cmd: tuple) -> None:
+        if cmd[0] == "add":
+            _, rid, prompt, params = cmd
+            try:
+                self.engine.add_request(rid, prompt, params)
+            except ValueError as e:
+                self._emit(rid, e)
+        elif cmd[0] == "abort":
+            out = self.engine.abort(cmd[1])
+            if out is not None:
+                self._emit(cmd[1], out)
+
+    def _emit(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            loop, q = stream
+            loop.call_soon_threadsafe(q.put_nowait, item)
