@@ -9,4 +9,12 @@ def __getattr__(name: str):
         from oscarkv.cache.hf_cache import OscarCache
 
         return OscarCache
+    if name == "LLM":
+        from oscarkv.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from oscarkv.engine.request import SamplingParams
+
+        return SamplingParams
     raise AttributeError(name)

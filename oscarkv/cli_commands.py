@@ -182,3 +182,7 @@ COMMANDS = {
     "demo": (setup_demo, run_demo),
     "bench": (setup_bench, run_bench),
 }
+
+from oscarkv.engine.cli import COMMANDS as _ENGINE_COMMANDS  # noqa: E402  (generate, bench-engine)
+
+COMMANDS.update(_ENGINE_COMMANDS)
