@@ -114,6 +114,8 @@ def setup_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recent", type=int, default=KVConfig().recent, help="BF16 recent window tokens")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the default model's artifact is cached")
     add_fields(p, EvalConfig, ["methods", "tasks", "samples", "seed"])
+    p.add_argument("--backend", choices=["hf", "engine"], default="hf",
+                   help="synthetic tasks through transformers + OscarCache (hf) or the paged engine (engine)")
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -128,7 +130,7 @@ def run_eval(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         with open(args.out / "samples.jsonl", "w") as log_file:
-            records, meta = evaluate(loaded, cfg, artifacts, log_file)
+            records, meta = evaluate(loaded, cfg, artifacts, log_file, args.backend)
     except ValueError as e:
         raise UserError(str(e)) from e
     write_report(records, args.out, meta)

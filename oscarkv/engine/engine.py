@@ -109,6 +109,7 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     # ------------------------------------------------------------------------- the step
+    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Run one step; outputs of the requests that got a token (or finished) in it."""
         out = self.scheduler.schedule()
@@ -120,12 +121,14 @@ class LLMEngine:
         return self._sample(out, res)
 
     def _record_prompt_logprobs(self, out: SchedulerOutput, res: RunnerOutput) -> None:
-        for i, logits in res.prompt_logits.items():
+        for i, hidden in res.prompt_hidden.items():
             seq, t0 = out.chunks[i].seq, out.chunks[i].plan.t0
             if len(seq.prompt_logprobs) > t0 + 1:  # already recorded before a preemption
                 continue
-            targets = seq.token_ids[t0 + 1:t0 + 1 + logits.shape[0]]
-            seq.prompt_logprobs += sampler.prompt_logprobs(logits, targets, seq.params.prompt_logprobs)
+            for lo in range(0, hidden.shape[0], 512):  # blocks: a long prompt's [T, V] logits would not fit
+                logits = self.runner.model.compute_logits(hidden[lo:lo + 512])
+                targets = seq.token_ids[t0 + lo + 1:t0 + lo + 1 + logits.shape[0]]
+                seq.prompt_logprobs += sampler.prompt_logprobs(logits, targets, seq.params.prompt_logprobs)
 
     def _sample(self, out: SchedulerOutput, res: RunnerOutput) -> list[RequestOutput]:
         seqs = [c.seq for c in out.chunks if c.samples]

@@ -6,7 +6,7 @@ backend. For each step it flattens the scheduled chunks into one token batch
 demotion lists and the prefix views into :class:`PageTables`, builds a
 :class:`~oscarkv.engine.attention.StepContext` and runs the model once. It returns the logits
 of the last token of every chunk that samples, and, for requests that asked for prompt
-log-probabilities, the logits of their prompt positions. The engine hands them to the sampler.
+log-probabilities, the final hidden states of their prompt positions. The engine hands them to the sampler.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from oscarkv.models.llama import PagedLM
 @dataclass
 class RunnerOutput:
     sample_logits: torch.Tensor  # [n_sampling_chunks, V] fp32, in chunk order
-    prompt_logits: dict[int, torch.Tensor]  # chunk index -> [rows, V] fp32 (prompt positions)
+    prompt_hidden: dict[int, torch.Tensor]  # chunk index -> [rows, D] final hidden states of prompt positions
 
 
 def _table(rows: list[list[int]], device) -> torch.Tensor:
@@ -77,5 +77,5 @@ class ModelRunner:
         for i, c in enumerate(chunks):
             n = min(c.plan.t1, c.seq.num_prompt - 1) - c.plan.t0  # rows whose next token is a prompt token
             if c.seq.params.prompt_logprobs is not None and n > 0:
-                prompt[i] = self.model.compute_logits(hidden[cu[i]:cu[i] + n])
+                prompt[i] = hidden[cu[i]:cu[i] + n]  # logits formed blockwise by the engine
         return RunnerOutput(self.model.compute_logits(hidden[last]), prompt)

@@ -159,18 +159,24 @@ def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqd
 
 
 def evaluate(loaded, cfg: EvalConfig, artifacts: dict[str, object] | None = None,
-             sample_log: TextIO | None = None) -> tuple[list[dict], dict]:
+             sample_log: TextIO | None = None, backend: str = "hf") -> tuple[list[dict], dict]:
     """Run every configured measurement; returns (records, meta). Per-sample scores are
-    written to ``sample_log`` (JSON lines) as they are measured."""
+    written to ``sample_log`` (JSON lines) as they are measured. ``backend="engine"`` scores
+    the synthetic tasks on the paged engine (``oscarkv.eval.engine_backend``)."""
     codecs = build_codecs(loaded.model, cfg, artifacts)
     n_tasks = sum(t != "ppl" for t in cfg.tasks)
     total = len(cfg.contexts) * cfg.samples * (n_tasks + ("ppl" in cfg.tasks)) * len(codecs)
     t0 = time.time()
     with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True) as bar:
-        records = run_tasks(loaded, codecs, cfg, bar, Tally(sample_log)) if n_tasks else []
+        if backend == "engine" and n_tasks:
+            from oscarkv.eval.engine_backend import run_tasks_engine
+
+            records = run_tasks_engine(loaded, codecs, cfg, artifacts, bar, Tally(sample_log))
+        else:
+            records = run_tasks(loaded, codecs, cfg, bar, Tally(sample_log)) if n_tasks else []
         if "ppl" in cfg.tasks:
             records += run_perplexity(loaded, codecs, cfg, bar, Tally(sample_log))
-    meta = {"model": loaded.source, "configs": {k: vars(c.config) for k, c in codecs.items()},
+    meta = {"model": loaded.source, "backend": backend, "configs": {k: vars(c.config) for k, c in codecs.items()},
             "contexts": list(cfg.contexts), "samples": cfg.samples, "seed": cfg.seed,
             "tasks": list(cfg.tasks), "seconds": round(time.time() - t0, 1),
             "dtype": str(next(loaded.model.parameters()).dtype),

@@ -162,7 +162,7 @@ class PagedLM(nn.Module):
         for layer in model.model.layers:
             if not layer.self_attn.has_o_bias:  # not in the checkpoint: zero until a value mean is folded in
                 nn.init.zeros_(layer.self_attn.o_proj.bias)
-        return model.eval()
+        return model.eval().requires_grad_(False)
 
     @classmethod
     def random(cls, config, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
@@ -179,4 +179,4 @@ class PagedLM(nn.Module):
                 nn.init.zeros_(p)
             else:
                 nn.init.normal_(p, std=std)
-        return model.to(dtype).eval()
+        return model.to(dtype).eval().requires_grad_(False)
