@@ -61,6 +61,7 @@ class Scheduler:
         self.cfg, self.manager = cfg, manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.num_preemptions = 0  # a statistic (server metrics)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -98,6 +99,7 @@ class Scheduler:
         return plan
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.num_preemptions += 1
         self.manager.free(seq)
         self.running.remove(seq)
         seq.status = Status.WAITING
