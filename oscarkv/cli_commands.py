@@ -51,7 +51,7 @@ def setup_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", nargs="*", type=Path, default=None, help="calibration text files (default: the shipped calibration text)")
     p.add_argument("--out", type=Path, required=True, help="artifact directory to write")
     add_fields(p, CalibrationConfig, ["tokens", "heldout_tokens", "chunk", "rotation", "value_objective",
-                                      "share_heads", "center", "clip", "group_size", "seed"])
+                                      "share_heads", "center", "scaling", "clip", "group_size", "seed"])
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

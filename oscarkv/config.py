@@ -88,6 +88,13 @@ class CalibrationConfig:
     one rotation per (layer, KV head)."""
     center: bool = True
     """Subtract calibrated key/value means before quantizing (an extension; softmax-invariant)."""
+    scaling: bool = True
+    """Importance scaling (an extension beyond the paper): scale eigen-channel i by
+    ``(λ_i / v_i)^(1/4)`` before the Hadamard (v: the stored data's variance along eigenvector
+    i; λ: its C_Q eigenvalue for keys, 1 for values, whose output error weights every channel
+    alike), which minimizes the weighted error of a uniform quantizer whose range follows the
+    vector's norm. Matters most when one group spans the head (G = d), where an orthogonal R
+    cannot shape the noise."""
     clip: str = "fitted"
     """``fitted`` per layer on held-out tokens, ``fixed`` (reference: 0.96 keys / 0.92 values) or ``none``."""
     clip_grid: tuple[float, ...] = field(default=tuple(round(0.70 + 0.02 * i, 2) for i in range(16)))

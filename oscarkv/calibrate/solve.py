@@ -7,6 +7,9 @@ clip ratio per layer and kind, plus a per-layer summary row.
 * Weighting matrix ``C``: ``C_Q`` for keys; ``C_S`` (or the proxy) for values; per (layer, KV
   head), or averaged over the layer's KV heads with ``share_heads`` (means stay per head).
   ``eig_desc(C)`` gives ``U`` and the eigenvalues, ``compose(U, cfg.rotation)`` gives ``R``.
+* Importance scaling (``cfg.scaling``, an extension): per (layer, head, kind) a positive ``a``
+  over the eigen-channels, ``a_i = (λ_i / v_i)^(1/4)`` (:func:`importance_scale`); the codec
+  then stores ``x U diag(a) Uᵀ R`` (``oscarkv.quant.artifact.scaled_transform``).
 * Clips are fitted per layer, keys and values separately, on held-out tokens disjoint from the
   statistics, through the real codec path (``TensorCodec(2, G, R, mean, c).fake``). Keys:
   ``mean_t Σ_h e C_Q eᵀ`` (``e = k̂ − k``, original domain, the per-head ``C_Q`` even when
@@ -32,6 +35,7 @@ import torch
 
 from oscarkv.calibrate.stats import HeldoutCapture, HeldoutLayer, Statistics
 from oscarkv.config import CalibrationConfig
+from oscarkv.quant.artifact import scaled_transform
 from oscarkv.quant.codec import TensorCodec
 from oscarkv.quant.rotation import compose, eig_desc
 
@@ -83,7 +87,48 @@ def solve_rotations(stats: Statistics, cfg: CalibrationConfig) -> dict[str, torc
         out[f"{kind}.eigenvalues"] = evals.float().expand(-1, heads, -1).contiguous()
         mean = means[kind].float()
         out[f"{kind}.mean"] = mean if cfg.center else torch.zeros_like(mean)
+        if cfg.scaling:
+            spread = stored_spread(stats, kind, cfg.center)  # [L, H, d, d]
+            # NOTE: a value error e_t of token t reaches head g's output as Σ_t S_gt e_t; with errors
+            # independent across tokens its expected square is Σ_t S_gt² ‖e_t‖², the same weight for
+            # every channel. So values are scaled for an isotropic weighting (λ = 1), keys by C_Q.
+            lam = evals if kind == "key" else torch.ones_like(evals)
+            out[f"{kind}.scale"] = importance_scale(lam.expand(-1, heads, -1), u.expand(-1, heads, -1, -1), spread)
     return out
+
+
+SCALE_FLOOR = 1e-4
+"""Eigenvalues and variances below this fraction of their head's largest are raised to it, which
+bounds the scaling's dynamic range to 10x per factor."""
+
+
+def stored_spread(stats: Statistics, kind: str, center: bool) -> torch.Tensor:
+    """Second moment of what the codec quantizes: ``C - μᵀμ`` when centered, else ``C``; ``[L, H, d, d]``."""
+    c, mu = (stats.c_k, stats.key_mean) if kind == "key" else (stats.c_v, stats.value_mean)
+    return c - mu.unsqueeze(-1) * mu.unsqueeze(-2) if center else c
+
+
+def importance_scale(evals: torch.Tensor, u: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
+    """``a_i = (λ_i / v_i)^(1/4)`` with ``v_i = u_iᵀ Σ u_i``, normalized to mean square 1; fp32 ``[L, H, d]``.
+
+    NOTE: for a uniform quantizer whose step follows the norm of the Hadamard-mixed vector,
+    the weighted error is ``∝ (Σ a_i² v_i)(Σ λ_i / a_i²)``, minimized (Cauchy-Schwarz) at
+    ``a_i² ∝ sqrt(λ_i / v_i)``."""
+    lam = evals.double()
+    var = ((spread.double() @ u.double()) * u.double()).sum(-2)  # [L, H, d]: u_iᵀ Σ u_i
+    floor = lambda x: x.clamp_min(SCALE_FLOOR * x.amax(-1, keepdim=True).clamp_min(1e-30))  # noqa: E731
+    a = (floor(lam) / floor(var)) ** 0.25
+    return (a / a.square().mean(-1, keepdim=True).sqrt()).float()
+
+
+def layer_codec(tensors: dict[str, torch.Tensor], kind: str, layer: int, group: int) -> TensorCodec:
+    """The unclipped INT2 codec of one layer and kind, as the artifact will build it."""
+    rot, mean = tensors[f"{kind}.rotation"][layer], tensors[f"{kind}.mean"][layer]
+    scale = tensors.get(f"{kind}.scale")
+    if scale is None:
+        return TensorCodec(2, group, rot, mean)
+    forward, inverse = scaled_transform(tensors[f"{kind}.eigvecs"][layer], scale[layer], rot)
+    return TensorCodec(2, group, forward, mean, inverse=inverse)
 
 
 def concentration(evals: torch.Tensor) -> float:
@@ -110,11 +155,11 @@ def fit_layer(layer: int, tensors: dict[str, torch.Tensor], stats: Statistics, h
     data = {"key": held.key, "value": held.value}
     row: dict = {"layer": layer}
     for kind in KINDS:
-        rot, mean = tensors[f"{kind}.rotation"][layer], tensors[f"{kind}.mean"][layer]
+        codec = layer_codec(tensors, kind, layer, group)
         clips = candidate_clips(cfg, kind)
         x = tokens_first(data[kind])
-        fakes = [hadamard_codec(rot.shape[0], rot.shape[-1], group).fake(x)]
-        fakes += round_trips(TensorCodec(2, group, rot, mean), clips, x)
+        fakes = [hadamard_codec(codec.rotation.shape[0], codec.rotation.shape[-1], group).fake(x)]
+        fakes += round_trips(codec, clips, x)
         errors = objectives[kind](torch.stack([f - x for f in fakes])).tolist()
         best = min(range(len(clips)), key=lambda i: (errors[1 + i], -clips[i]))
         row[f"{kind}_concentration"] = concentration(tensors[f"{kind}.eigenvalues"][layer])

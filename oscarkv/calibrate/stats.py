@@ -12,7 +12,7 @@ Data owned:
   tokens (each chunk's products in fp32, see :func:`gram`); :meth:`StatsCollector.finalize` normalizes them into :class:`Statistics`:
   ``C_Q = (1/N) Σ_t Σ_g q_gᵀq_g`` and ``C_S = (1/N) Σ_t Σ_g o_gᵀo_g`` (``g`` over the query heads
   of the KV head's group, ``N`` tokens), the proxy ``(1/N) Σ_t (k C_Q kᵀ) vᵀv``, the key and value
-  means and ``C_K = (1/N) Σ kᵀk`` (reporting only). Summing over the group's heads (rather than
+  means and second moments ``C_K``, ``C_V`` (for the importance scaling and reports). Summing over the group's heads (rather than
   averaging) makes ``e C_Q eᵀ`` the total squared logit error of every query head that reads the
   key, on the same footing as the value objective.
 * :class:`HeldoutCapture` — the fp32 ``q``, ``k``, ``v`` of the held-out tokens (about 1K
@@ -123,7 +123,8 @@ class Statistics:
     c_q: torch.Tensor  # [L, H, d, d] query second moment, summed over the group's query heads
     c_s: torch.Tensor  # [L, H, d, d] attention-output second moment (exact value objective)
     c_proxy: torch.Tensor  # [L, H, d, d] reference proxy Σ (k C_Q kᵀ) vᵀv / N
-    c_k: torch.Tensor  # [L, H, d, d] key second moment (reporting)
+    c_k: torch.Tensor  # [L, H, d, d] key second moment (importance scaling, reporting)
+    c_v: torch.Tensor  # [L, H, d, d] value second moment (importance scaling)
     key_mean: torch.Tensor  # [L, H, d]
     value_mean: torch.Tensor  # [L, H, d]
     tokens: int
@@ -136,6 +137,7 @@ class _LayerSums:
     qq: torch.Tensor
     oo: torch.Tensor
     kk: torch.Tensor
+    vv: torch.Tensor
     wvv: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
@@ -144,7 +146,7 @@ class _LayerSums:
     @classmethod
     def zeros(cls, heads: int, d: int) -> _LayerSums:
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
-        return cls(z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d), z(heads, d))
+        return cls(z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d), z(heads, d))
 
 
 class StatsCollector:
@@ -161,6 +163,7 @@ class StatsCollector:
         s.qq += gram(by_kv_head(query.float(), heads))
         s.oo += gram(by_kv_head(out, heads))
         s.kk += gram(k)
+        s.vv += gram(v)
         s.k += k.sum(1).double()
         s.v += v.sum(1).double()
         s.n += k.shape[1]
@@ -174,7 +177,7 @@ class StatsCollector:
         if n == 0 or any(s.n != n for s in self.layers):
             raise ValueError(f"calibration statistics saw {[s.n for s in self.layers]} tokens per layer")
         stack = lambda name: torch.stack([getattr(s, name) for s in self.layers]) / n  # noqa: E731
-        return Statistics(stack("qq"), stack("oo"), stack("wvv"), stack("kk"), stack("k"), stack("v"), n)
+        return Statistics(stack("qq"), stack("oo"), stack("wvv"), stack("kk"), stack("vv"), stack("k"), stack("v"), n)
 
 
 @dataclass(frozen=True)

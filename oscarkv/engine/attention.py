@@ -87,8 +87,8 @@ class LayerStorage:
     value: TensorCodec
 
     def rotate_queries(self, q: torch.Tensor) -> torch.Tensor:
-        """``q [T, Hq, d]`` → ``q @ R_K`` per KV-head group, fp32 (identity without a key rotation)."""
-        r = self.key.rotation
+        """``q [T, Hq, d]`` → ``q @ R_K⁻ᵀ`` per KV-head group (``= q @ R_K`` for an orthogonal R_K), fp32."""
+        r = self.key.query_map()
         if r is None:
             return q.float()
         T, Hq, d = q.shape

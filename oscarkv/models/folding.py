@@ -5,7 +5,7 @@ runtime rotation. Math convention ``y = x W`` (``nn.Linear`` stores ``Wᵀ``). F
 ``h`` and each query head ``g`` of its group:
 
     v_proj:  W_v[:, h] <- W_v[:, h] R_V[h]            (bias b_v[h] <- b_v[h] R_V[h])
-    o_proj:  W_o[g]    <- R_V[h]ᵀ W_o[g]              (the rows of head g)
+    o_proj:  W_o[g]    <- R_V[h]⁻¹ W_o[g]             (the rows of head g; R⁻¹ = Rᵀ unless scaled)
     o_proj bias        += sum_g mu_V[h(g)] W_o[g]     (attention scores sum to 1)
 
 The engine then stores ``v R_V - mu_V R_V`` — :func:`folded_value_codec`, a codec with no
@@ -38,7 +38,8 @@ def fold_layer(attn, value: TensorCodec) -> None:
         if value.mean is not None:
             mean = value.mean.double().to(wo.device)  # [H, d]
             attn.o_proj.bias.add_(torch.einsum("khrd,hd->k", wo_h, mean).to(wo.dtype))
-        wo.copy_(torch.einsum("khrd,hde->khre", wo_h, r).reshape(wo.shape))  # W_o[g]ᵀ R_h
+        r_inv_t = value.query_map().double() if value.rotation is not None else r  # R_h⁻ᵀ
+        wo.copy_(torch.einsum("khrd,hde->khre", wo_h, r_inv_t).reshape(wo.shape))  # W_o[g]ᵀ R_h⁻ᵀ
 
 
 def folded_value_codec(value: TensorCodec) -> TensorCodec:
@@ -47,7 +48,7 @@ def folded_value_codec(value: TensorCodec) -> TensorCodec:
         return value
     mean = None if value.mean is None else torch.einsum("hd,hde->he", value.mean.double(),
                                                        value.rotation.double()).float()
-    return TensorCodec(value.bits, value.group, None, mean, value.clip, value.per_channel)
+    return TensorCodec(value.bits, value.group, None, mean, value.clip, value.per_channel)  # no inverse left
 
 
 def fold_values(model, codecs) -> list[TensorCodec]:

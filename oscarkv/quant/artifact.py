@@ -7,7 +7,15 @@ Tensors, stacked over layers (``L`` layers, ``H`` KV heads, head_dim ``d``):
     key.eigvecs,  value.eigvecs         [L, H, d, d]  U, eigenvalues descending
     key.eigenvalues, value.eigenvalues  [L, H, d]
     key.mean, value.mean                [L, H, d]     zeros when centering is off
+    key.scale, value.scale              [L, H, d]     optional importance scaling a > 0 (eigenbasis order)
 
+Importance scaling (an extension beyond the paper, ``CalibrationConfig.scaling``): with one
+quantization group per head (G = d) an orthogonal R cannot shape the quantization noise —
+its weighted error ``σ² tr(C)`` is rotation invariant — so the codec stores
+``x (U diag(a) Uᵀ) R``: channel i of the eigenbasis is scaled by ``a_i`` before the Hadamard
+mixes it, and the noise it receives shrinks by ``1/a_i``. The codec built here carries the
+explicit inverse and the query map ``R⁻ᵀ`` (``oscarkv.quant.codec``). ``rotation`` itself stays
+the orthogonal ``U·H·P_br`` and is validated as such; absent ``scale`` means ``a = 1``.
 The manifest records the format version, the oscarkv version, the model fingerprint, the
 method options, the group size, per-layer clip ratios and the calibration data. Loading
 validates all of it and raises :class:`ArtifactError` naming the offending field — there is
@@ -28,7 +36,7 @@ from oscarkv.config import KVConfig
 from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec
 from oscarkv.quant.rotation import orthogonality_error
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 TENSOR_FILE = "rotations.safetensors"
 MANIFEST_FILE = "manifest.json"
 ORTHO_TOL = 1e-4
@@ -143,6 +151,11 @@ class Artifact:
             if not torch.isfinite(t).all():
                 raise ArtifactError(f"tensor {name}: contains NaN or Inf")
         for kind in ("key", "value"):
+            t = self.tensors.get(f"{kind}.scale")
+            if t is not None and (tuple(t.shape) != (L, H, d) or not torch.isfinite(t).all() or (t <= 0).any()):
+                raise ArtifactError(f"tensor {kind}.scale: needs finite positive values of shape {(L, H, d)}, "
+                                    f"got shape {tuple(t.shape)}")
+        for kind in ("key", "value"):
             err = orthogonality_error(self.tensors[f"{kind}.rotation"])
             if err > ORTHO_TOL:
                 raise ArtifactError(f"tensor {kind}.rotation: not orthogonal (max |R Rᵀ - I| = {err:.2e})")
@@ -166,10 +179,29 @@ class Artifact:
                                 f"the cache asks for G={group}")
         layers = []
         for i in range(self.fingerprint.num_layers):
-            kinds = [TensorCodec(2, group, self.tensors[f"{kind}.rotation"][i], self.tensors[f"{kind}.mean"][i],
-                                 _clip(self.manifest["clip"][kind][i])) for kind in ("key", "value")]
+            kinds = [self._tensor_codec(kind, i, group) for kind in ("key", "value")]
             layers.append(LayerCodec(*kinds))
         return KVCodec(cfg, tuple(layers), group)
+
+    def _tensor_codec(self, kind: str, layer: int, group: int) -> TensorCodec:
+        rot, mean = self.tensors[f"{kind}.rotation"][layer], self.tensors[f"{kind}.mean"][layer]
+        clip = _clip(self.manifest["clip"][kind][layer])
+        scale = self.tensors.get(f"{kind}.scale")
+        if scale is None:
+            return TensorCodec(2, group, rot, mean, clip)
+        forward, inverse = scaled_transform(self.tensors[f"{kind}.eigvecs"][layer], scale[layer], rot)
+        return TensorCodec(2, group, forward, mean, clip, inverse=inverse)
+
+
+def scaled_transform(u: torch.Tensor, a: torch.Tensor, rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(U diag(a) Uᵀ R, Rᵀ U diag(1/a) Uᵀ)`` per head, fp32 (solved in fp64).
+
+    ``u [H, d, d]`` eigenvectors in columns, ``a [H, d]`` in eigenvalue order, ``rot`` orthogonal."""
+    u, a, rot = u.double(), a.double(), rot.double()
+    ut = u.transpose(-1, -2)
+    forward = (u * a.unsqueeze(-2)) @ ut @ rot
+    inverse = rot.transpose(-1, -2) @ (u / a.unsqueeze(-2)) @ ut
+    return forward.float().contiguous(), inverse.float().contiguous()
 
 
 def _clip(c: float) -> float | None:

@@ -1,9 +1,14 @@
 """Per-layer key/value codecs: rotate → center → clip → quantize → pack, and back.
 
 A :class:`TensorCodec` is the complete storage rule for one tensor kind (keys or values) of
-one layer: its rotation ``R [H, d, d]``, mean ``mu [H, d]``, clip ratio, bit width and group.
+one layer: its transform ``R [H, d, d]``, mean ``mu [H, d]``, clip ratio, bit width and group.
 The rotated domain is ``x_rot = (x - mu) @ R`` per KV head; caches store ``x_rot`` (BF16 for
-windows, packed low-bit codes for history) and map back with ``x = x_rot @ Rᵀ + mu``.
+windows, packed low-bit codes for history) and map back with ``x = x_rot @ R⁻¹ + mu``.
+
+``R`` is orthogonal (``R⁻¹ = Rᵀ``) unless the artifact carries an importance scaling (an
+extension, ``oscarkv.quant.artifact``): then ``R = S·R₀`` with ``S`` symmetric positive
+definite and the codec holds ``inverse = R⁻¹`` explicitly. Attention stays exact because the
+query is mapped with :meth:`TensorCodec.query_map` ``= R⁻ᵀ``: ``(q R⁻ᵀ)·(k R) = q·k``.
 :func:`build_codec` turns a :class:`~oscarkv.config.KVConfig` (plus, for ``oscar``, a
 rotation artifact) into a :class:`KVCodec` — the single code path for every method; caches
 (``oscarkv.cache``) and the evaluation harness only call it.
@@ -28,10 +33,22 @@ class TensorCodec:
 
     bits: int | None
     group: int
-    rotation: torch.Tensor | None = None  # [H, d, d] fp32, orthogonal
+    rotation: torch.Tensor | None = None  # [H, d, d] fp32, the transform R (orthogonal unless `inverse`)
     mean: torch.Tensor | None = None  # [H, d] fp32, original domain
     clip: float | None = None
     per_channel: bool = False  # KIVI keys: quantize each channel over a block of tokens
+    inverse: torch.Tensor | None = None  # [H, d, d] fp32, R⁻¹ when R is not orthogonal (None: Rᵀ)
+
+    def back_map(self) -> torch.Tensor | None:
+        """``R⁻¹ [H, d, d]``: rotated domain → original (``None`` without a transform)."""
+        if self.rotation is None:
+            return None
+        return self.inverse if self.inverse is not None else self.rotation.transpose(-1, -2)
+
+    def query_map(self) -> torch.Tensor | None:
+        """``R⁻ᵀ [H, d, d]``, the map of a query that reads keys stored with this codec."""
+        back = self.back_map()
+        return None if back is None else back.transpose(-1, -2)
 
     def to_rotated(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H, d]`` original domain → fp32 rotated, centered domain."""
@@ -45,7 +62,9 @@ class TensorCodec:
     def from_rotated(self, x: torch.Tensor) -> torch.Tensor:
         """Inverse of :meth:`to_rotated` (fp32)."""
         x = x.float()
-        if self.rotation is not None:
+        if self.inverse is not None:
+            x = torch.einsum("the,hed->thd", x, self.inverse.to(x.device))
+        elif self.rotation is not None:
             x = torch.einsum("the,hde->thd", x, self.rotation.to(x.device))
         if self.mean is not None:
             x = x + self.mean.to(x.device)

@@ -1,5 +1,6 @@
 """The paged model: weights load from transformers, value folding is exact, shapes build."""
 
+import pytest
 import torch
 
 from oscarkv.config import KVConfig
@@ -24,9 +25,14 @@ class DenseStep:
         return torch.einsum("hts,shd->thd", att.softmax(-1), v)
 
 
-def test_folded_values_equal_unfolded_fp64():
+@pytest.mark.parametrize("scaled", [False, True])
+def test_folded_values_equal_unfolded_fp64(scaled):
+    """Folding is exact for an orthogonal R_V and for an importance-scaled (non-orthogonal) one."""
     hf = tiny_model("Qwen3ForCausalLM").double()
     art = make_artifact(hf.config)
+    if scaled:
+        shape = art.tensors["value.mean"].shape
+        art.tensors["value.scale"] = torch.rand(shape, generator=torch.Generator().manual_seed(2)) + 0.5
     codec = art.codec(KVConfig("oscar", group_size=32), 32)
     ids, pos = torch.randint(0, 128, (17,)), torch.arange(17)
     plain = PagedLM.from_hf(hf)

@@ -83,6 +83,8 @@ def _corrupt(tmp_path, fn):
     (lambda t, m: m["clip"].__setitem__("key", [0.9]), "clip.key"),
     (lambda t, m: m["clip"].__setitem__("value", [1.5, 0.9]), "clip.value"),
     (lambda t, m: m.__setitem__("group_size", 5), "group_size"),
+    (lambda t, m: t.__setitem__("key.scale", -torch.ones(L, H, D)), "key.scale"),
+    (lambda t, m: t.__setitem__("value.scale", torch.ones(L, H, D + 1)), "value.scale"),
 ])
 def test_corrupt_artifact_names_field(tmp_path, fn, match):
     _corrupt(tmp_path, fn)
@@ -97,3 +99,26 @@ def test_missing_files(tmp_path):
     (tmp_path / TENSOR_FILE).unlink()
     with pytest.raises(ArtifactError, match=TENSOR_FILE):
         Artifact.load(tmp_path)
+
+
+def test_importance_scaling_is_exact_for_attention(tmp_path):
+    """A scaled artifact: the codec's transform is inverted exactly and the query map keeps q·k."""
+    art = make_artifact(tiny_config())
+    art.tensors["key.scale"] = torch.rand(L, H, D) + 0.2
+    art.tensors["value.scale"] = torch.rand(L, H, D) + 0.2
+    art.save(tmp_path)
+    codec = build_codec(KVConfig("oscar"), L, H, D, Artifact.load(tmp_path)).layers[1]
+    x, q = torch.randn(7, H, D, dtype=torch.float64), torch.randn(H, D, dtype=torch.float64)
+    for c in (codec.key, codec.value):
+        assert torch.allclose(c.from_rotated(c.to_rotated(x)), x.float(), atol=1e-4)
+        assert not torch.allclose(c.rotation @ c.rotation.transpose(-1, -2), torch.eye(D).expand(H, D, D), atol=1e-2)
+    k = codec.key
+    logits = torch.einsum("hd,thd->th", q, x - k.mean.double())
+    q_mapped = torch.einsum("hd,hde->he", q, k.query_map().double())
+    assert torch.allclose(torch.einsum("he,the->th", q_mapped, k.to_rotated(x).double()), logits, atol=1e-3)
+
+
+def test_unscaled_codec_maps_queries_by_the_rotation():
+    art = make_artifact(tiny_config())
+    k = build_codec(KVConfig("oscar"), L, H, D, art).layers[0].key
+    assert k.inverse is None and torch.equal(k.query_map(), k.rotation)
