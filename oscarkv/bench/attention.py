@@ -68,10 +68,10 @@ def copy_bandwidth(gib: float = 2.0) -> float:
     return 2 * a.numel() * 4 / us / 1e3
 
 
-def cache_bytes(cfg: AttentionBench, context: int, batch: int, int2: bool) -> int:
+def cache_bytes(cfg: AttentionBench, context: int, batch: int, int2: bool, group: int | None = None) -> int:
     """Bytes one decode step must read for one layer: K and V once, q in, out written."""
     h, d = cfg.kv_heads, cfg.head_dim
-    g = min(d, 128)
+    g = group or min(d, 128)
     if int2:
         tr = tiers(context, cfg.sink, cfg.recent, cfg.page_size)
         per_tok = (tr.sink + tr.recent) * d * 2 + tr.history * (d // 4 + 4 * (d // g))

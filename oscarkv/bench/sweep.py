@@ -2,7 +2,7 @@
 
 Times :func:`oscarkv.kernels.decode.decode_attention` over a grid of (BLOCK_N, num_warps,
 num_stages, splits) at a few representative (context, batch) points of the Qwen3-8B shape and
-writes every time as JSON; the best tiles go into ``oscarkv.kernels.decode._config``.
+writes every time as JSON; the best tiles go into ``oscarkv.kernels.decode._config`` (the raw INT2 kernel: ``oscarkv.bench.variants sweep``).
 """
 
 from __future__ import annotations

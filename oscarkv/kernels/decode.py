@@ -16,6 +16,10 @@ Algorithm (flash-decoding over the layout of :mod:`oscarkv.cache.paged_layout`):
     write (acc / l, log2-sum-exp) of the split to Mid_O [B, Hq, NUM_SPLITS, d], Mid_L [B, Hq, NUM_SPLITS]
     then _reduce_kernel, grid (B * Hq,), merges the splits with the same online softmax.
 
+INT2 caches with groups of >= 64 channels (every default shape) go to the raw-code kernel of
+:mod:`oscarkv.kernels.decode_int2` (same grid, splits and merge; codes straight into fp16 dots,
+one warp per program); this generic kernel serves BF16-only caches and small groups.
+
 One program serves all query heads of its KV head (GQA rows are the M dimension of ``tl.dot``)
 so every cached byte is read once per step. Each split takes a contiguous share of each tier,
 so the BF16 windows and the INT2 history are both spread over all splits.
@@ -221,152 +225,6 @@ def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, 
     tl.store(MidL + b * stride_lb + heads * stride_lh + split, lse, mask=live)
 
 
-# ------------------------------------------------------------------ INT2 with G == d: sliced
-@triton.jit
-def _code_slice(c, i: tl.constexpr, INTERPRET: tl.constexpr):
-    """Slice ``i`` of int16-widened packed codes as ``128 + code`` in the dot dtype.
-
-    NOTE: on the GPU the bits ``0x4300 | code`` are the bf16 number 128 + code, so the codes
-    become dot operands with two integer ops and no int→float conversion; the constant 128 is
-    removed exactly afterwards (q is bf16, so q·128 = 128 Σq). Used for keys only."""
-    x = (c >> (2 * i)) & 3
-    if INTERPRET:
-        return x.to(tl.float32) + 128.0
-    return (x | 0x4300).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def _sliced_bf16_step(n0, q0, q1, q2, q3, a0, a1, a2, a3, m_i, l_i, K, V, table_row, end, h, qk_scale,
-                      stride_p, stride_h, stride_t, L: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr):
-    toks = n0 + tl.arange(0, BLOCK_N)
-    live = toks < end
-    page = tl.load(table_row + toks // P, mask=live, other=0)
-    rows = (page.to(tl.int64) * stride_p + h * stride_h + (toks % P) * stride_t)[:, None] + tl.arange(0, L)[None, :]
-    mk = live[:, None]
-    qk = tl.dot(q0, tl.trans(tl.load(K + rows, mask=mk, other=0.0).to(q0.dtype)))
-    qk += tl.dot(q1, tl.trans(tl.load(K + rows + L, mask=mk, other=0.0).to(q0.dtype)))
-    qk += tl.dot(q2, tl.trans(tl.load(K + rows + 2 * L, mask=mk, other=0.0).to(q0.dtype)))
-    qk += tl.dot(q3, tl.trans(tl.load(K + rows + 3 * L, mask=mk, other=0.0).to(q0.dtype)))
-    qk = tl.where(live[None, :], qk * qk_scale, float("-inf"))
-    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
-    p = p.to(q0.dtype)
-    a0 = a0 * alpha[:, None] + tl.dot(p, tl.load(V + rows, mask=mk, other=0.0).to(q0.dtype))
-    a1 = a1 * alpha[:, None] + tl.dot(p, tl.load(V + rows + L, mask=mk, other=0.0).to(q0.dtype))
-    a2 = a2 * alpha[:, None] + tl.dot(p, tl.load(V + rows + 2 * L, mask=mk, other=0.0).to(q0.dtype))
-    a3 = a3 * alpha[:, None] + tl.dot(p, tl.load(V + rows + 3 * L, mask=mk, other=0.0).to(q0.dtype))
-    return a0, a1, a2, a3, alpha, m_i, l_i
-
-
-@triton.jit
-def _sliced_int2_step(n0, q0, q1, q2, q3, q_sum, a0, a1, a2, a3, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row, end, h,
-                      qk_scale, stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
-                      L: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
-    toks = n0 + tl.arange(0, BLOCK_N)
-    live = toks < end
-    page = tl.load(table_row + toks // P, mask=live, other=0).to(tl.int64)
-    crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
-    srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-    mk = live[:, None]
-    ck = tl.load(Kc + crow[:, None] + tl.arange(0, L)[None, :], mask=mk, other=0).to(tl.int16)  # [BLOCK_N, L]
-    cv = tl.load(Vc + crow[:, None] + tl.arange(0, L)[None, :], mask=mk, other=0).to(tl.int16)
-    sk = tl.load(Ks + srow, mask=live, other=0.0).to(tl.float32)
-    zk = tl.load(Kz + srow, mask=live, other=0.0).to(tl.float32)
-    sv = tl.load(Vs + srow, mask=live, other=0.0).to(tl.float32)
-    zv = tl.load(Vz + srow, mask=live, other=0.0).to(tl.float32)
-    qk = tl.dot(q0, tl.trans(_code_slice(ck, 0, INTERPRET)))
-    qk += tl.dot(q1, tl.trans(_code_slice(ck, 1, INTERPRET)))
-    qk += tl.dot(q2, tl.trans(_code_slice(ck, 2, INTERPRET)))
-    qk += tl.dot(q3, tl.trans(_code_slice(ck, 3, INTERPRET)))
-    qk = qk * sk[None, :] + q_sum[:, None] * (zk - 128.0 * sk)[None, :]  # q·(m + s c), c = (128 + c) - 128
-    qk = tl.where(live[None, :], qk * qk_scale, float("-inf"))
-    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
-    # NOTE: V codes are converted exactly (no +128 offset): the offset made Σ p s (128 + c) ~ 100x
-    # larger than the signal and cost accuracy in the tensor cores' fp32 accumulation.
-    ps = (p * sv[None, :]).to(q0.dtype)
-    a0 = a0 * alpha[:, None] + tl.dot(ps, ((cv & 3).to(tl.float32)).to(q0.dtype))
-    a1 = a1 * alpha[:, None] + tl.dot(ps, (((cv >> 2) & 3).to(tl.float32)).to(q0.dtype))
-    a2 = a2 * alpha[:, None] + tl.dot(ps, (((cv >> 4) & 3).to(tl.float32)).to(q0.dtype))
-    a3 = a3 * alpha[:, None] + tl.dot(ps, (((cv >> 6) & 3).to(tl.float32)).to(q0.dtype))
-    corr = tl.sum(p * zv[None, :], 1)  # Σ p m
-    return a0, a1, a2, a3, alpha, corr, m_i, l_i
-
-
-@triton.jit
-def _decode_sliced_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, InLens, MidO, MidL,
-                          qk_scale, NUM_SPLITS,
-                          stride_qb, stride_qh,
-                          stride_bp, stride_bh, stride_bt,
-                          stride_cp, stride_ch, stride_ct,
-                          stride_sp, stride_sh, stride_st,
-                          stride_bfb, stride_inb,
-                          stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                          H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
-                          P: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
-    """INT2 cache with one group per token (G == d): the four code slices of a token are four
-    column blocks of width L = d/4 (element i L + j is slice i of byte j), so q, the BF16
-    windows and the accumulators are split into four [., L] tiles and nothing is permuted."""
-    L: tl.constexpr = D // 4
-    b = tl.program_id(0) // H
-    h = tl.program_id(0) % H
-    split = tl.program_id(1)
-    rows = tl.arange(0, REP_PAD)
-    heads = h * REP + rows
-    live = rows < REP
-    qp = Q + b * stride_qb + heads[:, None] * stride_qh + tl.arange(0, L)[None, :]
-    DOT: tl.constexpr = tl.float32 if INTERPRET else tl.bfloat16
-    q0 = tl.load(qp, mask=live[:, None], other=0.0).to(DOT)
-    q1 = tl.load(qp + L, mask=live[:, None], other=0.0).to(DOT)
-    q2 = tl.load(qp + 2 * L, mask=live[:, None], other=0.0).to(DOT)
-    q3 = tl.load(qp + 3 * L, mask=live[:, None], other=0.0).to(DOT)
-    q_sum = tl.sum(q0.to(tl.float32) + q1.to(tl.float32) + q2.to(tl.float32) + q3.to(tl.float32), 1)
-    m_i = tl.full([REP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([REP_PAD], tl.float32)
-    a0 = tl.zeros([REP_PAD, L], tl.float32)
-    a1 = tl.zeros([REP_PAD, L], tl.float32)
-    a2 = tl.zeros([REP_PAD, L], tl.float32)
-    a3 = tl.zeros([REP_PAD, L], tl.float32)
-    acc_m = tl.zeros([REP_PAD], tl.float32)
-    start, end = _split_range(tl.load(BfLens + b), split, NUM_SPLITS, BLOCK_N)
-    bt = BfTable + b * stride_bfb
-    if INTERPRET:  # see _decode_kernel
-        n0 = start
-        while n0 < end:
-            a0, a1, a2, a3, alpha, m_i, l_i = _sliced_bf16_step(n0, q0, q1, q2, q3, a0, a1, a2, a3, m_i, l_i, Kb, Vb, bt, end,
-                                                                h, qk_scale, stride_bp, stride_bh, stride_bt, L, P, BLOCK_N)
-            acc_m = acc_m * alpha
-            n0 += BLOCK_N
-    else:
-        for n0 in range(start, end, BLOCK_N):
-            a0, a1, a2, a3, alpha, m_i, l_i = _sliced_bf16_step(n0, q0, q1, q2, q3, a0, a1, a2, a3, m_i, l_i, Kb, Vb, bt, end,
-                                                                h, qk_scale, stride_bp, stride_bh, stride_bt, L, P, BLOCK_N)
-            acc_m = acc_m * alpha
-    start, end = _split_range(tl.load(InLens + b), split, NUM_SPLITS, BLOCK_N)
-    it = InTable + b * stride_inb
-    if INTERPRET:
-        n0 = start
-        while n0 < end:
-            a0, a1, a2, a3, alpha, corr, m_i, l_i = _sliced_int2_step(
-                n0, q0, q1, q2, q3, q_sum, a0, a1, a2, a3, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, it, end, h, qk_scale,
-                stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st, L, P, BLOCK_N, INTERPRET)
-            acc_m = acc_m * alpha + corr
-            n0 += BLOCK_N
-    else:
-        for n0 in range(start, end, BLOCK_N):
-            a0, a1, a2, a3, alpha, corr, m_i, l_i = _sliced_int2_step(
-                n0, q0, q1, q2, q3, q_sum, a0, a1, a2, a3, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, it, end, h, qk_scale,
-                stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st, L, P, BLOCK_N, INTERPRET)
-            acc_m = acc_m * alpha + corr
-    seen = l_i > 0
-    inv = 1.0 / tl.where(seen, l_i, 1.0)
-    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    op = MidO + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + tl.arange(0, L)[None, :]
-    tl.store(op, (a0 + acc_m[:, None]) * inv[:, None], mask=live[:, None])
-    tl.store(op + L, (a1 + acc_m[:, None]) * inv[:, None], mask=live[:, None])
-    tl.store(op + 2 * L, (a2 + acc_m[:, None]) * inv[:, None], mask=live[:, None])
-    tl.store(op + 3 * L, (a3 + acc_m[:, None]) * inv[:, None], mask=live[:, None])
-    tl.store(MidL + b * stride_lb + heads * stride_lh + split, lse, mask=live)
-
-
 @triton.jit
 def _reduce_kernel(MidO, MidL, Out, NUM_SPLITS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                    stride_b, stride_h, HQ: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr):
@@ -389,23 +247,31 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def _config(head_dim: int, int2: bool, device: torch.device) -> dict:
-    """Tile and launch parameters keyed by tier kind (H100 sweep, ``oscarkv.bench.sweep``)."""
+def _config(kind: str, device: torch.device) -> dict:
+    """Tile and launch parameters keyed by kernel kind (H100 sweeps, ``oscarkv.bench.sweep``).
+
+    ``raw_int2``: the INT2 kernel of :mod:`oscarkv.kernels.decode_int2` (``CONV`` 2 = inline PTX
+    code conversion); ``int2``: the generic kernel with small groups; ``bf16``: BF16-only caches."""
     if device.type != "cuda":
-        return dict(BLOCK_N=16, num_warps=4, num_stages=1)
-    if int2:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=3)
-    return dict(BLOCK_N=128, num_warps=4, num_stages=3)
+        return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0)
+    # NOTE: the raw INT2 kernel is latency bound (one tile in flight per program): one warp per
+    # program and 8 programs per SM beat 4 warps x 2 per SM by 1.6-2x (H100 sweep, 2026-11-22).
+    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=8),
+            "int2": dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=2),
+            "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]
 
 
-def default_splits(batch: int, kv_heads: int, device: torch.device) -> int:
-    """Splits minimising whole waves of programs per unit of work (two resident programs per SM).
+def uses_raw_int2(head_dim: int, group: int) -> bool:
+    """Whether the raw-code INT2 kernel serves this shape (groups of >= 64 channels, <= 2 per token)."""
+    return group >= 64 and head_dim // group <= 2
 
-    cost(s) = ceil(B H s / slots) / s + s / 1000: the first term is the time in waves, each
-    program doing 1/s of a sequence; the second charges the split merge."""
-    slots = 2 * _num_sms(device)
-    n = batch * kv_heads
-    return min(range(1, 65), key=lambda s: -(-n * s // slots) / s + s / 1000)
+
+def default_splits(batch: int, kv_heads: int, device: torch.device, per_sm: int = 2) -> int:
+    """Splits that fill the GPU with one wave of ``per_sm`` resident programs per SM (at most 256).
+
+    One wave: every program streams 1/s of its sequence, so the step takes about one program's
+    time; more splits only add merge work (``Mid_O`` grows with s)."""
+    return max(1, min(256, per_sm * _num_sms(device) // (batch * kv_heads)))
 
 
 def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float, *,
@@ -433,15 +299,19 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     else:
         g = d
         k2 = v2 = type("Empty", (), {"codes": kv.bf16_k, "scale": kv.bf16_k, "zero": kv.bf16_k})()
-    cfg = {**_config(d, int2, q.device), **(config or {})}
-    splits = num_splits or default_splits(bsz, h, q.device)
+    raw = int2 and uses_raw_int2(d, g)
+    cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device), **(config or {})}
+    splits = num_splits or default_splits(bsz, h, q.device, cfg.get("PER_SM", 2))
     rep = hq // h
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)
     mid_l = torch.empty(bsz, hq, splits, dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
-    sliced = int2 and g == d
-    kernel = _decode_sliced_kernel if sliced else _decode_kernel
-    extra = dict() if sliced else dict(G=g, HAS_INT2=int2)
+    if raw:
+        from oscarkv.kernels.decode_int2 import _int2_decode_kernel as kernel
+
+        extra = dict(G=g, CONV=cfg["CONV"])
+    else:
+        kernel, extra = _decode_kernel, dict(G=g, HAS_INT2=int2)
     kernel[(bsz * h, splits)](
         q, kv.bf16_k, kv.bf16_v, k2.codes, k2.scale, k2.zero, v2.codes, v2.scale, v2.zero,
         tables.bf16_table, tables.bf16_lens, tables.int2_table, tables.int2_lens, mid_o, mid_l,
@@ -453,7 +323,8 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         tables.bf16_table.stride(0), tables.int2_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
         H=h, REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), D=d, P=p, **extra,
-        BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
     _reduce_kernel[(bsz * hq,)](
         mid_o, mid_l, out, splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
         out.stride(0), out.stride(1), HQ=hq, D=d, SPLITS_PAD=max(2, triton.next_power_of_2(splits)), num_warps=4)

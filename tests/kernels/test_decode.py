@@ -53,6 +53,7 @@ CPU_CASES = [  # (lens, Hq, H, d, group, int2, splits)
     ([77], 2, 2, 64, None, True, 1),  # GQA 1
     ([50, 3], 8, 2, 32, None, False, 4),  # BF16-only cache (the baseline kernel)
     ([0, 150], 4, 1, 32, None, True, None),  # a padding row next to a real one
+    ([150, 99], 8, 2, 128, 64, True, 2),  # raw-code INT2 kernel with two groups per token
 ]
 
 

@@ -1,0 +1,245 @@
+"""Decode-kernel variants on one GPU call: correctness at real shapes, then CUDA-graph timings.
+
+``python -m oscarkv.bench.variants OUT_DIR`` (needs CUDA). For each point (context, batch) of
+the Qwen3-8B attention shape it times, as CUDA-graph replays over enough rotated caches that
+the L2 cache (50 MB on an H100) cannot serve them:
+
+* ``sdpa``   PyTorch ``scaled_dot_product_attention`` on dense BF16 K/V (the peer);
+* ``bf16``   :func:`oscarkv.kernels.decode.decode_attention` on an all-BF16 cache;
+* ``int2/…`` the same over a mixed cache (G = 128, and G = 64 where listed) with tile variants.
+
+Graph replays remove the Python launch overhead that dominates eager timings at batch 1 (the
+engine replays CUDA graphs too); the eager median (``triton.testing.do_bench``) is kept beside
+them. Bandwidth = bytes the step must read / time, against a measured device-to-device copy.
+Writes ``variants.json`` and prints a table last.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from oscarkv.bench.attention import AttentionBench, _time_us, cache_bytes, copy_bandwidth
+
+POINTS = ((32768, 1), (102400, 1), (131072, 1), (32768, 8), (102400, 8), (32768, 32))
+INT2_VARIANTS = {  # name -> config override of decode._config("raw_int2")
+    "default": {},
+    "fp8cast": dict(CONV=1),
+}
+L2_BYTES = 50 * 2**20
+BROKEN: set[str] = set()
+
+
+def graph_us(fns: list, reps: int = 10) -> float:
+    """Median time of one call, replaying a CUDA graph that calls every ``fns`` in turn ``reps`` times."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            for f in fns:
+                f()
+    g.replay()
+    times = []
+    for _ in range(15):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / (reps * len(fns)))
+    del g
+    return sorted(times)[len(times) // 2]
+
+
+def _caches(cfg, ctx, bsz, int2, group, n):
+    from oscarkv.kernels.synthetic import random_cache
+
+    return [random_cache([ctx] * bsz, cfg.kv_heads, cfg.head_dim, page=cfg.page_size, group=group, sink=cfg.sink,
+                         recent=cfg.recent, int2=int2, device="cuda", seed=ctx + bsz + i) for i in range(n)]
+
+
+def _rel_err(q, kv, tables, out, scale):
+    from oscarkv.kernels.reference import decode_attention_ref
+
+    ref = decode_attention_ref(q.float(), kv, tables, scale)
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def check(cfg: AttentionBench) -> list[dict]:
+    """Relative error of every INT2 variant vs the fp32 oracle at real shapes (fresh inputs)."""
+    from oscarkv.kernels.decode import decode_attention
+    from oscarkv.kernels.synthetic import random_cache
+
+    res = []
+    for group, lens in ((128, [32768, 20011]), (64, [32768, 9000])):
+        kv, tables = random_cache(lens, cfg.kv_heads, cfg.head_dim, page=cfg.page_size, group=group, sink=cfg.sink,
+                                  recent=cfg.recent, device="cuda", seed=group)
+        q = torch.randn(len(lens), cfg.q_heads, cfg.head_dim, device="cuda").bfloat16()
+        for name, conf in INT2_VARIANTS.items():
+            try:
+                out = decode_attention(q, kv, tables, cfg.head_dim**-0.5, config=conf)
+            except Exception as e:  # a variant that does not compile is reported, not fatal
+                print("check", group, name, "FAILED", repr(e)[:400], flush=True)
+                continue
+            res.append(dict(group=group, variant=name, rel_err=_rel_err(q, kv, tables, out, cfg.head_dim**-0.5),
+                            finite=bool(torch.isfinite(out).all())))
+            print("check", res[-1], flush=True)
+    return res
+
+
+def time_point(cfg: AttentionBench, ctx: int, bsz: int) -> dict:
+    from oscarkv.kernels.decode import decode_attention
+
+    scale = cfg.head_dim**-0.5
+    row = {"context": ctx, "batch": bsz, "us": {}, "eager_us": {}, "bytes": {}}
+    nb = cache_bytes(cfg, ctx, bsz, False)
+    n = max(2, -(-4 * L2_BYTES // nb))
+    q = torch.randn(bsz, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    kvs = [[torch.randn(bsz, cfg.kv_heads, ctx, cfg.head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+           for _ in range(n)]
+    q4 = q[:, :, None]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    row["us"]["sdpa"] = graph_us([lambda k=k, v=v: sdpa(q4, k, v, enable_gqa=True) for k, v in kvs])
+    row["bytes"]["sdpa"] = nb
+    del kvs
+    caches = _caches(cfg, ctx, bsz, False, None, n)
+    fns = [lambda c=c: decode_attention(q, c[0], c[1], scale) for c in caches]
+    row["us"]["bf16"] = graph_us(fns)
+    row["eager_us"]["bf16"] = _time_us(fns[0])
+    row["bytes"]["bf16"] = nb
+    del caches, fns
+    torch.cuda.empty_cache()
+    for group in (128, 64):
+        ni = cache_bytes(cfg, ctx, bsz, True, group)
+        n = max(2, -(-4 * L2_BYTES // ni))
+        caches = _caches(cfg, ctx, bsz, True, group, n)
+        variants = INT2_VARIANTS if group == 128 else {"default": {}}
+        for name, conf in variants.items():
+            if name in BROKEN:
+                continue
+            fns = [lambda c=c, conf=conf: decode_attention(q, c[0], c[1], scale, config=conf) for c in caches]
+            key = f"int2g{group}/{name}"
+            row["us"][key] = graph_us(fns)
+            row["bytes"][key] = ni
+            if name == "default":
+                row["eager_us"][key] = _time_us(fns[0])
+        del caches
+        torch.cuda.empty_cache()
+    print("point", json.dumps(row), flush=True)
+    return row
+
+
+def time_prefill(cfg: AttentionBench, cached: int = 32768, chunk: int = 2048) -> list[dict]:
+    """One chunk of ``chunk`` tokens over ``cached`` cached ones (batch 1): eager median, TFLOP/s."""
+    from oscarkv.kernels.extend import extend_attention
+    from oscarkv.kernels.synthetic import random_cache
+
+    res = []
+    q = torch.randn(chunk, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    kn = torch.randn(chunk, cfg.kv_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    vn = torch.randn_like(kn)
+    cu = torch.tensor([0, chunk], dtype=torch.int32, device="cuda")
+    flops = 4 * cfg.q_heads * cfg.head_dim * chunk * (cached + chunk / 2)
+    for int2 in (False, True):
+        kv, tables = random_cache([cached], cfg.kv_heads, cfg.head_dim, page=cfg.page_size, sink=cfg.sink,
+                                  recent=cfg.recent, int2=int2, device="cuda", seed=5)
+        us = _time_us(lambda: extend_attention(q, kn, vn, kv, tables, cu, cfg.head_dim**-0.5, max_chunk=chunk))
+        res.append(dict(cached=cached, chunk=chunk, int2=int2, us=us, tflops=flops / us / 1e6))
+        print("prefill", res[-1], flush=True)
+    k = torch.randn(1, cfg.q_heads, cached + chunk, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    qd = q.transpose(0, 1)[None]
+    mask = torch.ones(chunk, cached + chunk, dtype=torch.bool, device="cuda").tril(cached)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    us = _time_us(lambda: sdpa(qd, k, k, attn_mask=mask))
+    res.append(dict(cached=cached, chunk=chunk, sdpa_masked_bf16=True, us=us, tflops=flops / us / 1e6))
+    print("prefill", res[-1], flush=True)
+    return res
+
+
+def table(rows: list[dict], copy: float) -> str:
+    lines = [f"copy {copy:.0f} GB/s; us (CUDA graph) and % of copy; bf16/int2 = bf16 kernel / best int2 G=128"]
+    for r in rows:
+        cells = [f"{k}={v:.1f}us({100 * r['bytes'][k] / v / 1e3 / copy:.0f}%)" for k, v in r["us"].items()]
+        best = min([v for k, v in r["us"].items() if k.startswith("int2g128")] or [float("nan")])
+        lines.append(f"{r['context']:>6}x{r['batch']:<2} bf16/int2={r['us']['bf16'] / best:.2f} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def sweep(cfg: AttentionBench, points=((102400, 1), (32768, 8)), group: int = 128) -> list[dict]:
+    """CUDA-graph time of every (num_warps, BLOCK_N, programs per SM) at ``points``; INT2 and BF16 kernels."""
+    import itertools
+
+    from oscarkv.kernels.decode import _num_sms, decode_attention
+
+    scale, sms, res = cfg.head_dim**-0.5, _num_sms(torch.device("cuda")), []
+    for ctx, bsz in points:
+        q = torch.randn(bsz, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+        for int2 in (True, False):
+            nbytes = cache_bytes(cfg, ctx, bsz, int2, group)
+            caches = _caches(cfg, ctx, bsz, int2, group, max(2, -(-4 * L2_BYTES // nbytes)))
+            grid = itertools.product((32, 64), (2, 3, 4), (8, 16), (None, 128)) if int2 else \
+                itertools.product((64, 128), (3,), (2, 4), (None,))
+            for bn, ns, per_sm, nreg in grid:
+                splits = max(1, per_sm * sms // (bsz * cfg.kv_heads))
+                conf = dict(BLOCK_N=bn, num_warps=1 if int2 else 4, num_stages=ns, maxnreg=nreg,
+                            **(dict(CONV=2) if int2 else {}))
+                fns = [lambda c=c: decode_attention(q, c[0], c[1], scale, config=conf, num_splits=splits) for c in caches]
+                try:
+                    us = graph_us(fns)
+                except Exception as e:
+                    print("sweep fail", conf, splits, repr(e)[:200], flush=True)
+                    continue
+                res.append(dict(context=ctx, batch=bsz, int2=int2, group=group, splits=splits, per_sm=per_sm, us=us,
+                                pct_copy=100 * nbytes / us / 1e3 / COPY[0], **conf))
+                print("sweep", json.dumps(res[-1]), flush=True)
+            del caches
+            torch.cuda.empty_cache()
+    return res
+
+
+def dump_compiled(out: Path) -> None:
+    """TTGIR and resource use of every compiled INT2 decode kernel (layouts, registers, spills)."""
+    from oscarkv.kernels.decode_int2 import _int2_decode_kernel
+
+    with open(out / "compiled.txt", "w") as f:
+        for cache in _int2_decode_kernel.device_caches.values():
+            for key, k in cache[0].items():
+                f.write(f"==== {key}\nregs {k.n_regs} spills {k.n_spills} shared {k.metadata.shared}\n")
+                f.write(k.asm["ttgir"][:60000] + "\n")
+                break
+
+
+COPY = [0.0]
+
+
+if __name__ == "__main__" and sys.argv[2:] == ["sweep"]:
+    out = Path(sys.argv[1])
+    cfg = AttentionBench()
+    copy_bandwidth(), copy_bandwidth()
+    COPY[0] = copy_bandwidth()
+    rows = sweep(cfg)
+    dump_compiled(out)
+    (out / "sweep.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbps": COPY[0],
+                                               "runs": rows}, indent=1))
+    for (ctx, bsz, int2, group), grp in itertools.groupby(rows, lambda r: (r["context"], r["batch"], r["int2"], r["group"])):
+        best = sorted(grp, key=lambda r: r["us"])[:4]
+        print(ctx, bsz, "int2" if int2 else "bf16", group, [(r["BLOCK_N"], r["num_stages"], r["per_sm"], r["maxnreg"],
+                                                            round(r["us"], 1), round(r["pct_copy"])) for r in best])
+elif __name__ == "__main__":
+    out = Path(sys.argv[1])
+    cfg = AttentionBench()
+    copy_bandwidth(), copy_bandwidth()
+    copy = copy_bandwidth()
+    prefill = time_prefill(cfg)
+    checks = check(cfg)
+    BROKEN.update(n for n in INT2_VARIANTS if not any(c["variant"] == n and c["rel_err"] < 0.05 for c in checks))
+    rows = [time_point(cfg, c, b) for c, b in POINTS]
+    (out / "variants.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbps": copy,
+                                                   "checks": checks, "prefill": prefill, "rows": rows}, indent=1))
+    print(table(rows, copy))

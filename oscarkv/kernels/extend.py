@@ -1,0 +1,177 @@
+"""Prefill/extend attention: a chunk of new tokens over its cached BF16 + INT2 pages and itself.
+
+Algorithm (flash attention over the layout of :mod:`oscarkv.cache.paged_layout`)::
+
+    grid = (B, H, cdiv(max chunk, BLOCK_T))        one program per (sequence, KV head, query block)
+    rows = BLOCK_T query tokens × the REP query heads of KV head h  (row r: token r // REP_PAD,
+           head r % REP_PAD), so each K/V tile is read once for the whole GQA group
+    for the cached BF16 tokens (sink + recent window), BLOCK_N at a time:   flash step, bf16 dots
+    for the cached INT2 history, BLOCK_N at a time:
+        codes → m + s·code per group, in registers (one tile at a time, never a dense prefix)
+    for the chunk's own K/V (full precision), up to the block's last token:  causal mask
+    out = acc / l
+
+The cached tokens are all visible to every chunk query (they precede the chunk); tier order
+does not matter (see the layout contract). Prefill is compute bound (many query rows per K/V
+tile), so the INT2 tile is dequantized per element here rather than with the decode kernel's
+raw-code algebra.
+
+Memory layout (strides explicit, innermost dimension contiguous):
+    q          [T, Hq, d]        bf16 or fp32 (rounded to bf16 for the dots on the GPU)
+    k_new/v_new [T, H, d]        the chunk's rotated, centered K/V (bf16 or fp32)
+    cu_seqlens [B + 1] int32     chunk b is rows cu_seqlens[b]:cu_seqlens[b + 1]
+    pools, tables                as in :mod:`oscarkv.kernels.decode`
+    out        [T, Hq, d]        q's dtype
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from oscarkv.cache.paged_layout import LayerKV, PageTables
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _step(s, v, m_i, l_i, acc, DT: tl.constexpr):
+    """Online-softmax step on log2-domain logits ``s [M, N]`` with values ``v [N, D]``."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    acc = tl.dot(p.to(DT), v.to(DT), acc * alpha[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
+def _dequant(C, S, Z, crow, srow, ok, cols, G: tl.constexpr):
+    """INT2 tile ``[N, D]`` in natural channel order: m + s·code (fp32)."""
+    LG: tl.constexpr = G // 4
+    within = cols % G
+    byte = (cols // G) * LG + within % LG
+    shift = (2 * (within // LG)).to(tl.uint8)
+    c = tl.load(C + crow[:, None] + byte[None, :], mask=ok[:, None], other=0)
+    s = tl.load(S + srow[:, None] + (cols // G)[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    z = tl.load(Z + srow[:, None] + (cols // G)[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    return z + s * ((c >> shift[None, :]) & 3).to(tl.float32)
+
+
+@triton.jit
+def _extend_kernel(Q, Kn, Vn, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, InLens, CuSeq, Out,
+                   qk_scale,
+                   stride_qt, stride_qh, stride_nt, stride_nh,
+                   stride_bp, stride_bh, stride_bt,
+                   stride_cp, stride_ch, stride_ct,
+                   stride_sp, stride_sh, stride_st,
+                   stride_bfb, stride_inb, stride_ot, stride_oh,
+                   REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, HAS_INT2: tl.constexpr, INTERPRET: tl.constexpr):
+    # NOTE: INTERPRET: while loops and fp32 dots for Triton's CPU interpreter (see decode.py).
+    DT: tl.constexpr = tl.float32 if INTERPRET else tl.bfloat16
+    BLOCK_M: tl.constexpr = BLOCK_T * REP_PAD
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    lo = tl.load(CuSeq + b)
+    c = tl.load(CuSeq + b + 1) - lo
+    t0 = tl.program_id(2) * BLOCK_T
+    if t0 < c:
+        r = tl.arange(0, BLOCK_M)
+        tok = t0 + r // REP_PAD  # chunk-relative query position
+        head = h * REP + r % REP_PAD
+        live = (tok < c) & (r % REP_PAD < REP)
+        cols = tl.arange(0, D)
+        qp = Q + (lo + tok)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + cols[None, :]
+        q = tl.load(qp, mask=live[:, None], other=0.0).to(DT)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        # ---- cached BF16 tokens
+        n = tl.load(BfLens + b)
+        n0 = 0
+        while n0 < n:
+            toks = n0 + tl.arange(0, BLOCK_N)
+            ok = toks < n
+            page = tl.load(BfTable + b * stride_bfb + toks // P, mask=ok, other=0).to(tl.int64)
+            rows = (page * stride_bp + h * stride_bh + (toks % P) * stride_bt)[:, None] + cols[None, :]
+            k = tl.load(Kb + rows, mask=ok[:, None], other=0.0).to(DT)
+            s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+            m_i, l_i, acc = _step(s, tl.load(Vb + rows, mask=ok[:, None], other=0.0), m_i, l_i, acc, DT)
+            n0 += BLOCK_N
+        # ---- cached INT2 history
+        if HAS_INT2:
+            n = tl.load(InLens + b)
+            n0 = 0
+            while n0 < n:
+                toks = n0 + tl.arange(0, BLOCK_N)
+                ok = toks < n
+                page = tl.load(InTable + b * stride_inb + toks // P, mask=ok, other=0).to(tl.int64)
+                crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
+                srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
+                k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, G).to(DT)
+                s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+                m_i, l_i, acc = _step(s, _dequant(Vc, Vs, Vz, crow, srow, ok, cols, G), m_i, l_i, acc, DT)
+                n0 += BLOCK_N
+        # ---- the chunk itself, causal
+        hi = tl.minimum(c, t0 + BLOCK_T)
+        n0 = 0
+        while n0 < hi:
+            toks = n0 + tl.arange(0, BLOCK_N)
+            ok = toks < hi
+            rows = (lo + toks)[:, None].to(tl.int64) * stride_nt + h * stride_nh + cols[None, :]
+            k = tl.load(Kn + rows, mask=ok[:, None], other=0.0).to(DT)
+            vis = ok[None, :] & (toks[None, :] <= tok[:, None])
+            s = tl.where(vis, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+            m_i, l_i, acc = _step(s, tl.load(Vn + rows, mask=ok[:, None], other=0.0), m_i, l_i, acc, DT)
+            n0 += BLOCK_N
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        op = Out + (lo + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + cols[None, :]
+        tl.store(op, o.to(Out.dtype.element_ty), mask=live[:, None])
+
+
+def _config(device: torch.device, rep_pad: int) -> dict:
+    """Tiles: about 64 query rows per program (BLOCK_T tokens × the GQA group)."""
+    if device.type != "cuda":
+        return dict(BLOCK_T=max(1, 16 // rep_pad), BLOCK_N=16, num_warps=4, num_stages=1)
+    return dict(BLOCK_T=max(1, 64 // rep_pad), BLOCK_N=64, num_warps=4, num_stages=2)
+
+
+def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV, tables: PageTables,
+                     cu_seqlens: torch.Tensor, scale: float, max_chunk: int | None = None) -> torch.Tensor:
+    """Attention of each chunk's queries over its cached prefix (all visible) and itself (causal).
+
+    ``q [T, Hq, d]``, ``k_new/v_new [T, H, d]`` rotated and centered, ``cu_seqlens int32 [B + 1]``
+    → ``[T, Hq, d]`` in ``q``'s dtype; the oracle is ``reference.extend_attention_ref``.
+    ``max_chunk`` (longest chunk) avoids a device sync when the caller knows it."""
+    t, hq, d = q.shape
+    _, h, p, dk = kv.bf16_k.shape
+    bsz = cu_seqlens.numel() - 1
+    assert dk == d and hq % h == 0 and d >= 16 and d & (d - 1) == 0, f"bad shapes q {tuple(q.shape)} pool {tuple(kv.bf16_k.shape)}"
+    assert k_new.shape == v_new.shape == (t, h, d) and k_new.stride() == v_new.stride() and k_new.stride(2) == 1
+    assert q.stride(2) == 1 and kv.bf16_k.stride() == kv.bf16_v.stride() and kv.bf16_k.stride(3) == 1
+    assert cu_seqlens.dtype == torch.int32 and tables.bf16_lens.shape[0] == bsz
+    int2 = kv.int2_k is not None
+    k2, v2 = (kv.int2_k, kv.int2_v) if int2 else (type("Empty", (), {"codes": kv.bf16_k, "scale": kv.bf16_k, "zero": kv.bf16_k})(),) * 2
+    g = k2.codes.shape[-1] * 4 // k2.scale.shape[-1] if int2 else d
+    if int2:
+        assert k2.codes.stride() == v2.codes.stride() and k2.scale.stride() == v2.scale.stride() == k2.zero.stride()
+    rep = hq // h
+    rep_pad = triton.next_power_of_2(rep)
+    cfg = _config(q.device, rep_pad)
+    max_chunk = max_chunk or int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    out = torch.empty_like(q)
+    grid = (bsz, h, triton.cdiv(max(max_chunk, 1), cfg["BLOCK_T"]))
+    _extend_kernel[grid](
+        q, k_new, v_new, kv.bf16_k, kv.bf16_v, k2.codes, k2.scale, k2.zero, v2.codes, v2.scale, v2.zero,
+        tables.bf16_table, tables.bf16_lens, tables.int2_table, tables.int2_lens, cu_seqlens, out,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
+        kv.bf16_k.stride(0), kv.bf16_k.stride(1), kv.bf16_k.stride(2),
+        k2.codes.stride(0), k2.codes.stride(1), k2.codes.stride(2),
+        k2.scale.stride(0), k2.scale.stride(1), k2.scale.stride(2),
+        tables.bf16_table.stride(0), tables.int2_table.stride(0), out.stride(0), out.stride(1),
+        REP=rep, REP_PAD=rep_pad, D=d, G=g, P=p, BLOCK_T=cfg["BLOCK_T"], BLOCK_N=cfg["BLOCK_N"], HAS_INT2=int2,
+        INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
