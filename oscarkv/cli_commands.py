@@ -50,6 +50,9 @@ def setup_calibrate(p: argparse.ArgumentParser) -> None:
     _model_args(p, "float32")
     p.add_argument("--data", nargs="*", type=Path, default=None, help="calibration text files (default: the shipped calibration text)")
     p.add_argument("--out", type=Path, required=True, help="artifact directory to write")
+    p.add_argument("--ablations", action="store_true",
+                   help="also write one artifact per ablation (oscarkv.calibrate.run.ABLATIONS) under OUT/ablations/, "
+                        "from the same statistics")
     add_fields(p, CalibrationConfig, ["tokens", "heldout_tokens", "chunk", "rotation", "value_objective",
                                       "share_heads", "center", "scaling", "clip", "group_size", "seed"])
 
@@ -62,8 +65,29 @@ def run_calibrate(args: argparse.Namespace) -> int:
         if missing:
             raise UserError(f"calibration data not found: {', '.join(missing)}")
         texts, desc = [f.read_text() for f in args.data], ", ".join(str(f) for f in args.data)
-    artifact = calibrate_to(loaded, _config(CalibrationConfig, args), args.out, texts, desc)
+    cfg = _config(CalibrationConfig, args)
+    if args.ablations:
+        return _calibrate_ablations(loaded, cfg, args.out, texts, desc)
+    artifact = calibrate_to(loaded, cfg, args.out, texts, desc)
     print(f"wrote {args.out} ({artifact.manifest['calibration']['seconds']:.1f} s)")
+    return 0
+
+
+def _calibrate_ablations(loaded, cfg: CalibrationConfig, out: Path, texts, desc) -> int:
+    from dataclasses import replace
+
+    from oscarkv.calibrate.run import ABLATIONS, calibrate_variants, format_summary
+
+    cfgs = {"": cfg} | {name: replace(cfg, **change) for name, change in ABLATIONS.items()}
+    try:
+        results = calibrate_variants(loaded, cfgs, texts, desc)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    for name, (artifact, rows) in results.items():
+        artifact.save(out / "ablations" / name if name else out)
+        means = format_summary(rows).splitlines()[-1]
+        print(f"{name or 'recipe':>13s} {means}")
+    print(f"wrote {out} and {len(ABLATIONS)} ablations under {out / 'ablations'}")
     return 0
 
 
@@ -188,3 +212,7 @@ COMMANDS = {
 from oscarkv.engine.cli import COMMANDS as _ENGINE_COMMANDS  # noqa: E402  (generate, bench-engine)
 
 COMMANDS.update(_ENGINE_COMMANDS)
+
+from oscarkv.server.cli import COMMANDS as _SERVER_COMMANDS  # noqa: E402  (serve, bench-serve)
+
+COMMANDS.update(_SERVER_COMMANDS)

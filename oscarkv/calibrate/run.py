@@ -39,22 +39,49 @@ def calibrate(loaded: LoadedModel, cfg: CalibrationConfig, texts: list[str] | No
     tokenized once. ``data_desc`` names the data in the manifest. Raises ``ValueError`` when
     the text is shorter than ``cfg.tokens + cfg.heldout_tokens`` tokens.
     """
+    return calibrate_variants(loaded, {"": cfg}, texts, data_desc)[""]
+
+
+ABLATIONS = {
+    "u_only": {"rotation": "u"}, "h_only": {"rotation": "h"}, "clip_fixed": {"clip": "fixed"},
+    "clip_none": {"clip": "none"}, "proxy_values": {"value_objective": "proxy"}, "no_center": {"center": False},
+    "no_scaling": {"scaling": False}, "shared_heads": {"share_heads": True},
+}
+"""The ablations of ``oscarkv calibrate --ablations``: each changes one solve-time option of the recipe."""
+
+
+def calibrate_variants(loaded: LoadedModel, cfgs: dict[str, CalibrationConfig], texts: list[str] | None = None,
+                       data_desc: str | None = None) -> dict[str, tuple[Artifact, list[dict]]]:
+    """:func:`calibrate` for several configs from one pass of statistics (the forward dominates).
+
+    The configs may differ only in solve-time options (rotation, objectives, centering, scaling,
+    clipping, head sharing); the data options (tokens, held-out tokens, chunk, seed, group size)
+    must agree, since the statistics are shared."""
     start = time.perf_counter()
+    first = next(iter(cfgs.values()))
+    data_fields = ("tokens", "heldout_tokens", "chunk", "seed", "group_size")
+    for name, cfg in cfgs.items():
+        bad = [f for f in data_fields if getattr(cfg, f) != getattr(first, f)]
+        if bad:
+            raise ValueError(f"calibration variant {name!r} differs in data options {bad}; they must be shared")
     fp = ModelFingerprint.from_config(loaded.config)
-    group = default_group(fp.head_dim, cfg.group_size)
+    group = default_group(fp.head_dim, first.group_size)
     if texts is None:
         texts, data_desc = [_default_text()], data_desc or f"oscarkv.data:{DEFAULT_TEXT}"
-    chunks, heldout = split_tokens(token_ids(loaded.tokenizer, texts), cfg)
+    chunks, heldout = split_tokens(token_ids(loaded.tokenizer, texts), first)
     collector = StatsCollector(fp.num_layers, fp.num_kv_heads, fp.head_dim)
     run_forward(loaded.model, chunks, collector, "calibration statistics")
     capture = HeldoutCapture()
     run_forward(loaded.model, [heldout], capture, "held-out tokens")
-    solution = solve(collector.finalize(), capture, cfg, group)
-    calibration = {"source": data_desc or f"{len(texts)} caller-supplied text(s)", "model_source": loaded.source,
-                   "tokens": cfg.tokens, "heldout_tokens": heldout.numel(),
-                   "seconds": round(time.perf_counter() - start, 2)}
-    manifest = build_manifest(fp, cfg, group, solution, calibration)
-    return Artifact(manifest, solution.tensors), solution.rows
+    stats = collector.finalize()
+    out = {}
+    for name, cfg in cfgs.items():
+        solution = solve(stats, capture, cfg, group)
+        calibration = {"source": data_desc or f"{len(texts)} caller-supplied text(s)", "model_source": loaded.source,
+                       "tokens": cfg.tokens, "heldout_tokens": heldout.numel(),
+                       "seconds": round(time.perf_counter() - start, 2)}
+        out[name] = Artifact(build_manifest(fp, cfg, group, solution, calibration), solution.tensors), solution.rows
+    return out
 
 
 def _default_text() -> str:

@@ -266,3 +266,18 @@ def test_importance_scaling_lowers_the_weighted_error():
     error = key_objective(c_q)
     e_plain, e_scaled = error(torch.stack([c.fake(keys) - keys for c in (plain, scaled)])).tolist()
     assert e_scaled < 0.6 * e_plain
+
+
+def test_variants_share_statistics_and_match_single_runs(loaded):
+    """calibrate_variants solves each config from one pass; each equals its own calibrate()."""
+    from oscarkv.calibrate.run import calibrate_variants
+
+    cfgs = {"a": CFG, "b": replace(CFG, rotation="h", center=False)}
+    both = calibrate_variants(loaded, cfgs, [text()])
+    for name, cfg in cfgs.items():
+        alone, _ = calibrate(loaded, cfg, [text()])
+        for key, tensor in alone.tensors.items():
+            assert torch.allclose(both[name][0].tensors[key], tensor, atol=1e-6), (name, key)
+        assert both[name][0].manifest["clip"] == alone.manifest["clip"]
+    with pytest.raises(ValueError, match="data options"):
+        calibrate_variants(loaded, {"a": CFG, "b": replace(CFG, tokens=64)}, [text()])
