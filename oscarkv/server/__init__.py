@@ -1,0 +1,13 @@
+"""An OpenAI-compatible HTTP server over the paged INT2 engine (optional extra ``serve``).
+
+Data flow (DESIGN.md §5): HTTP → :mod:`~oscarkv.server.protocol` (pydantic request models,
+validated into :class:`~oscarkv.engine.request.SamplingParams` and prompt token ids) →
+:class:`~oscarkv.engine.async_engine.AsyncEngine` (one background thread stepping
+:class:`~oscarkv.engine.engine.LLMEngine`, so concurrent requests share continuous batches)
+→ :class:`~oscarkv.engine.request.RequestOutput` deltas → JSON or SSE chunks.
+
+Modules: ``config`` (:class:`ServerConfig`), ``protocol`` (OpenAI wire types), ``app``
+(the FastAPI factory, no globals), ``metrics`` (Prometheus on a per-app registry),
+``cli`` (``oscarkv serve``) and ``bench`` (``oscarkv bench-serve``). FastAPI, uvicorn and
+prometheus_client are imported only here, so the core package does not need them.
+"""

@@ -1,0 +1,94 @@
+"""The official ``openai`` client (sync, async, streaming) against a loopback server.
+
+Greedy outputs over HTTP equal the offline engine's for the same token prompts, whether the
+requests arrive one by one or concurrently (sharing continuous batches), streamed or not.
+"""
+
+import asyncio
+
+import openai
+import pytest
+
+from tests.server.conftest import MODEL, offline, wait_idle
+
+PROMPTS = ["hello world", "the quick brown fox", "lorem ipsum dolor sit amet", "a"]
+
+
+def _ids(tok, prompts):
+    return [tok(p).input_ids for p in prompts]
+
+
+def _chat_ids(tok, text):
+    s = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return tok(s, add_special_tokens=False).input_ids
+
+
+def test_sync_client(served, model, tok):
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    ref = offline(model, tok, _ids(tok, PROMPTS[:2]), 12)
+    for prompt, want in zip(PROMPTS[:2], ref):
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+        assert r.choices[0].text == want.text and r.choices[0].finish_reason == want.finish_reason
+        assert r.usage.prompt_tokens == len(want.prompt_token_ids)
+        assert r.usage.completion_tokens == len(want.token_ids)
+    want = offline(model, tok, [_chat_ids(tok, "hi there")], 10)[0]
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi there"}],
+                                       max_tokens=10, temperature=0, logprobs=True)
+    assert r.choices[0].message.content == want.text and r.choices[0].message.role == "assistant"
+    assert len(r.choices[0].logprobs.content) == len(want.token_ids)
+    assert all(lp.logprob <= 0 for lp in r.choices[0].logprobs.content)
+    r = client.completions.create(model=MODEL, prompt=_ids(tok, PROMPTS[:1])[0], max_tokens=12, temperature=0,
+                                  logprobs=0)
+    assert r.choices[0].text == ref[0].text and len(r.choices[0].logprobs.token_logprobs) == 12
+
+
+def test_async_client_concurrent_streams(served, model, tok):
+    """12 concurrent requests (chat and completions, streamed and not) equal offline greedy."""
+    ref = offline(model, tok, _ids(tok, PROMPTS), 10)
+    chat_ref = offline(model, tok, [_chat_ids(tok, p) for p in PROMPTS], 10)
+    client = openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0)
+
+    async def completion(p, stream):
+        if not stream:
+            return (await client.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0)).choices[0].text
+        text = ""
+        async for chunk in await client.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0,
+                                                           stream=True):
+            text += chunk.choices[0].text if chunk.choices else ""
+        return text
+
+    async def chat(p):
+        parts, usage = [], None
+        stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
+                                                      max_tokens=10, temperature=0, stream=True,
+                                                      stream_options={"include_usage": True})
+        async for chunk in stream:
+            usage = chunk.usage or usage
+            parts += [c.delta.content or "" for c in chunk.choices]
+        return "".join(parts), usage
+
+    async def main():
+        jobs = [completion(p, s) for p in PROMPTS for s in (False, True)] + [chat(p) for p in PROMPTS]
+        return await asyncio.gather(*jobs)
+
+    res = asyncio.run(main())
+    assert res[:8] == [r.text for r in ref for _ in (0, 1)]
+    assert [t for t, _ in res[8:]] == [r.text for r in chat_ref]
+    assert [u.completion_tokens for _, u in res[8:]] == [len(r.token_ids) for r in chat_ref]
+    assert wait_idle(served)
+
+
+def test_seeded_sampling_is_reproducible(served):
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0)
+    kw = dict(model=MODEL, prompt="seeded", max_tokens=8, temperature=0.9, top_p=0.9, seed=1234)
+    assert client.completions.create(**kw).choices[0].text == client.completions.create(**kw).choices[0].text
+
+
+def test_client_sees_errors(served):
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2)
+    assert e.value.body["param"] == "n"
