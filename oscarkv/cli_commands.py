@@ -179,6 +179,26 @@ def _artifacts_for(loaded, args) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------- report
+def setup_report(p: argparse.ArgumentParser) -> None:
+    """Rebuild results.json, results.md and plots of an eval run from its samples.jsonl (e.g. an interrupted run)."""
+    p.add_argument("--run", type=Path, required=True, help="the eval --out directory holding samples.jsonl")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from oscarkv.eval.report import write_report
+    from oscarkv.eval.runner import records_from_log
+
+    log = args.run / "samples.jsonl"
+    if not log.is_file():
+        raise UserError(f"no samples.jsonl in {args.run}: point --run at an 'oscarkv eval --out' directory")
+    records = records_from_log(log.read_text().splitlines())
+    meta = {"rebuilt_from": str(log), "samples_logged": sum(1 for line in log.read_text().splitlines() if line.strip())}
+    write_report(records, args.run, meta)
+    print((args.run / "results.md").read_text())
+    return 0
+
+
 # ---------------------------------------------------------------------------------- demo
 def setup_demo(p: argparse.ArgumentParser) -> None:
     """Calibrate the default model (cached), then compare bf16/naive/quarot/oscar on NIAH at 2K-4K."""
@@ -206,6 +226,7 @@ COMMANDS = {
     "calibrate": (setup_calibrate, run_calibrate),
     "eval": (setup_eval, run_eval),
     "demo": (setup_demo, run_demo),
+    "report": (setup_report, run_report),
     "bench": (setup_bench, run_bench),
 }
 

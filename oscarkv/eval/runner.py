@@ -107,7 +107,8 @@ class Tally:
 
     def add(self, key: tuple[str, str, int], value: float, bpe: float, kv_bytes: int | None = None) -> None:
         if self.log is not None:
-            row = {"method": key[0], "task": key[1], "context": key[2], "value": value, "bpe": bpe}
+            row = {"method": key[0], "task": key[1], "context": key[2], "value": value, "bpe": bpe,
+                   "kv_bytes": kv_bytes}
             self.log.write(json.dumps(row) + "\n")
             self.log.flush()
         s = self.sums.setdefault(key, [0.0, 0, 0.0, 0])
@@ -125,6 +126,20 @@ class Tally:
                 rec["kv_bytes"] = nbytes // n
             out.append(rec)
         return out
+
+
+def records_from_log(lines) -> list[dict]:
+    """Rebuild the records of a run from its per-sample JSON lines (an interrupted run included).
+
+    ``ppl`` lines hold a token-mean negative log-likelihood, the others an accuracy."""
+    tallies = {"accuracy": Tally(), "perplexity": Tally()}
+    for line in lines:
+        if line.strip():
+            row = json.loads(line)
+            metric = "perplexity" if row["task"] == "ppl" else "accuracy"
+            tallies[metric].add((row["method"], row["task"], row["context"]), row["value"], row["bpe"],
+                                row.get("kv_bytes"))
+    return [rec for metric, tally in tallies.items() for rec in tally.records(metric)]
 
 
 def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, tally: Tally) -> list[dict]:

@@ -59,3 +59,20 @@ def test_missing_cells_are_dashes(tmp_path):
     write_report(acc, tmp_path, {})
     md = (tmp_path / "results.md").read_text()
     assert "| naive | 12.5 | – |" in md
+
+
+def test_records_rebuilt_from_the_sample_log(tmp_path):
+    """An interrupted run's samples.jsonl gives the same means as the tally that wrote it."""
+    import io
+
+    from oscarkv.eval.runner import Tally, records_from_log
+
+    log = io.StringIO()
+    tally, ppl = Tally(log), Tally(log)
+    for i, (m, v) in enumerate([("bf16", 1.0), ("oscar", 0.0), ("oscar", 1.0), ("bf16", 1.0)]):
+        tally.add((m, "niah_single", 4096), v, 2.5 if m == "oscar" else 16.0, 1000 + i)
+    ppl.add(("oscar", "ppl", 1024), 2.0, 2.5)
+    rebuilt = records_from_log(log.getvalue().splitlines())
+    want = tally.records("accuracy") + ppl.records("perplexity")
+    key = lambda r: (r["method"], r["task"])  # noqa: E731
+    assert sorted(rebuilt, key=key) == sorted(want, key=key)
