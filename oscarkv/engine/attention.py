@@ -12,9 +12,11 @@ Role: the seam between the model and the KV cache. A model layer hands its post-
    chunk sees its prefix as stored (the step's :class:`PageTables`) plus itself at full
    precision, causally — the rule of ``OscarCache`` (``oscarkv.cache.hf_cache``).
 
-NOTE: every step, decode included, goes through ``extend``: the current token attends to
-itself at full precision, as in ``OscarCache``. ``decode`` (all tokens read from the cache,
-the current one as stored) is part of the interface for kernels and benchmarks.
+NOTE: with :class:`TorchAttention` every step, decode included, goes through ``extend``: the
+current token attends to itself at full precision, as in ``OscarCache``. A backend with
+``decode_steps = True`` (the Triton one, ``oscarkv.engine.triton_backend``) gets the steps in
+which every sequence computes one token as ``decode`` instead (``StepContext.decode``): all
+tokens read from the cache, the current one as just stored (BF16).
 
 :class:`TorchAttention` runs anywhere, the CPU included, on the PyTorch oracles of
 ``oscarkv.kernels.reference`` (the reference the Triton kernels are tested against). A
@@ -25,7 +27,7 @@ Triton backend implements the same four methods. The runner builds one
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -37,6 +39,9 @@ from oscarkv.quant.codec import TensorCodec
 
 class AttentionBackend(ABC):
     """Write path and attention over :class:`LayerKV` pages (see the layout contract)."""
+
+    decode_steps: bool = False
+    """Whether one-token-per-sequence steps go to :meth:`decode` (else :meth:`extend`)."""
 
     @abstractmethod
     def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
@@ -86,6 +91,13 @@ class LayerStorage:
     key: TensorCodec
     value: TensorCodec
 
+    def to(self, device: torch.device | str) -> LayerStorage:
+        """The codec tensors on ``device`` (once, not per step: CUDA graphs cannot capture the copy)."""
+        def move(c: TensorCodec) -> TensorCodec:
+            return replace(c, **{f: getattr(c, f).to(device) for f in ("rotation", "mean", "inverse")
+                                 if getattr(c, f) is not None})
+        return LayerStorage(move(self.key), move(self.value))
+
     def rotate_queries(self, q: torch.Tensor) -> torch.Tensor:
         """``q [T, Hq, d]`` → ``q @ R_K⁻ᵀ`` per KV-head group (``= q @ R_K`` for an orthogonal R_K), fp32."""
         r = self.key.query_map()
@@ -102,7 +114,8 @@ class StepContext:
 
     ``slots [T]`` flat BF16 slots of the new tokens; ``demote_src/dst [n]`` page ids;
     ``tables`` the prefix views; ``cu_seqlens int32 [B + 1]`` the chunk boundaries in the
-    flat token batch."""
+    flat token batch. ``decode``: one token per sequence, and ``tables`` already include it
+    (the runner's decode view), so attention is :meth:`AttentionBackend.decode`."""
 
     backend: AttentionBackend
     pools: KVPools
@@ -113,6 +126,7 @@ class StepContext:
     demote_src: torch.Tensor
     demote_dst: torch.Tensor
     scale: float
+    decode: bool = False
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this step's K/V of ``layer``, demote, attend (see the module docstring)."""
@@ -121,4 +135,6 @@ class StepContext:
         self.backend.write(kv, k_rot, v_rot, self.slots)
         if self.demote_src.numel():
             self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
+        if self.decode:
+            return self.backend.decode(st.rotate_queries(q), kv, self.tables, self.scale)
         return self.backend.extend(st.rotate_queries(q), k_rot, v_rot, kv, self.tables, self.cu_seqlens, self.scale)

@@ -24,11 +24,13 @@ from oscarkv.cache.page_pool import PagePool
 from oscarkv.cache.seq_kv import ChunkSchedule
 from oscarkv.config import EngineConfig
 from oscarkv.engine import sampler
-from oscarkv.engine.attention import AttentionBackend, LayerStorage, TorchAttention
+from oscarkv.engine.attention import AttentionBackend, LayerStorage
+from oscarkv.engine.cuda_graphs import DEFAULT_BUCKETS
 from oscarkv.engine.model_runner import ModelRunner, RunnerOutput
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.engine.scheduler import Scheduler, SchedulerOutput
 from oscarkv.engine.sequence import Sequence, Status
+from oscarkv.engine.triton_backend import default_backend
 from oscarkv.models.folding import fold_values
 from oscarkv.models.llama import PagedLM
 from oscarkv.quant.artifact import ModelFingerprint
@@ -54,19 +56,29 @@ class LLMEngine:
 
     @classmethod
     def from_hf(cls, hf_model, cfg: EngineConfig, artifact=None, tokenizer=None,
-                backend: AttentionBackend | None = None) -> LLMEngine:
+                backend: AttentionBackend | None = None, cuda_graphs: bool = True) -> LLMEngine:
         """Build from a transformers model (see the module docstring); ``artifact`` for ``oscar``."""
-        config = hf_model.config
+        return cls.from_paged(PagedLM.from_hf(hf_model), cfg, artifact, tokenizer, backend, cuda_graphs)
+
+    @classmethod
+    def from_paged(cls, model: PagedLM, cfg: EngineConfig, artifact=None, tokenizer=None,
+                   backend: AttentionBackend | None = None, cuda_graphs: bool = True) -> LLMEngine:
+        """Build around a :class:`PagedLM` (folded in place). ``backend`` defaults to the device's
+        (:func:`~oscarkv.engine.triton_backend.default_backend`); ``cuda_graphs`` captures decode
+        steps per batch bucket on CUDA (:mod:`oscarkv.engine.cuda_graphs`)."""
+        config = model.config
         fp = ModelFingerprint.from_config(config)
         if artifact is not None:
             artifact.validate(fp)
         codec = build_codec(cfg.kv, fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact)
-        model = PagedLM.from_hf(hf_model)
-        values = fold_values(model, codec.layers)
-        storage = [LayerStorage(layer.key, v) for layer, v in zip(codec.layers, values)]
         dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
+        layers = [LayerStorage(layer.key, layer.value).to(device) for layer in codec.layers]
+        values = fold_values(model, layers)
+        storage = [LayerStorage(layer.key, v) for layer, v in zip(layers, values)]
         geo = plan_pools(cfg, fp.num_layers, fp.num_kv_heads, fp.head_dim, codec.group, dtype)
-        runner = ModelRunner(model, KVPools(geo, device), storage, backend or TorchAttention())
+        backend = backend or default_backend(device)
+        buckets = DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps else ()
+        runner = ModelRunner(model, KVPools(geo, device), storage, backend, buckets)
         return cls(runner, codec, cfg, tokenizer, _eos_ids(config, tokenizer))
 
     # ------------------------------------------------------------------------- reporting

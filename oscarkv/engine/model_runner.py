@@ -7,6 +7,12 @@ demotion lists and the prefix views into :class:`PageTables`, builds a
 :class:`~oscarkv.engine.attention.StepContext` and runs the model once. It returns the logits
 of the last token of every chunk that samples, and, for requests that asked for prompt
 log-probabilities, the final hidden states of their prompt positions. The engine hands them to the sampler.
+
+Decode steps: when the backend has ``decode_steps`` and every chunk of the step is one token
+long, the step is built as a decode step (``StepContext.decode``; the BF16 view extended by
+the token written this step, :meth:`ModelRunner.decode_view`) and, given graph buckets, runs
+as a CUDA graph replay (:mod:`oscarkv.engine.cuda_graphs`). Everything else — and every step
+of a backend without ``decode_steps`` (the CPU oracles) — runs eagerly through ``extend``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import torch
 
 from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import PageTables
+from oscarkv.cache.manager import WritePlan
 from oscarkv.engine.attention import AttentionBackend, LayerStorage, StepContext
+from oscarkv.engine.cuda_graphs import DecodeGraphs
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
 
@@ -44,17 +52,32 @@ class ModelRunner:
     """The model and its KV storage for one device (see the module docstring)."""
 
     def __init__(self, model: PagedLM, pools: KVPools, storage: list[LayerStorage],
-                 backend: AttentionBackend) -> None:
+                 backend: AttentionBackend, graph_buckets: tuple[int, ...] = ()) -> None:
         self.model, self.pools, self.storage, self.backend = model, pools, storage, backend
         self.device = next(model.parameters()).device
         self.scale = model.head_dim ** -0.5
+        self.graphs = DecodeGraphs(self, graph_buckets) if graph_buckets and self.device.type == "cuda" else None
 
-    def context(self, chunks: list[ScheduledChunk]) -> StepContext:
-        """Slots, demotions and prefix views of a step as tensors."""
+    def is_decode(self, chunks: list[ScheduledChunk]) -> bool:
+        """Whether the step goes to ``decode``: one token per sequence and a backend that wants it."""
+        return self.backend.decode_steps and all(c.plan.t1 - c.plan.t0 == 1 for c in chunks)
+
+    def decode_view(self, plan: WritePlan) -> tuple[list[int], int]:
+        """The BF16 view at the new length: the prefix view plus the token written this step.
+
+        NOTE: the new token's slot follows the view's last token in table order (sink and the
+        recent window start on page boundaries), so it is appended without reordering."""
+        page, off = divmod(plan.slots[0], self.pools.geo.page_size)
+        assert off == plan.view_bf16_len % self.pools.geo.page_size and (off == 0 or plan.view_bf16[-1] == page)
+        return (plan.view_bf16 + [page] if off == 0 else plan.view_bf16), plan.view_bf16_len + 1
+
+    def context(self, chunks: list[ScheduledChunk], decode: bool = False) -> StepContext:
+        """Slots, demotions and prefix views of a step as tensors (decode: views include the new token)."""
         plans, dev = [c.plan for c in chunks], self.device
+        views = [self.decode_view(p) if decode else (p.view_bf16, p.view_bf16_len) for p in plans]
         tables = PageTables(
-            bf16_table=_table([p.view_bf16 for p in plans], dev),
-            bf16_lens=_ints([p.view_bf16_len for p in plans], dev),
+            bf16_table=_table([v[0] for v in views], dev),
+            bf16_lens=_ints([v[1] for v in views], dev),
             int2_table=_table([p.view_int2 for p in plans], dev),
             int2_lens=_ints([len(p.view_int2) * self.pools.geo.page_size for p in plans], dev))
         cu = [0]
@@ -63,14 +86,19 @@ class ModelRunner:
         return StepContext(self.backend, self.pools, self.storage, tables, _ints(cu, dev),
                            _ints([s for p in plans for s in p.slots], dev),
                            _ints([s for p in plans for s in p.demote_src], dev),
-                           _ints([s for p in plans for s in p.demote_dst], dev), self.scale)
+                           _ints([s for p in plans for s in p.demote_dst], dev), self.scale, decode)
 
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
         ids = [t for c in chunks for t in c.seq.token_ids[c.plan.t0:c.plan.t1]]
         pos = [p for c in chunks for p in range(c.plan.t0, c.plan.t1)]
-        step = self.context(chunks)
-        hidden = self.model(torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device), step)
+        decode = self.is_decode(chunks)
+        step = self.context(chunks, decode)
+        ids_t, pos_t = torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device)
+        if decode and self.graphs is not None and self.graphs.bucket(len(chunks)) is not None:
+            hidden = self.graphs.run(ids_t, pos_t, step)
+        else:
+            hidden = self.model(ids_t, pos_t, step)
         cu = step.cu_seqlens.tolist()
         last = [cu[i + 1] - 1 for i, c in enumerate(chunks) if c.samples]
         prompt = {}

@@ -1,0 +1,65 @@
+"""The CUDA attention backend: the Triton kernels of ``oscarkv.kernels`` behind :class:`AttentionBackend`.
+
+Role: what :class:`~oscarkv.engine.attention.StepContext` calls on a CUDA device (selected by
+:func:`default_backend`; the CPU keeps :class:`~oscarkv.engine.attention.TorchAttention`, the
+PyTorch oracles these kernels are tested against).
+
+* ``write``  — :func:`oscarkv.kernels.write.write_tokens` with an identity codec: the step
+  context has already mapped K/V into the stored domain (fp32), the kernel rounds to BF16
+  (nearest even, as ``Tensor.to``) and scatters into the slots.
+* ``demote`` — :func:`oscarkv.kernels.write.demote_pages` (bit-identical to
+  ``TensorCodec.encode`` of the BF16 page).
+* ``extend`` — :func:`oscarkv.kernels.extend.extend_attention` (prefill chunks; mixed steps).
+* ``decode`` — :func:`oscarkv.kernels.decode.decode_attention` (pure decode steps).
+
+``decode_steps = True``: the model runner sends a step whose chunks are all one token long to
+``decode`` over the cache *including* the token just written (its K/V as stored, BF16),
+instead of ``extend`` (its K/V at fp32 next to the stored prefix). The two differ only by the
+BF16 rounding of the current token's own K/V; ``TorchAttention`` keeps ``extend`` so that the
+CPU path stays bit-identical to ``OscarCache``.
+
+NOTE: the kernel modules are imported on first use, not at import time: Triton decides between
+compiled and interpreted kernels when a ``@triton.jit`` function is defined.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from oscarkv.cache.paged_layout import LayerKV, PageTables
+from oscarkv.engine.attention import AttentionBackend, TorchAttention
+from oscarkv.quant.codec import TensorCodec
+
+
+class TritonAttention(AttentionBackend):
+    """Triton kernels for the write path, demotion, extend and decode (see the module docstring)."""
+
+    decode_steps = True
+
+    def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
+        from oscarkv.kernels.write import write_tokens
+
+        identity = TensorCodec(None, k_rot.shape[-1])  # K/V arrive in the stored domain already
+        write_tokens(k_rot, identity, kv.bf16_k, slots)
+        write_tokens(v_rot, identity, kv.bf16_v, slots)
+
+    def demote(self, kv: LayerKV, key: TensorCodec, value: TensorCodec, src: torch.Tensor, dst: torch.Tensor) -> None:
+        from oscarkv.kernels.write import demote_pages
+
+        demote_pages(kv.bf16_k, src, kv.int2_k, dst, key)
+        demote_pages(kv.bf16_v, src, kv.int2_v, dst, value)
+
+    def extend(self, q, k_new, v_new, kv, tables: PageTables, cu_seqlens, scale):
+        from oscarkv.kernels.extend import extend_attention
+
+        return extend_attention(q.contiguous(), k_new.contiguous(), v_new.contiguous(), kv, tables, cu_seqlens, scale)
+
+    def decode(self, q, kv, tables: PageTables, scale):
+        from oscarkv.kernels.decode import decode_attention
+
+        return decode_attention(q.contiguous(), kv, tables, scale)
+
+
+def default_backend(device: torch.device) -> AttentionBackend:
+    """Triton kernels on CUDA, the PyTorch oracles anywhere else."""
+    return TritonAttention() if torch.device(device).type == "cuda" else TorchAttention()
