@@ -1,4 +1,4 @@
-"""``oscarkv bench {attention}``: GPU benchmarks; each prints a table and writes JSON to ``--out``."""
+"""``oscarkv bench {attention, decode, capacity}``: GPU benchmarks; each prints a table and writes JSON to ``--out``."""
 
 from __future__ import annotations
 
@@ -19,9 +19,48 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
     a.add_argument("--kv-heads", type=int, default=d.kv_heads)
     a.add_argument("--head-dim", type=int, default=d.head_dim)
     a.add_argument("--out", type=Path, default=Path("bench_attention.json"), help="JSON file to write")
+    _setup_decode(sub.add_parser("decode", help="end-to-end batch-1 decode tok/s vs the bandwidth floor, BF16 vs INT2"))
+    _setup_capacity(sub.add_parser("capacity", help="tokens in a KV budget and 32 x 100K job throughput, BF16 vs INT2"))
+
+
+def _setup_decode(p: argparse.ArgumentParser) -> None:
+    from oscarkv.bench.decode import DecodeBench
+
+    d = DecodeBench()
+    p.add_argument("--shapes", nargs="+", default=list(d.shapes), help="model shapes (oscarkv.models.shapes)")
+    p.add_argument("--contexts", type=int, nargs="+", default=list(d.contexts), help="prompt tokens")
+    p.add_argument("--methods", nargs="+", default=list(d.methods), help="KV methods (bf16, naive)")
+    p.add_argument("--steps", type=int, default=d.steps, help="timed decode steps")
+    p.add_argument("--kv-gib", type=float, default=d.kv_gib, help="KV pool budget")
+    p.add_argument("--out", type=Path, default=Path("bench_decode.json"), help="JSON file to write")
+
+
+def _setup_capacity(p: argparse.ArgumentParser) -> None:
+    from oscarkv.bench.capacity import CapacityBench
+
+    d = CapacityBench()
+    p.add_argument("--shape", default=d.shape, help="model shape (oscarkv.models.shapes)")
+    p.add_argument("--kv-gib", type=float, default=d.kv_gib, help="KV pool budget (the same for both methods)")
+    p.add_argument("--context", type=int, default=d.context, help="prompt tokens per request")
+    p.add_argument("--requests", type=int, default=d.requests)
+    p.add_argument("--new-tokens", type=int, default=d.new_tokens, help="greedy tokens per request")
+    p.add_argument("--out", type=Path, default=Path("bench_capacity.json"), help="JSON file to write")
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.bench == "decode":
+        from oscarkv.bench import decode
+
+        cfg = decode.DecodeBench(tuple(args.shapes), tuple(args.contexts), tuple(args.methods), steps=args.steps,
+                                 kv_gib=args.kv_gib)
+        print(decode.run(cfg, args.out))
+        return 0
+    if args.bench == "capacity":
+        from oscarkv.bench import capacity
+
+        cfg = capacity.CapacityBench(args.shape, args.kv_gib, args.context, args.requests, args.new_tokens)
+        print(capacity.run(cfg, args.out))
+        return 0
     from oscarkv.bench import attention
 
     cfg = AttentionBench(tuple(args.contexts), tuple(args.batches), args.q_heads, args.kv_heads, args.head_dim)

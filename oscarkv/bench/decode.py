@@ -1,0 +1,132 @@
+"""``oscarkv bench decode``: end-to-end batch-1 decode tokens/s at long context, BF16 vs INT2 KV.
+
+For each model shape (random bf16 weights, :mod:`oscarkv.bench.e2e`), KV method (``bf16``;
+``naive`` = INT2 pages, G = 128, no rotation — an OSCAR artifact adds one query rotation per
+layer and reads the same bytes) and context, one request's prompt is filled fast through the
+write path (random K/V, see ``oscarkv.bench.e2e``), then ``steps`` decode steps of the real
+engine are timed (``LLMEngine.step``: schedule, tables, CUDA-graph replay of the forward,
+logits, sampling; medians are not used: total time / steps after ``warmup`` steps).
+
+Reported per row: ms per step and tokens/s; the graph replay alone (the forward, CUDA
+events); the floor = (weight bytes + KV bytes the step reads) / measured copy bandwidth; and
+the write path's share of a step = (36-layer K/V write of one token, as a CUDA graph +
+one page demotion per ``P`` steps, eager) / step time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from oscarkv.bench import e2e
+
+
+@dataclass(frozen=True)
+class DecodeBench:
+    shapes: tuple[str, ...] = ("qwen3-4b", "qwen3-8b")
+    contexts: tuple[int, ...] = (30720, 61440, 102400)
+    methods: tuple[str, ...] = ("bf16", "naive")
+    warmup: int = 4
+    steps: int = 24
+    kv_gib: float = 16.0
+
+
+def _events_us(fn, reps: int = 20) -> float:
+    fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return 1e3 * a.elapsed_time(b) / reps
+
+
+def write_path_us(engine) -> tuple[float, float]:
+    """(one token's K/V write into every layer, CUDA graph; one page demotion in every layer, eager) in µs."""
+    r = engine.runner
+    geo = r.pools.geo
+    k, v = torch.randn(2, 1, geo.num_kv_heads, geo.head_dim, device="cuda")
+    slots = torch.zeros(1, dtype=torch.int32, device="cuda")  # the scratch page
+
+    def writes():
+        for i in range(geo.num_layers):
+            r.backend.write(r.pools.layer(i), k, v, slots)
+    writes()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        writes()
+    w = _events_us(g.replay)
+    if not geo.int2_pages:
+        return w, 0.0
+    page = torch.zeros(1, dtype=torch.int32, device="cuda")
+    return w, _events_us(lambda: [r.backend.demote(r.pools.layer(i), st.key, st.value, page, page)
+                                  for i, st in enumerate(r.storage)])
+
+
+def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -> dict:
+    e2e.add_prompts(engine, 1, ctx, cfg.warmup + cfg.steps + 2, seed=ctx)
+    e2e.drive(engine, max_steps=cfg.warmup)  # fill, first token, graph capture
+    seq = engine.scheduler.running[0]
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(cfg.steps):
+        engine.step()
+    torch.cuda.synchronize()
+    step_us = 1e6 * (time.perf_counter() - t) / cfg.steps
+    kv = e2e.kv_read_bytes(engine, [seq])
+    fwd_us = _events_us(engine.runner.graphs.graphs[1].graph.replay)
+    tiers = list(engine.manager.tier_tokens(seq))
+    engine.abort(seq.request_id)
+    floor_us = (wbytes + kv) / copy_gbps / 1e3
+    return dict(context=ctx, step_us=step_us, tokens_per_s=1e6 / step_us, graph_us=fwd_us,
+                weight_bytes=wbytes, kv_bytes=kv, floor_us=floor_us, step_over_floor=step_us / floor_us,
+                tiers=tiers)
+
+
+def run(cfg: DecodeBench, out: Path | None) -> str:
+    from oscarkv.bench.attention import copy_bandwidth
+
+    copy_bandwidth(), copy_bandwidth()
+    copy_gbps = copy_bandwidth()
+    rows = []
+    for shape in cfg.shapes:
+        model = e2e.random_model(shape)
+        wbytes = e2e.weight_bytes(model)
+        for method in cfg.methods:
+            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), 1)
+            w_us, d_us = write_path_us(engine)
+            for ctx in cfg.contexts:
+                row = dict(shape=shape, method=method, write_us=w_us, demote_us=d_us,
+                           **measure(engine, ctx, cfg, copy_gbps, wbytes))
+                row["write_share"] = (w_us + d_us / engine.cfg.kv.page_size) / row["step_us"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del engine
+            e2e.release()
+        del model
+        e2e.release()
+    table = format_table(rows, copy_gbps)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg),
+                                   "copy_gbps": copy_gbps, "rows": rows}, indent=1))
+    return table
+
+
+def format_table(rows: list[dict], copy_gbps: float) -> str:
+    lines = [f"copy bandwidth (read + write): {copy_gbps:.0f} GB/s",
+             "| model | context | kv | ms/step | tok/s | graph ms | floor ms | step/floor | write share | bf16/int2 |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["shape"], r["context"], r["method"]): r for r in rows}
+    for r in rows:
+        peer = by.get((r["shape"], r["context"], "bf16"))
+        speed = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer and r["method"] != "bf16" else ""
+        lines.append(f"| {r['shape']} | {r['context']} | {r['method']} | {r['step_us'] / 1e3:.2f} | "
+                     f"{r['tokens_per_s']:.1f} | {r['graph_us'] / 1e3:.2f} | {r['floor_us'] / 1e3:.2f} | "
+                     f"{r['step_over_floor']:.2f} | {100 * r['write_share']:.1f}% | {speed} |")
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""Shared pieces of the end-to-end GPU benchmarks (``oscarkv bench decode`` / ``capacity``).
+
+Role: build an engine around a random-weight model at a real shape
+(:func:`oscarkv.models.shapes.shape_config`, bf16 weights, Triton backend, CUDA graphs), and
+**fill long prompts fast**: :func:`drive` runs requests to completion through the engine's own
+scheduler and cache manager, but a prefill chunk that samples nothing is not run through the
+model — random K/V (standard normal, stored domain) are written into its slots through the
+backend's write path (``TritonAttention.write``, the Triton write kernel) and its demotions
+through ``TritonAttention.demote`` (the Triton encoder), layer by layer. Each prompt's last
+chunk is one token (``chunk_ends = (n - 1,)``), so the first sampled token and every later one
+come from real decode steps (the decode kernel, CUDA graphs). Decode speed does not depend on
+the cached values, only on their tiers, which the manager sets exactly as for a real prefill.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from oscarkv.config import EngineConfig, KVConfig
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.scheduler import ScheduledChunk, SchedulerOutput
+from oscarkv.models.llama import PagedLM
+from oscarkv.models.shapes import shape_config
+
+
+def release() -> None:
+    """Free a dropped engine's pools now (runner and graphs reference each other: a cycle)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def random_model(shape: str) -> PagedLM:
+    return PagedLM.random(shape_config(shape), torch.bfloat16, "cuda")
+
+
+def build_engine(model: PagedLM, method: str, kv_bytes: int, max_num_seqs: int, chunk: int = 8192) -> LLMEngine:
+    """Engine over ``model`` (``naive`` INT2 or ``bf16``), no prefix caching, default windows (64 + 256, P = 64)."""
+    cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk,  # all advance
+                       enable_prefix_caching=False)
+    return LLMEngine.from_paged(model, cfg)
+
+
+def weight_bytes(model: PagedLM) -> int:
+    """Bytes of weights one decode step reads: every parameter once, except an untied embedding table
+    (only one row per token is read)."""
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+               if tied or "embed_tokens" not in n)
+
+
+def kv_read_bytes(engine: LLMEngine, seqs) -> int:
+    """KV bytes one decode step reads for ``seqs`` (every stored token once, K and V, all layers)."""
+    geo = engine.runner.pools.geo
+    per_int2 = geo.head_dim // 4 + 4 * (geo.head_dim // geo.group)
+    n = 0
+    for s in seqs:
+        sink, hist, recent = engine.manager.tier_tokens(s)
+        n += (sink + recent) * geo.head_dim * geo.window_dtype.itemsize + hist * per_int2
+    return 2 * geo.num_layers * geo.num_kv_heads * n
+
+
+def add_prompts(engine: LLMEngine, n: int, length: int, new_tokens: int, seed: int = 0) -> None:
+    from oscarkv.engine.request import SamplingParams
+
+    g = torch.Generator().manual_seed(seed)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    vocab, c = engine.runner.model.config.vocab_size, engine.cfg.prefill_chunk
+    ends = (*range(c, length - 1, c), length - 1)  # explicit ends replace the default ones
+    for i in range(n):
+        ids = torch.randint(0, vocab, (length,), generator=g).tolist()
+        engine.add_request(f"r{seed}-{i}", ids, params, chunk_ends=ends)
+
+
+def fill(engine: LLMEngine, chunks: list[ScheduledChunk]) -> None:
+    """Random stored-domain K/V into the chunks' slots and their demotions, through the write path."""
+    r = engine.runner
+    plans = [c.plan for c in chunks]
+    slots = torch.tensor([s for p in plans for s in p.slots], dtype=torch.int32, device=r.device)
+    src = torch.tensor([s for p in plans for s in p.demote_src], dtype=torch.int32, device=r.device)
+    dst = torch.tensor([s for p in plans for s in p.demote_dst], dtype=torch.int32, device=r.device)
+    geo = r.pools.geo
+    k, v = torch.randn(2, slots.numel(), geo.num_kv_heads, geo.head_dim, device=r.device)
+    for i, st in enumerate(r.storage):
+        kv = r.pools.layer(i)
+        r.backend.write(kv, k, v, slots)
+        if src.numel():
+            r.backend.demote(kv, st.key, st.value, src, dst)
+
+
+@dataclass
+class DriveStats:
+    model_s: float = 0.0  # model steps (decode), run + commit + sample, synchronized
+    fill_s: float = 0.0
+    steps: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+def drive(engine: LLMEngine, max_steps: int | None = None) -> DriveStats:
+    """Run the engine's requests (see the module docstring); time the model steps apart from the fills."""
+    st = DriveStats()
+    while engine.has_unfinished() and (max_steps is None or st.steps < max_steps):
+        out = engine.scheduler.schedule()
+        filled = [c for c in out.chunks if not c.samples]
+        model = [c for c in out.chunks if c.samples]
+        t = time.perf_counter()
+        if filled:
+            fill(engine, filled)
+            torch.cuda.synchronize()
+        st.fill_s += time.perf_counter() - t
+        t = time.perf_counter()
+        res = engine.runner.run(model) if model else None
+        engine.scheduler.commit(out)
+        if model:
+            engine._sample(SchedulerOutput(model), res)
+            torch.cuda.synchronize()
+            st.model_s += time.perf_counter() - t
+            st.steps += 1
+            st.batch_sizes.append(len(model))
+    return st
