@@ -12,7 +12,8 @@ concurrency that fits (capped at 32; pools sized for that run's step budget, see
 :attr:`CapacityBench.chunks`). Prompts are filled fast through the write path
 (:mod:`oscarkv.bench.e2e`; the fill is timed apart and excluded); the time is the sum of the
 model steps (each request's first token and its decode steps: CUDA-graph decode, logits,
-sampling). jobs/s = requests / that time.
+sampling), after an untimed warm-up run at 2K context (Triton JIT, graph capture of the
+buckets used). jobs/s = requests / that time.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def run(cfg: CapacityBench, out: Path | None) -> str:
         for r, (method, chunk) in zip(rows, cfg.chunks):
             conc = max(1, min(32, fits(cfg, method, chunk)["seqs_fit"]))
             engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), conc, chunk)
+            for n in {conc, cfg.requests % conc or conc}:  # untimed: JIT compiles, graph captures of the batch buckets
+                e2e.add_prompts(engine, n, 2048, 3, seed=n + 1)
+                e2e.drive(engine)
             e2e.add_prompts(engine, cfg.requests, cfg.context, cfg.new_tokens)
             st = e2e.drive(engine)
             r.update(concurrency=conc, model_s=st.model_s, fill_s=st.fill_s, model_steps=st.steps,
