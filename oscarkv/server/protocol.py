@@ -27,6 +27,10 @@ GREEDY_EPS = 1e-5
 """Temperatures below this sample greedily (as vLLM does): dividing logits by a tiny
 temperature overflows fp32 to inf, and the softmax to NaN."""
 
+TOP_P_MIN = 1e-6
+"""Smaller ``top_p`` values are raised to this: the nucleus is the top token either way, and a
+subnormal ``top_p`` rounds to 0 in fp32, where the sampler would drop every token."""
+
 Float = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -97,7 +101,7 @@ class SamplingRequest(_Strict):
         temperature = 1.0 if self.temperature is None else self.temperature
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(max_tokens=max_tokens, temperature=0.0 if temperature < GREEDY_EPS else temperature,
-                              top_k=self.top_k or 0, top_p=1.0 if self.top_p is None else self.top_p,
+                              top_k=self.top_k or 0, top_p=1.0 if self.top_p is None else max(self.top_p, TOP_P_MIN),
                               seed=self.seed, stop=tuple(s for s in stop if s), ignore_eos=self.ignore_eos,
                               logprobs=logprobs)
 
