@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from oscarkv.cli import add_fields, pick
+from oscarkv.server.bench import run_bench_serve, setup_bench_serve
 from oscarkv.server.config import ServerConfig
 
 log = logging.getLogger("oscarkv.serve")
@@ -135,4 +136,4 @@ def serving_in_thread(app, host: str = "127.0.0.1"):
         sock.close()
 
 
-COMMANDS = {"serve": (setup_serve, run_serve)}
+COMMANDS = {"serve": (setup_serve, run_serve), "bench-serve": (setup_bench_serve, run_bench_serve)}
