@@ -72,3 +72,9 @@ def test_full_pool_queues_and_preempts(model, tok):
     assert during["oscarkv_preemptions_total"] >= 1
     assert after["oscarkv_kv_pages_used{tier=bf16}"] == 0 and after["oscarkv_queue_depth"] == 0
     assert after["oscarkv_requests_total{endpoint=completions}{finish_reason=length}"] == 10
+    assert after["oscarkv_time_to_first_token_seconds_count"] == 10
+    assert after["oscarkv_time_per_output_token_seconds_count"] == 10
+    assert after["oscarkv_generation_tokens_total"] == 140
+    assert after["oscarkv_prompt_tokens_total"] == sum(map(len, prompts))
+    assert 0 <= after["oscarkv_prefix_cache_hit_rate"] <= 1 and after["oscarkv_kv_bpe_at_capacity"] == 32
+    assert after["oscarkv_http_responses_total{path=/v1/completions}{status=200}"] == 10
