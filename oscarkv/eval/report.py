@@ -100,13 +100,20 @@ def _methods(records: list[dict]) -> list[str]:
 def _context_table(rows: list[dict]) -> list[str]:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     cell = {(r["method"], r["task"]): r["accuracy"] for r in rows}
-    lines = _header(["method", *tasks, "avg", "BPE"])
+    lines = _header(["method", *tasks, "avg", "BPE", "KV MiB"])
     for m in _methods(rows):
         vals = [cell.get((m, t)) for t in tasks]
         present = [v for v in vals if v is not None]
         avg = mean(present) if present else None
-        lines.append(_row([m, *map(_pct, vals), _pct(avg), _bpe([r for r in rows if r["method"] == m])]))
+        mine = [r for r in rows if r["method"] == m]
+        lines.append(_row([m, *map(_pct, vals), _pct(avg), _bpe(mine), _mib(mine)]))
     return lines
+
+
+def _mib(rows: list[dict]) -> str:
+    """Mean KV bytes held per sample (document, question and answer), in MiB."""
+    vals = [r["kv_bytes"] for r in rows if r.get("kv_bytes")]
+    return f"{mean(vals) / 2**20:.2f}" if vals else "–"
 
 
 def _summary_table(acc: list[dict]) -> list[str]:
