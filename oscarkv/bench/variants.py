@@ -171,8 +171,8 @@ def table(rows: list[dict], copy: float) -> str:
     return "\n".join(lines)
 
 
-def sweep(cfg: AttentionBench, points=((102400, 1), (32768, 8)), group: int = 128) -> list[dict]:
-    """CUDA-graph time of every (num_warps, BLOCK_N, programs per SM) at ``points``; INT2 and BF16 kernels."""
+def sweep(cfg: AttentionBench, points=((102400, 1), (32768, 8)), group: int = 128, int2_only: bool = True) -> list[dict]:
+    """CUDA-graph time of every (BLOCK_N, num_stages, programs per SM, maxnreg) at ``points``; INT2 (and BF16) kernels."""
     import itertools
 
     from oscarkv.kernels.decode import _num_sms, decode_attention
@@ -180,7 +180,7 @@ def sweep(cfg: AttentionBench, points=((102400, 1), (32768, 8)), group: int = 12
     scale, sms, res = cfg.head_dim**-0.5, _num_sms(torch.device("cuda")), []
     for ctx, bsz in points:
         q = torch.randn(bsz, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
-        for int2 in (True, False):
+        for int2 in (True,) if int2_only else (True, False):
             nbytes = cache_bytes(cfg, ctx, bsz, int2, group)
             caches = _caches(cfg, ctx, bsz, int2, group, max(2, -(-4 * L2_BYTES // nbytes)))
             grid = itertools.product((32, 64), (2, 3, 4), (8, 16), (None, 128)) if int2 else \

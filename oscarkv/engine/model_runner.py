@@ -38,10 +38,8 @@ class RunnerOutput:
 
 def _table(rows: list[list[int]], device) -> torch.Tensor:
     width = max([1, *map(len, rows)])
-    t = torch.zeros(len(rows), width, dtype=torch.int32)
-    for b, pages in enumerate(rows):
-        t[b, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
-    return t.to(device)
+    # NOTE: one host tensor from padded lists (a per-row torch.tensor costs ~10 µs per row and step)
+    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32).to(device)
 
 
 def _ints(values: list[int], device) -> torch.Tensor:

@@ -256,7 +256,9 @@ def _config(kind: str, device: torch.device) -> dict:
         return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0)
     # NOTE: the raw INT2 kernel is latency bound (one tile in flight per program): one warp per
     # program and 8 programs per SM beat 4 warps x 2 per SM by 1.6-2x (H100 sweep, 2026-11-22).
-    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=8),
+    # With one scalar page id per tile (decode_int2._tile), num_stages 2 beats 3 and 4 by 14-17%
+    # at 100K x 1 and 32K x 8 (H100 sweep 2026-11-22, docs/bench_gpu/sweep_int2_h100_run6.json).
+    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=2, CONV=2, PER_SM=8),
             "int2": dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=2),
             "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]
 

@@ -82,6 +82,25 @@ def _group_values(ps, cv, a0, a1, a2, a3, alpha, CONV: tl.constexpr):
 
 
 @triton.jit
+def _tile(table, n0, end, P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Page id(s), in-page offsets ``[BLOCK_N]`` and validity of the tile of tokens ``n0 + [0, BLOCK_N)``.
+
+    NOTE: tiles start at multiples of ``BLOCK_N`` (split shares are ``BLOCK_N``-aligned), so with
+    ``P % BLOCK_N == 0`` a tile lies in one page: one scalar page-id load instead of a gather, and
+    offsets ``n0 % P + arange`` that Triton sees as contiguous (vector loads, no address chain
+    through a per-token page id)."""
+    toks = n0 + tl.arange(0, BLOCK_N)
+    ok = toks < end
+    if P % BLOCK_N == 0:
+        page = tl.load(table + n0 // P).to(tl.int64)
+        off = n0 % P + tl.arange(0, BLOCK_N)
+    else:
+        page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
+        off = toks % P
+    return page, off, ok
+
+
+@triton.jit
 def _softmax_step(qk, m_i, l_i):
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp2(m_i - m_new)
@@ -184,10 +203,8 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     end = tl.minimum(n, n0 + per)
     table = BfTable + b * stride_bfb
     while n0 < end:
-        toks = n0 + tl.arange(0, BLOCK_N)
-        ok = toks < end
-        page = tl.load(table + toks // P, mask=ok, other=0)
-        r = (page.to(tl.int64) * stride_bp + h * stride_bh + (toks % P) * stride_bt)[:, None]
+        page, off, ok = _tile(table, n0, end, P, BLOCK_N)
+        r = (page * stride_bp + h * stride_bh + off * stride_bt)[:, None]
         mk = ok[:, None]
         s = _bf16_scores(Kb, r, mk, b0, b1, b2, b3, LG, tl.zeros([REP_PAD, BLOCK_N], tl.float32))
         if NG == 2:
@@ -242,11 +259,9 @@ def _int2_step(n0, end, table, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
                F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr,
                CONV: tl.constexpr):
     """One tile of ``BLOCK_N`` INT2 tokens for the online softmax (see the module docstring)."""
-    toks = n0 + tl.arange(0, BLOCK_N)
-    ok = toks < end
-    page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
-    crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
-    srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
+    page, off, ok = _tile(table, n0, end, P, BLOCK_N)
+    crow = page * stride_cp + h * stride_ch + off * stride_ct
+    srow = page * stride_sp + h * stride_sh + off * stride_st
     jb = tl.arange(0, LG)
     ckT = tl.load(Kc + crow[None, :] + jb[:, None], mask=ok[None, :], other=0)  # [LG, N] bytes x tokens
     sk = tl.load(Ks + srow, mask=ok, other=0.0).to(tl.float32) * 65536.0

@@ -17,6 +17,12 @@ Parameter names follow transformers (``model.layers.{i}.self_attn.q_proj.weight`
 a bias: zero unless the config has one, it receives the folded value mean
 (:mod:`oscarkv.models.folding`). :meth:`PagedLM.random` builds random weights from a config
 (benchmarks at real shapes without downloads, ``oscarkv.models.shapes``).
+
+On CUDA the elementwise work runs as the fused Triton kernels of :mod:`oscarkv.kernels.fused`
+(RMSNorm with the residual add folded in, QK-norm + RoPE, SiLU·mul), one launch where PyTorch
+needs 5–10; the residual stream is carried vLLM style (``forward_fused``: each layer hands its
+MLP output and the un-added residual to the next norm). Every other device runs the PyTorch
+expressions below, which are those kernels' oracles.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from oscarkv.kernels.fused import rms_norm
+
+            return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps)[0].view(x.shape)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -79,12 +89,24 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(T, self.num_heads, d)  # [T, Hq, d]
         k = self.k_proj(x).view(T, self.num_kv_heads, d)  # [T, H, d]
         v = self.v_proj(x).view(T, self.num_kv_heads, d)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, d]
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if x.is_cuda:
+            q, k = self._norm_rope_fused(q, k, cos, sin)
+        else:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, d]
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         o = step.attention(self.layer_idx, q, k, v)  # [T, Hq, d] fp32, rotated value domain
         return self.o_proj(o.to(x.dtype).reshape(T, -1))
+
+    def _norm_rope_fused(self, q, k, cos, sin):
+        """QK-norm (if any) and RoPE of ``q [T, Hq, d]``, ``k [T, H, d]``: one kernel each (CUDA)."""
+        from oscarkv.kernels.fused import qk_norm_rope
+
+        if self.q_norm is None:
+            return qk_norm_rope(q, None, cos, sin, 0.0), qk_norm_rope(k, None, cos, sin, 0.0)
+        eps = self.q_norm.eps
+        return qk_norm_rope(q, self.q_norm.weight, cos, sin, eps), qk_norm_rope(k, self.k_norm.weight, cos, sin, eps)
 
 
 class MLP(nn.Module):
@@ -96,6 +118,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(I, D, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from oscarkv.kernels.fused import silu_mul
+
+            return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -110,6 +136,17 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, step)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                      sin: torch.Tensor, step) -> tuple[torch.Tensor, torch.Tensor]:
+        """CUDA: ``x`` is the previous layer's MLP output (the embeddings for layer 0, ``residual``
+        then ``None``), not yet added to ``residual``; returns (this MLP's output, residual)."""
+        from oscarkv.kernels.fused import rms_norm
+
+        h, residual = rms_norm(x, self.input_layernorm.weight, self.input_layernorm.eps, residual)
+        a = self.self_attn(h, cos, sin, step)
+        h, residual = rms_norm(a, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps, residual)
+        return self.mlp(h), residual
 
 
 class Backbone(nn.Module):
@@ -141,6 +178,13 @@ class PagedLM(nn.Module):
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, step) -> torch.Tensor:
         x = self.model.embed_tokens(ids)  # [T, D]
         cos, sin = self.model.rotary_emb(x, positions.unsqueeze(0))  # [1, T, d] each
+        if x.is_cuda:
+            from oscarkv.kernels.fused import rms_norm
+
+            residual = None
+            for layer in self.model.layers:
+                x, residual = layer.forward_fused(x, residual, cos[0], sin[0], step)
+            return rms_norm(x, self.model.norm.weight, self.model.norm.eps, residual)[0]
         for layer in self.model.layers:
             x = layer(x, cos[0], sin[0], step)
         return self.model.norm(x)

@@ -1,0 +1,116 @@
+"""Fused elementwise kernels of the model forward on CUDA: RMSNorm (+ residual), QK-norm + RoPE, SiLU·mul.
+
+Role: :mod:`oscarkv.models.llama` calls these on CUDA tensors instead of its PyTorch
+expressions (each of which is 5–10 small kernels: casts, ``pow``, ``mean``, ``rsqrt``, ``cat``
+...); at batch 1 a decode step is a chain of such launches, ~2 µs each even inside a CUDA
+graph. The CPU keeps the PyTorch expressions, which are the oracles of these kernels.
+
+Numerics follow transformers operation for operation, including every intermediate rounding to
+the activation dtype (``to(dtype)`` in the kernel where PyTorch materializes a bf16 tensor), so
+only the order of the fp32 sum of squares differs from the oracle:
+
+* ``rms_norm``: ``h = x.float(); h *= rsqrt(mean(h²) + eps); out = w * h.to(dtype)``; with a
+  residual ``y``, ``x`` is first ``(x + y)`` rounded to the dtype, and that sum is returned too.
+* ``qk_norm_rope``: per head row of ``d`` channels, the optional RMS QK-norm above, then
+  ``x·cos + rotate_half(x)·sin`` with ``rotate_half(x) = cat(-x[d/2:], x[:d/2])`` (each product
+  and the sum rounded, as three bf16 tensor ops would be).
+* ``silu_mul``: ``silu(g).to(dtype) * u``.
+
+Memory layout: rows contiguous in their last dimension; one program per row (norms, RoPE: one
+``(token, head)`` row each, its two halves as two ``[d/2]`` vectors), 1-D blocks for SiLU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(X, Y, W, Out, Res, eps, stride_x, stride_y, stride_o, stride_r, N,
+                     BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RES:
+        x = (x.to(tl.float32) + tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+        tl.store(Res + row * stride_r + cols, x, mask=mask)
+    h = x.to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, 0) / N + eps)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + row * stride_o + cols, (w * h.to(x.dtype).to(tl.float32)).to(Out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(X, W, Cos, Sin, Out, eps, stride_xt, stride_xh, stride_ot, stride_oh, stride_c,
+                         NH: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    t = tl.program_id(0) // NH
+    hd = tl.program_id(0) % NH
+    i = tl.arange(0, HALF)
+    xp = X + t * stride_xt + hd * stride_xh
+    x1 = tl.load(xp + i)  # [d/2] first half
+    x2 = tl.load(xp + HALF + i)
+    DT: tl.constexpr = x1.dtype
+    if HAS_NORM:
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        r = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / (2 * HALF) + eps)
+        x1 = (tl.load(W + i).to(tl.float32) * (f1 * r).to(DT).to(tl.float32)).to(DT)
+        x2 = (tl.load(W + HALF + i).to(tl.float32) * (f2 * r).to(DT).to(tl.float32)).to(DT)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    c1, c2 = tl.load(Cos + t * stride_c + i).to(tl.float32), tl.load(Cos + t * stride_c + HALF + i).to(tl.float32)
+    s1, s2 = tl.load(Sin + t * stride_c + i).to(tl.float32), tl.load(Sin + t * stride_c + HALF + i).to(tl.float32)
+    o1 = (f1 * c1).to(DT).to(tl.float32) + (-f2 * s1).to(DT).to(tl.float32)
+    o2 = (f2 * c2).to(DT).to(tl.float32) + (f1 * s2).to(DT).to(tl.float32)
+    op = Out + t * stride_ot + hd * stride_oh
+    tl.store(op + i, o1.to(DT))
+    tl.store(op + HALF + i, o2.to(DT))
+
+
+@triton.jit
+def _silu_mul_kernel(G, U, Out, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    g = tl.load(G + offs, mask=mask, other=0.0)
+    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    gf = g.to(tl.float32)
+    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
+    tl.store(Out + offs, (s * u).to(g.dtype), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [T, D]`` (``+ residual [T, D]``) → ``(RMSNorm(sum), sum)`` (the sum is ``x`` without a residual)."""
+    assert x.dim() == 2 and x.stride(1) == 1 and weight.shape == (x.shape[1],), f"bad shapes {tuple(x.shape)}"
+    T, N = x.shape
+    out = torch.empty_like(x)
+    res = torch.empty_like(x) if residual is not None else x
+    y = residual if residual is not None else x
+    assert y.shape == x.shape and y.stride(1) == 1
+    _rms_norm_kernel[(T,)](x, y, weight, out, res, eps, x.stride(0), y.stride(0), out.stride(0), res.stride(0), N,
+                           BLOCK=triton.next_power_of_2(N), HAS_RES=residual is not None,
+                           num_warps=4 if N <= 4096 else 8)
+    return out, res
+
+
+def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+    """``x [T, H, d]`` → optional RMS norm over ``d`` (``weight [d]``), then RoPE with ``cos, sin [T, d]``."""
+    T, H, d = x.shape
+    assert x.stride(2) == 1 and d % 2 == 0 and (d // 2) & (d // 2 - 1) == 0, f"bad shape {tuple(x.shape)}"
+    assert cos.shape == sin.shape == (T, d) and cos.stride() == sin.stride() and cos.stride(1) == 1
+    out = torch.empty(T, H, d, dtype=x.dtype, device=x.device)
+    _qk_norm_rope_kernel[(T * H,)](x, weight if weight is not None else x, cos, sin, out, eps,
+                                   x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos.stride(0),
+                                   NH=H, HALF=d // 2, HAS_NORM=weight is not None, num_warps=1)
+    return out
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for contiguous tensors of one shape and dtype."""
+    assert gate.shape == up.shape and gate.dtype == up.dtype and gate.is_contiguous() and up.is_contiguous()
+    out = torch.empty_like(gate)
+    n = gate.numel()
+    _silu_mul_kernel[(triton.cdiv(n, 1024),)](gate, up, out, n, BLOCK=1024, num_warps=4)
+    return out
