@@ -31,6 +31,32 @@ from oscarkv.engine.attention import StepContext
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+def _capture(forward, dev: torch.device, pool, tries: int = 2):
+    """Warm ``forward`` up eagerly, then capture it: ``(graph, output)``.
+
+    NOTE: warm-up and capture run on the same side stream, so every Triton kernel is compiled
+    and loaded, and every per-stream library workspace (cuBLAS) exists, before capture starts;
+    ``thread_local`` capture keeps CUDA calls of other threads from invalidating it. A capture
+    that is still invalidated (``cudaErrorStreamCaptureInvalidated``, seen once in an H100 test
+    run, 2026-11-22) is retried from a fresh graph; the warm-up writes only the scratch page."""
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            forward()
+    side.synchronize()
+    for attempt in range(tries):
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+                out = forward()
+            return graph, out
+        except RuntimeError as e:
+            if attempt + 1 == tries or "capture" not in str(e).lower():
+                raise
+            torch.cuda.synchronize(dev)
+
+
 class _Graph:
     """One captured decode forward over static buffers of ``bp`` rows."""
 
@@ -45,15 +71,7 @@ class _Graph:
         empty = torch.zeros(0, **i32)
         step = StepContext(runner.backend, runner.pools, runner.storage, self.tables,
                            torch.arange(bp + 1, **i32), self.slots, empty, empty, runner.scale, decode=True)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # warm-up: compiles the kernels; every row writes to the scratch page
-            for _ in range(2):
-                runner.model(self.ids, self.pos, step)
-        torch.cuda.current_stream(dev).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.hidden = runner.model(self.ids, self.pos, step)  # [bp, D]
+        self.graph, self.hidden = _capture(lambda: runner.model(self.ids, self.pos, step), dev, pool)  # [bp, D]
 
     def replay(self, ids: torch.Tensor, pos: torch.Tensor, step: StepContext) -> torch.Tensor:
         b = ids.shape[0]
