@@ -35,7 +35,7 @@ def write_report(records: list[dict], out_dir: pathlib.Path, meta: dict) -> None
     acc = [r for r in records if "accuracy" in r]
     ppl = [r for r in records if "perplexity" in r]
     (out_dir / "results.md").write_text(markdown(acc, ppl, meta))
-    title = str(meta.get("model", ""))
+    title = pathlib.Path(str(meta.get("model", ""))).name
     if acc:
         _plot(_by_method_context(acc, "accuracy"), "mean accuracy over tasks", title, out_dir / "accuracy.png",
               percent=True)
@@ -149,19 +149,26 @@ def _by_method_context(records: list[dict], metric: str) -> dict[str, dict[int, 
 # ------------------------------------------------------------------------------- plots
 def _plot(grid: dict[str, dict[int, float]], ylabel: str, title: str, path: pathlib.Path,
           percent: bool = False) -> None:
-    """One line per method against context (log2 axis); accuracy is drawn in percent."""
+    """One line per method against context (log2 axis), or one bar per method when a single
+    context was run (points at one x would hide each other); accuracy is drawn in percent."""
     from matplotlib.figure import Figure  # optional dependency (the "eval" extra)
 
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.add_subplot()
     scale = 100.0 if percent else 1.0
+    contexts = sorted({c for by_ctx in grid.values() for c in by_ctx})
+    if len(contexts) == 1:
+        _bars(ax, grid, contexts[0], scale)
+        ax.set_xlabel(ylabel + (" (%)" if percent else "") + f", context {contexts[0]} tokens")
+        ax.set_title(title, fontsize="medium")
+        fig.savefig(path, dpi=120)
+        return
     for method, by_ctx in grid.items():
         xs = list(by_ctx)
         ys = [scale * by_ctx[x] for x in xs]
         ref = method == REFERENCE
         ax.plot(xs, ys, linestyle="--" if ref else "-", marker=None if ref else "o",
                 color="black" if ref else None, label=method)
-    contexts = sorted({c for by_ctx in grid.values() for c in by_ctx})
     ax.set_xscale("log", base=2)
     ax.set_xticks(contexts, [str(c) for c in contexts])
     ax.set_xlabel("context (tokens)")
@@ -172,3 +179,14 @@ def _plot(grid: dict[str, dict[int, float]], ylabel: str, title: str, path: path
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.savefig(path, dpi=120)
+
+
+def _bars(ax, grid: dict[str, dict[int, float]], context: int, scale: float) -> None:
+    """Horizontal bars, one per method in report order, the reference in black, values labelled."""
+    methods = list(grid)[::-1]  # first method on top
+    values = [scale * grid[m][context] for m in methods]
+    colors = ["black" if m == REFERENCE else f"C{i % 10}" for i, m in enumerate(methods)]
+    ax.barh(methods, values, color=colors)
+    for y, v in enumerate(values):
+        ax.text(v, y, f" {v:.3g}", va="center", fontsize="small")
+    ax.grid(axis="x", alpha=0.3)
