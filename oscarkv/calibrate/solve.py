@@ -35,7 +35,7 @@ import torch
 
 from oscarkv.calibrate.stats import HeldoutCapture, HeldoutLayer, Statistics
 from oscarkv.config import CalibrationConfig
-from oscarkv.quant.artifact import scaled_transform
+from oscarkv.quant.artifact import tensor_codec
 from oscarkv.quant.codec import TensorCodec
 from oscarkv.quant.rotation import compose, eig_desc
 
@@ -121,16 +121,6 @@ def importance_scale(evals: torch.Tensor, u: torch.Tensor, spread: torch.Tensor)
     return (a / a.square().mean(-1, keepdim=True).sqrt()).float()
 
 
-def layer_codec(tensors: dict[str, torch.Tensor], kind: str, layer: int, group: int) -> TensorCodec:
-    """The unclipped INT2 codec of one layer and kind, as the artifact will build it."""
-    rot, mean = tensors[f"{kind}.rotation"][layer], tensors[f"{kind}.mean"][layer]
-    scale = tensors.get(f"{kind}.scale")
-    if scale is None:
-        return TensorCodec(2, group, rot, mean)
-    forward, inverse = scaled_transform(tensors[f"{kind}.eigvecs"][layer], scale[layer], rot)
-    return TensorCodec(2, group, forward, mean, inverse=inverse)
-
-
 def concentration(evals: torch.Tensor) -> float:
     """Fraction of the trace in the top ``d/8`` eigenvalues of ``evals [H, d]`` (descending), mean over heads."""
     top = max(1, evals.shape[-1] // 8)
@@ -155,7 +145,7 @@ def fit_layer(layer: int, tensors: dict[str, torch.Tensor], stats: Statistics, h
     data = {"key": held.key, "value": held.value}
     row: dict = {"layer": layer}
     for kind in KINDS:
-        codec = layer_codec(tensors, kind, layer, group)
+        codec = tensor_codec(tensors, kind, layer, group)  # unclipped, as the artifact builds it
         clips = candidate_clips(cfg, kind)
         x = tokens_first(data[kind])
         fakes = [hadamard_codec(codec.rotation.shape[0], codec.rotation.shape[-1], group).fake(x)]

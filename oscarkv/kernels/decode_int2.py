@@ -34,6 +34,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from oscarkv.kernels.decode import _softmax_step
+
 @triton.jit
 def _codes(c, i: tl.constexpr, CONV: tl.constexpr):
     """Slice ``i`` of packed uint8 codes → ``code · 2^-16`` (fp16; fp32 in the interpreter)."""
@@ -98,14 +100,6 @@ def _tile(table, n0, end, P: tl.constexpr, BLOCK_N: tl.constexpr):
         page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
         off = toks % P
     return page, off, ok
-
-
-@triton.jit
-def _softmax_step(qk, m_i, l_i):
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit

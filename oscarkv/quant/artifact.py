@@ -184,13 +184,18 @@ class Artifact:
         return KVCodec(cfg, tuple(layers), group)
 
     def _tensor_codec(self, kind: str, layer: int, group: int) -> TensorCodec:
-        rot, mean = self.tensors[f"{kind}.rotation"][layer], self.tensors[f"{kind}.mean"][layer]
-        clip = _clip(self.manifest["clip"][kind][layer])
-        scale = self.tensors.get(f"{kind}.scale")
-        if scale is None:
-            return TensorCodec(2, group, rot, mean, clip)
-        forward, inverse = scaled_transform(self.tensors[f"{kind}.eigvecs"][layer], scale[layer], rot)
-        return TensorCodec(2, group, forward, mean, clip, inverse=inverse)
+        return tensor_codec(self.tensors, kind, layer, group, _clip(self.manifest["clip"][kind][layer]))
+
+
+def tensor_codec(tensors: dict[str, torch.Tensor], kind: str, layer: int, group: int,
+                 clip: float | None = None) -> TensorCodec:
+    """The INT2 codec of one layer and kind from artifact tensors (scaled when ``{kind}.scale`` is present)."""
+    rot, mean = tensors[f"{kind}.rotation"][layer], tensors[f"{kind}.mean"][layer]
+    scale = tensors.get(f"{kind}.scale")
+    if scale is None:
+        return TensorCodec(2, group, rot, mean, clip)
+    forward, inverse = scaled_transform(tensors[f"{kind}.eigvecs"][layer], scale[layer], rot)
+    return TensorCodec(2, group, forward, mean, clip, inverse=inverse)
 
 
 def scaled_transform(u: torch.Tensor, a: torch.Tensor, rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

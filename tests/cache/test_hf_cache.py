@@ -7,7 +7,6 @@ chunk is exact.
 """
 
 import copy
-from dataclasses import asdict
 
 import pytest
 import torch
@@ -15,9 +14,10 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from oscarkv.cache.hf_cache import OscarCache, OscarLayer
 from oscarkv.config import KVConfig
-from oscarkv.quant.artifact import FORMAT_VERSION, Artifact, ArtifactError, ModelFingerprint
+from oscarkv.quant.artifact import ArtifactError
 from oscarkv.quant.bpe import Tiers, history_end, tiers
 from oscarkv.quant.codec import TensorCodec, build_codec
+from tests.engine.conftest import make_artifact
 
 L, HKV, D, VOCAB = 2, 2, 32, 100
 WINDOWS = dict(sink=8, recent=16, page_size=8)
@@ -41,17 +41,7 @@ def model() -> LlamaForCausalLM:
 @pytest.fixture(scope="module")
 def artifact_dir(tmp_path_factory):
     """Random orthogonal rotations and means, filled in like ``oscarkv calibrate`` writes them."""
-    config, g = tiny_config(), torch.Generator().manual_seed(1)
-    q = torch.linalg.qr(torch.randn(L, HKV, D, D, generator=g))[0]
-    tensors = {}
-    for kind in ("key", "value"):
-        tensors |= {f"{kind}.rotation": q, f"{kind}.eigvecs": q,
-                    f"{kind}.mean": 0.3 * torch.randn(L, HKV, D, generator=g),
-                    f"{kind}.eigenvalues": torch.rand(L, HKV, D, generator=g).sort(-1, descending=True).values}
-    manifest = {"format_version": FORMAT_VERSION, "oscarkv_version": "test",
-                "model": asdict(ModelFingerprint.from_config(config)), "method": "oscar", "options": {},
-                "group_size": D, "clip": {"key": [0.9] * L, "value": [1.0] * L}, "calibration": {}}
-    return Artifact(manifest, tensors).save(tmp_path_factory.mktemp("artifact"))
+    return make_artifact(tiny_config()).save(tmp_path_factory.mktemp("artifact"))
 
 
 def make_cache(method: str, artifact_dir, dequant_cache: bool = False, **windows) -> OscarCache:
