@@ -16,6 +16,12 @@ CACHE_DIR = Path.home() / ".cache" / "oscarkv"
 TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
 """Synthetic long-context tasks (``oscarkv.eval.tasks``)."""
 
+CENTER_MODES = ("both", "keys", "values", "none")
+"""Which kinds ``CalibrationConfig.center`` centers."""
+
+CLIP_MODES = ("fitted", "fixed", "none")
+"""How ``CalibrationConfig.clip`` sets a kind's clip ratio."""
+
 METHODS = ("bf16", "int4", "naive", "quarot", "kivi", "oscar")
 """KV storage methods, all served by one codec path (``oscarkv.quant.codec``)."""
 
@@ -86,8 +92,10 @@ class CalibrationConfig:
     share_heads: bool = False
     """Average statistics over the KV heads of a layer (the reference's choice) instead of
     one rotation per (layer, KV head)."""
-    center: bool = True
-    """Subtract calibrated key/value means before quantizing (an extension; softmax-invariant)."""
+    center: str = "both"
+    """Subtract calibrated means before quantizing (an extension): ``both``, ``keys``,
+    ``values`` or ``none``. Exact for keys (softmax is invariant to a per-query constant) and
+    for values (the mean is added back after attention, whose weights sum to one)."""
     scaling: bool = True
     """Importance scaling (an extension beyond the paper): scale eigen-channel i by
     ``(λ_i / v_i)^(1/4)`` before the Hadamard (v: the stored data's variance along eigenvector
@@ -96,7 +104,8 @@ class CalibrationConfig:
     vector's norm. Matters most when one group spans the head (G = d), where an orthogonal R
     cannot shape the noise."""
     clip: str = "fitted"
-    """``fitted`` per layer on held-out tokens, ``fixed`` (reference: 0.96 keys / 0.92 values) or ``none``."""
+    """``fitted`` per layer on held-out tokens, ``fixed`` (reference: 0.96 keys / 0.92 values) or
+    ``none``; one mode for both kinds, or ``KEYS/VALUES`` (e.g. ``fixed/fitted``) per kind."""
     clip_grid: tuple[float, ...] = field(default=tuple(round(0.70 + 0.02 * i, 2) for i in range(16)))
     """Candidate clip ratios for fitting (1.0 = no clipping)."""
     group_size: int | None = None
@@ -104,13 +113,28 @@ class CalibrationConfig:
     seed: int = 0
     """Seed for the choice of calibration windows."""
 
+    def clip_mode(self, kind: str) -> str:
+        """The clip mode of ``kind`` (``key`` or ``value``)."""
+        modes = self.clip.split("/")
+        return modes[-1] if kind == "value" else modes[0]
+
+    def centers(self, kind: str) -> bool:
+        """Whether ``kind`` (``key`` or ``value``) is centered."""
+        return self.center == "both" or self.center == kind + "s"
+
     def __post_init__(self) -> None:
         if self.rotation not in ("uhp", "u", "h"):
             raise ValueError(f"CalibrationConfig.rotation must be uhp, u or h, got {self.rotation!r}")
         if self.value_objective not in ("exact", "proxy"):
             raise ValueError(f"CalibrationConfig.value_objective must be exact or proxy, got {self.value_objective!r}")
-        if self.clip not in ("fitted", "fixed", "none"):
-            raise ValueError(f"CalibrationConfig.clip must be fitted, fixed or none, got {self.clip!r}")
+        if isinstance(self.center, bool):  # artifacts of format 2 recorded a boolean
+            object.__setattr__(self, "center", "both" if self.center else "none")
+        if self.center not in CENTER_MODES:
+            raise ValueError(f"CalibrationConfig.center must be one of {CENTER_MODES}, got {self.center!r}")
+        modes = self.clip.split("/")
+        if len(modes) > 2 or any(m not in CLIP_MODES for m in modes):
+            raise ValueError(f"CalibrationConfig.clip must be one of {CLIP_MODES} or KEYS/VALUES of them "
+                             f"(e.g. fixed/fitted), got {self.clip!r}")
         if self.tokens < self.chunk or self.chunk < 16:
             raise ValueError(f"CalibrationConfig needs tokens >= chunk >= 16, got tokens={self.tokens} chunk={self.chunk}")
 
@@ -131,6 +155,9 @@ class EvalConfig:
     """Samples per (task, context); for ``ppl``, the number of text windows."""
     seed: int = 0
     """Seed of the task generators and text windows."""
+    haystack: str = "eval"
+    """Filler text of the synthetic tasks: ``eval`` (Shakespeare) for measurements, or
+    ``calibration`` (the calibration source) for development studies that choose settings."""
     kv: KVConfig = field(default_factory=KVConfig)
     """Window and page geometry shared by all methods (its ``method`` is ignored)."""
 
@@ -147,6 +174,8 @@ class EvalConfig:
             raise ValueError(f"EvalConfig.samples must be >= 1, got {self.samples}")
         if not self.windows:
             raise ValueError("EvalConfig.windows must hold True, False or both")
+        if self.haystack not in ("eval", "calibration"):
+            raise ValueError(f"EvalConfig.haystack must be eval or calibration, got {self.haystack!r}")
 
 
 ENGINE_METHODS = ("bf16", "naive", "quarot", "oscar")

@@ -86,9 +86,9 @@ def solve_rotations(stats: Statistics, cfg: CalibrationConfig) -> dict[str, torc
         out[f"{kind}.eigvecs"] = u.float().expand(-1, heads, -1, -1).contiguous()
         out[f"{kind}.eigenvalues"] = evals.float().expand(-1, heads, -1).contiguous()
         mean = means[kind].float()
-        out[f"{kind}.mean"] = mean if cfg.center else torch.zeros_like(mean)
+        out[f"{kind}.mean"] = mean if cfg.centers(kind) else torch.zeros_like(mean)
         if cfg.scaling:
-            spread = stored_spread(stats, kind, cfg.center)  # [L, H, d, d]
+            spread = stored_spread(stats, kind, cfg.centers(kind))  # [L, H, d, d]
             # NOTE: a value error e_t of token t reaches head g's output as Σ_t S_gt e_t; with errors
             # independent across tokens its expected square is Σ_t S_gt² ‖e_t‖², the same weight for
             # every channel. So values are scaled for an isotropic weighting (λ = 1), keys by C_Q.
@@ -129,9 +129,10 @@ def concentration(evals: torch.Tensor) -> float:
 
 def candidate_clips(cfg: CalibrationConfig, kind: str) -> list[float]:
     """Clip ratios to evaluate, largest first (so ties resolve to the larger ratio)."""
-    if cfg.clip == "fitted":
+    mode = cfg.clip_mode(kind)
+    if mode == "fitted":
         return sorted(set(cfg.clip_grid), reverse=True)
-    return [FIXED_CLIPS[kind] if cfg.clip == "fixed" else 1.0]
+    return [FIXED_CLIPS[kind] if mode == "fixed" else 1.0]
 
 
 def fit_layer(layer: int, tensors: dict[str, torch.Tensor], stats: Statistics, held: HeldoutLayer,

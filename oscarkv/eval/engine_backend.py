@@ -64,7 +64,7 @@ def run_tasks_engine(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, artifa
     tok = loaded.tokenizer
     for ctx in cfg.contexts:
         for task in (t for t in cfg.tasks if t != "ppl"):
-            for sample in task_lib.generate(task, ctx, cfg.samples, tok, seed=cfg.seed):
+            for sample in task_lib.generate(task, ctx, cfg.samples, tok, seed=cfg.seed, haystack=cfg.haystack):
                 doc = tok(sample.document, add_special_tokens=False).input_ids
                 q = tok(sample.question, add_special_tokens=False).input_ids
                 target, spans = answer_spans(tok, task_lib.answer_target(sample), sample.answers)

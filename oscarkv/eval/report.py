@@ -100,14 +100,20 @@ def _methods(records: list[dict]) -> list[str]:
 def _context_table(rows: list[dict]) -> list[str]:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     cell = {(r["method"], r["task"]): r["accuracy"] for r in rows}
-    lines = _header(["method", *tasks, "avg", "BPE", "KV MiB"])
+    lines = _header(["method", *tasks, "avg", "BPE", "KV MiB", "answer NLL"])
     for m in _methods(rows):
         vals = [cell.get((m, t)) for t in tasks]
         present = [v for v in vals if v is not None]
         avg = mean(present) if present else None
         mine = [r for r in rows if r["method"] == m]
-        lines.append(_row([m, *map(_pct, vals), _pct(avg), _bpe(mine), _mib(mine)]))
+        lines.append(_row([m, *map(_pct, vals), _pct(avg), _bpe(mine), _mib(mine), _nll(mine)]))
     return lines
+
+
+def _nll(rows: list[dict]) -> str:
+    """Mean negative log-likelihood of the answer tokens (nats; lower is better), over tasks."""
+    vals = [r["answer_nll"] for r in rows if r.get("answer_nll") is not None]
+    return f"{mean(vals):.3f}" if vals else "–"
 
 
 def _mib(rows: list[dict]) -> str:

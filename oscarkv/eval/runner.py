@@ -71,8 +71,9 @@ def prefill(model, ids: torch.Tensor) -> DynamicCache:
 
 @torch.inference_mode()
 def score_sample(model, doc: DynamicCache, codec: KVCodec, q_ids: torch.Tensor, target: torch.Tensor,
-                 spans: list[tuple[int, int]]) -> tuple[float, OscarCache]:
-    """Fraction of answer spans (token index ranges in ``target``) predicted exactly."""
+                 spans: list[tuple[int, int]]) -> tuple[float, float, OscarCache]:
+    """Fraction of answer spans (token index ranges in ``target``) predicted exactly, and the
+    mean negative log-likelihood of the answer tokens (a continuous score for small studies)."""
     cache = OscarCache.from_codec(codec)
     for i, layer in enumerate(doc.layers):
         cache.update(layer.keys, layer.values, i)
@@ -80,9 +81,11 @@ def score_sample(model, doc: DynamicCache, codec: KVCodec, q_ids: torch.Tensor, 
     ids = torch.cat([q_ids, target[:, :-1]], dim=1)
     pos = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
     logits = model(ids, past_key_values=cache, position_ids=pos, use_cache=True).logits
-    pred = logits[0, q_ids.shape[1] - 1:].argmax(-1)
-    ok = pred == target[0]
-    return sum(bool(ok[a:b].all()) for a, b in spans) / len(spans), cache
+    answer_logits = logits[0, q_ids.shape[1] - 1:].float()
+    ok = answer_logits.argmax(-1) == target[0]
+    nll = torch.nn.functional.cross_entropy(answer_logits, target[0], reduction="none")
+    answer_nll = float(torch.cat([nll[a:b] for a, b in spans]).mean())
+    return sum(bool(ok[a:b].all()) for a, b in spans) / len(spans), answer_nll, cache
 
 
 def answer_spans(tokenizer, target: str, answers: tuple[str, ...]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
@@ -103,14 +106,20 @@ class Tally:
 
     def __init__(self, log: TextIO | None = None) -> None:
         self.sums: dict[tuple[str, str, int], list[float]] = {}
+        self.nll: dict[tuple[str, str, int], list[float]] = {}  # answer NLLs, where measured
         self.log = log
 
-    def add(self, key: tuple[str, str, int], value: float, bpe: float, kv_bytes: int | None = None) -> None:
+    def add(self, key: tuple[str, str, int], value: float, bpe: float, kv_bytes: int | None = None,
+            answer_nll: float | None = None) -> None:
         if self.log is not None:
             row = {"method": key[0], "task": key[1], "context": key[2], "value": value, "bpe": bpe,
                    "kv_bytes": kv_bytes}
+            if answer_nll is not None:
+                row["answer_nll"] = answer_nll
             self.log.write(json.dumps(row) + "\n")
             self.log.flush()
+        if answer_nll is not None:
+            self.nll.setdefault(key, []).append(answer_nll)
         s = self.sums.setdefault(key, [0.0, 0, 0.0, 0])
         s[0] += value
         s[1] += 1
@@ -124,6 +133,8 @@ class Tally:
             rec[metric] = math.exp(total / n) if metric == "perplexity" else total / n
             if nbytes:
                 rec["kv_bytes"] = nbytes // n
+            if key_nll := self.nll.get((label, task, ctx)):
+                rec["answer_nll"] = round(sum(key_nll) / len(key_nll), 4)
             out.append(rec)
         return out
 
@@ -138,7 +149,7 @@ def records_from_log(lines) -> list[dict]:
             row = json.loads(line)
             metric = "perplexity" if row["task"] == "ppl" else "accuracy"
             tallies[metric].add((row["method"], row["task"], row["context"]), row["value"], row["bpe"],
-                                row.get("kv_bytes"))
+                                row.get("kv_bytes"), row.get("answer_nll"))
     return [rec for metric, tally in tallies.items() for rec in tally.records(metric)]
 
 
@@ -146,16 +157,16 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, ta
     model, tok = loaded.model, loaded.tokenizer
     for ctx in cfg.contexts:
         for task in (t for t in cfg.tasks if t != "ppl"):
-            for sample in task_lib.generate(task, ctx, cfg.samples, tok, seed=cfg.seed):
+            for sample in task_lib.generate(task, ctx, cfg.samples, tok, seed=cfg.seed, haystack=cfg.haystack):
                 doc_ids = tok(sample.document, add_special_tokens=False, return_tensors="pt").input_ids
                 q_ids = tok(sample.question, add_special_tokens=False, return_tensors="pt").input_ids
                 target, spans = answer_spans(tok, task_lib.answer_target(sample), sample.answers)
                 doc = prefill(model, doc_ids)
                 for label, codec in codecs.items():
-                    acc, cache = score_sample(model, doc, codec, q_ids, target, spans)
+                    acc, nll, cache = score_sample(model, doc, codec, q_ids, target, spans)
                     # measured from the bytes the cache holds (document + question + answer)
                     held = sum(v for k, v in cache.memory_bytes().items() if k in TIERS)
-                    tally.add((label, task, ctx), acc, cache.bpe(), held)
+                    tally.add((label, task, ctx), acc, cache.bpe(), held, nll)
                 bar.update(len(codecs))
     return tally.records("accuracy")
 
@@ -192,7 +203,7 @@ def evaluate(loaded, cfg: EvalConfig, artifacts: dict[str, object] | None = None
         if "ppl" in cfg.tasks:
             records += run_perplexity(loaded, codecs, cfg, bar, Tally(sample_log))
     meta = {"model": loaded.source, "backend": backend, "configs": {k: vars(c.config) for k, c in codecs.items()},
-            "contexts": list(cfg.contexts), "samples": cfg.samples, "seed": cfg.seed,
+            "contexts": list(cfg.contexts), "samples": cfg.samples, "seed": cfg.seed, "haystack": cfg.haystack,
             "tasks": list(cfg.tasks), "seconds": round(time.time() - t0, 1),
             "dtype": str(next(loaded.model.parameters()).dtype),
             "artifacts": {name or "oscar": a.manifest for name, a in (artifacts or {}).items()},

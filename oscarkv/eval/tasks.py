@@ -8,7 +8,8 @@ the assistant turn and an answer prefix) is run next against the cache as stored
 RULER's string-match metric. The runner (``oscarkv.eval.runner``) consumes all three.
 
 Haystack: consecutive lines of ``eval.txt`` (Shakespeare, a different source from the
-calibration text) from a seed-dependent paragraph, filled until ``document + question`` is
+calibration text) from a seed-dependent paragraph — or, for development studies that must not
+touch evaluation samples, of ``calibration.txt`` (``haystack="calibration"``) — filled until ``document + question`` is
 within ``MARGIN`` tokens below ``context``. Needles are paragraphs of their own at paragraph
 boundaries; the first needle's depth is spread evenly over ``[0, 1)`` across the samples of
 one call, the others sit at evenly spaced depths after it.
@@ -94,7 +95,7 @@ class _Spec:
 
 @dataclass(frozen=True)
 class _Corpus:
-    """``eval.txt`` as lines with their token counts, tokenized once per tokenizer."""
+    """A haystack text as lines with their token counts, tokenized once per tokenizer."""
 
     text: str
     lines: tuple[str, ...]  # each keeps its "\n"; a blank line is "\n"
@@ -102,9 +103,13 @@ class _Corpus:
     starts: tuple[int, ...]  # indexes of lines that begin a paragraph
 
 
+HAYSTACKS = {"eval": "eval.txt", "calibration": "calibration.txt"}
+"""Haystack sources: ``eval`` for measurements, ``calibration`` for development studies."""
+
+
 @functools.lru_cache(maxsize=4)
-def _corpus(tokenizer) -> _Corpus:
-    text = read_text("eval.txt")
+def _corpus(tokenizer, haystack: str = "eval") -> _Corpus:
+    text = read_text(HAYSTACKS[haystack])
     lines = tuple(text.splitlines(keepends=True))
     counts = [len(ids) for ids in tokenizer(list(lines), add_special_tokens=False).input_ids]
     cum = [0]
@@ -250,7 +255,7 @@ def _fit(tokenizer, corpus: _Corpus, spec: _Spec, context: int, rng: random.Rand
     room = [s for s in corpus.starts if corpus.cum[-1] - corpus.cum[s] >= budget + MARGIN]
     if budget < MARGIN or not room:
         raise ValueError(f"context {context} does not fit: the task text takes {fixed} tokens and "
-                         f"eval.txt holds {corpus.cum[-1]}")
+                         f"the haystack text holds {corpus.cum[-1]}")
     start = rng.choice(room)
     stop = _take(corpus, start, budget)
     for _ in range(8):  # line counts are almost additive: one or two corrections at most
@@ -263,16 +268,19 @@ def _fit(tokenizer, corpus: _Corpus, spec: _Spec, context: int, rng: random.Rand
 
 
 # ------------------------------------------------------------------------------- public
-def generate(task: str, context: int, n: int, tokenizer, seed: int = 0) -> list[Sample]:
+def generate(task: str, context: int, n: int, tokenizer, seed: int = 0, haystack: str = "eval") -> list[Sample]:
     """``n`` samples of ``task`` whose prompts have ``context - MARGIN``..``context`` tokens.
 
     Sample ``i`` draws from its own RNG (task, context, seed, i); its first needle sits at depth
-    ``first_depths(task, n, seed)[i]``, so depths cover ``[0, 1)`` evenly."""
+    ``first_depths(task, n, seed)[i]``, so depths cover ``[0, 1)`` evenly. ``haystack`` names
+    the filler text (``HAYSTACKS``)."""
+    if haystack not in HAYSTACKS:
+        raise ValueError(f"unknown haystack {haystack!r}; choose from {tuple(HAYSTACKS)}")
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose from {TASKS}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    corpus = _corpus(tokenizer)
+    corpus = _corpus(tokenizer, haystack)
     return [_sample(task, context, seed, i, d, tokenizer, corpus) for i, d in enumerate(first_depths(task, n, seed))]
 
 

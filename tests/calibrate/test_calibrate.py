@@ -224,6 +224,18 @@ def test_hadamard_rotation_and_no_centering(loaded):
         assert not art.tensors[f"{kind}.mean"].any()
 
 
+def test_per_kind_centering_and_clip_modes(loaded):
+    """``center="keys"`` centers keys only; ``clip="fixed/none"`` sets each kind's mode."""
+    art, _ = calibrate(loaded, replace(CFG, center="keys", clip="fixed/none"), [text()])
+    assert art.tensors["key.mean"].any() and not art.tensors["value.mean"].any()
+    assert art.manifest["clip"] == {"key": [0.96] * L, "value": [1.0] * L}
+    with pytest.raises(ValueError, match="KEYS/VALUES"):
+        CalibrationConfig(clip="fixed/fitted/none")
+    with pytest.raises(ValueError, match="center must be one of"):
+        CalibrationConfig(center="key")
+    assert CalibrationConfig(center=False).center == "none"  # format-2 manifests recorded a boolean
+
+
 def test_attention_implementation_is_restored(loaded, default_run):
     assert loaded.model.config._attn_implementation == "sdpa"
     with pytest.raises(RuntimeError), calibration_mode(loaded.model):

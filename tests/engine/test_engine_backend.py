@@ -26,6 +26,6 @@ def test_engine_backend_matches_hf_path(llama, artifact, method):
     target = ids[:, 50:].clone()
     target[0, ::3] = (target[0, ::3] + 1) % VOCAB
     spans = [(j, j + 1) for j in range(target.shape[1])]
-    hf_acc, _ = score_sample(llama, prefill(llama, doc), codec, q, target, spans)
+    hf_acc, _, _ = score_sample(llama, prefill(llama, doc), codec, q, target, spans)
     eng_acc, _ = score_engine(engine, doc[0].tolist(), q[0].tolist(), target[0].tolist(), spans)
     assert 0 < hf_acc < 1 and eng_acc == hf_acc

@@ -70,9 +70,10 @@ def test_records_rebuilt_from_the_sample_log(tmp_path):
     log = io.StringIO()
     tally, ppl = Tally(log), Tally(log)
     for i, (m, v) in enumerate([("bf16", 1.0), ("oscar", 0.0), ("oscar", 1.0), ("bf16", 1.0)]):
-        tally.add((m, "niah_single", 4096), v, 2.5 if m == "oscar" else 16.0, 1000 + i)
+        tally.add((m, "niah_single", 4096), v, 2.5 if m == "oscar" else 16.0, 1000 + i, answer_nll=0.5 * i)
     ppl.add(("oscar", "ppl", 1024), 2.0, 2.5)
     rebuilt = records_from_log(log.getvalue().splitlines())
     want = tally.records("accuracy") + ppl.records("perplexity")
     key = lambda r: (r["method"], r["task"])  # noqa: E731
     assert sorted(rebuilt, key=key) == sorted(want, key=key)
+    assert {r["method"]: r["answer_nll"] for r in want if "answer_nll" in r} == {"bf16": 0.75, "oscar": 0.75}

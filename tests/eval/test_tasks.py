@@ -38,9 +38,10 @@ def test_length_band_and_template(tok, task, context):
         assert s.question.startswith("\n\n") and "<|im_start|>" not in s.document.split("<|im_start|>user\n")[1]
 
 
+@pytest.mark.parametrize("haystack", ["eval", "calibration"])
 @pytest.mark.parametrize("task", NIAH)
-def test_niah_answers_and_keys_once(tok, task):
-    for s in T.generate(task, 1024, 4, tok, seed=2):
+def test_niah_answers_and_keys_once(tok, task, haystack):
+    for s in T.generate(task, 1024, 4, tok, seed=2, haystack=haystack):
         needles = [line for line in s.document.split("\n") if line.startswith("One of the special magic numbers")]
         assert len(needles) == (1 if task == "niah_single" else 4)
         for a in s.answers:
@@ -117,6 +118,18 @@ def test_errors(tok):
         T.generate("niah_double", 1024, 1, tok)
     with pytest.raises(ValueError, match="does not fit"):
         T.generate("niah_single", 10**6, 1, tok)
+    with pytest.raises(ValueError, match="unknown haystack"):
+        T.generate("niah_single", 1024, 1, tok, haystack="wiki")
+
+
+def test_haystack_sources(tok):
+    """Development samples fill with the calibration text, measurements with the eval text."""
+    from oscarkv.data import read_text
+
+    dev, ev = (T.generate("niah_single", 1024, 1, tok, seed=3, haystack=h)[0] for h in ("calibration", "eval"))
+    body = lambda s: [ln for ln in s.document.split("\n") if len(ln) > 40 and "magic" not in ln][2:6]  # noqa: E731
+    assert all(ln in read_text("calibration.txt") and ln not in read_text("eval.txt") for ln in body(dev))
+    assert all(ln in read_text("eval.txt") for ln in body(ev))
 
 
 def test_text_windows(tok):
