@@ -137,7 +137,7 @@ def setup_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sink", type=int, default=KVConfig().sink, help="BF16 sink tokens")
     p.add_argument("--recent", type=int, default=KVConfig().recent, help="BF16 recent window tokens")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the default model's artifact is cached")
-    add_fields(p, EvalConfig, ["methods", "tasks", "samples", "seed"])
+    add_fields(p, EvalConfig, ["methods", "tasks", "samples", "seed", "haystack"])
     p.add_argument("--backend", choices=["hf", "engine"], default="hf",
                    help="synthetic tasks through transformers + OscarCache (hf) or the paged engine (engine)")
 
