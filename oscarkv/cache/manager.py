@@ -84,6 +84,24 @@ class KVCacheManager:
                 raise ValueError(f"chunk [{t0}, {schedule.end(t0)}) starts inside a page that it demotes to INT2; "
                                  f"start chunks on multiples of page_size ({self.P}) or keep them shorter than the recent window")
 
+    def pages_needed(self, schedule: ChunkSchedule, num_tokens: int) -> tuple[int, int]:
+        """(BF16, INT2) pages one sequence holds at most while it computes ``num_tokens`` tokens
+        alone: the prefill chunks of ``schedule``, then one token per step (what :meth:`plan`
+        allocates before :meth:`commit` releases demoted pages; no prefix sharing)."""
+        P, W = self.P, self.kv.recent
+        # NOTE: once the recent window is full, a decode step's BF16 need repeats with period P,
+        # and before that it only grows, so the last W + 2P steps hold the maximum.
+        first = max(schedule.prompt_len + 1, num_tokens - W - 2 * P)
+        steps = [(t0, schedule.end(t0)) for t0 in schedule.starts()] + [(t - 1, t) for t in range(first, num_tokens + 1)]
+        bf16 = max(self._bf16_pages_in_step(t0, t1) for t0, t1 in steps)
+        int2 = (self.hist_end(num_tokens) - self.kv.sink) // P if self.quantized else 0
+        return bf16, int2
+
+    def _bf16_pages_in_step(self, t0: int, t1: int) -> int:
+        S0, P = self.kv.sink, self.P
+        recent = -(-(t1 - self.hist_end(t0)) // P) if t1 > S0 else 0  # [h(t0), t1) before demotion
+        return -(-min(t1, S0) // P) + recent
+
     # ------------------------------------------------------------------------- a step
     def plan(self, seq: CachedSequence, t1: int) -> WritePlan | None:
         """Allocate for tokens ``[num_tokens, t1)``; ``None`` (nothing changed) when the pools are short."""
@@ -144,6 +162,13 @@ class KVCacheManager:
         if self.prefix_caching:
             for pool, page, index in plan.register:
                 (self.bf16 if pool == "bf16" else self.int2).register(page, self._key(seq, index))
+        for page in plan.release:
+            self.bf16.release(page)
+
+    def abandon(self, plan: WritePlan) -> None:
+        """The step of ``plan`` failed before :meth:`commit`: release the BF16 pages its
+        demotions took off the sequence, keying nothing (the step's writes may be partial).
+        The sequence itself must then be freed (:meth:`free`): its pages are not trustworthy."""
         for page in plan.release:
             self.bf16.release(page)
 

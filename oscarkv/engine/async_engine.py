@@ -10,18 +10,30 @@ by the worker thread, so the scheduler needs no locks.
         print(out.new_text, end="")
     await engine.abort("id-1")   # or break out of the loop: the request is aborted
 
-``close()`` stops the thread.
+Failures: a request the engine refuses raises its ``ValueError`` from the stream; a request
+whose engine step failed (``finish_reason == "error"``) raises :class:`RequestFailed`. The
+thread survives both and keeps serving; should ``step()`` itself raise (an engine bug), every
+request in flight fails with :class:`RequestFailed` and the loop goes on. ``close()`` stops
+the thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
 
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class RequestFailed(RuntimeError):
+    """The engine failed while running this request (not the client's fault)."""
 
 
 class AsyncEngine:
@@ -57,6 +69,10 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    def is_alive(self) -> bool:
+        """Whether the worker thread runs (it stops only on ``close()``)."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         self._stop.set()
         self._commands.put(("wake",))
@@ -67,8 +83,20 @@ class AsyncEngine:
         while not self._stop.is_set():
             self._drain(block=not self.engine.has_unfinished())
             if self.engine.has_unfinished():
-                for out in self.engine.step():
-                    self._emit(out.request_id, out)
+                self._step()
+
+    def _step(self) -> None:
+        try:
+            outs = self.engine.step()
+        except Exception as e:  # the engine's state is in doubt: fail everything in flight
+            log.exception("engine step raised; failing every request in flight")
+            for rid in list(self.engine.seqs):
+                with contextlib.suppress(Exception):  # abort pops the request first: it leaves either way
+                    self.engine.abort(rid)
+                self._emit(rid, RequestFailed(f"engine step failed: {type(e).__name__}: {e}"))
+            return
+        for out in outs:
+            self._emit(out.request_id, RequestFailed(out.error) if out.finish_reason == "error" else out)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -89,6 +117,9 @@ class AsyncEngine:
                 self.engine.add_request(rid, prompt, params)
             except ValueError as e:
                 self._emit(rid, e)
+            except Exception as e:  # e.g. the tokenizer raised: this request fails, the thread lives
+                log.exception("adding request %s failed", rid)
+                self._emit(rid, RequestFailed(f"{type(e).__name__}: {e}"))
         elif cmd[0] == "abort":
             out = self.engine.abort(cmd[1])
             if out is not None:

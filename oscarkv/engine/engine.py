@@ -30,6 +30,7 @@ from oscarkv.engine.model_runner import ModelRunner, RunnerOutput
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.engine.scheduler import Scheduler, SchedulerOutput
 from oscarkv.engine.sequence import Sequence, Status
+from oscarkv.engine.stats import EngineStats, engine_stats
 from oscarkv.engine.triton_backend import default_backend
 from oscarkv.models.folding import fold_values
 from oscarkv.models.llama import PagedLM
@@ -52,6 +53,8 @@ class LLMEngine:
         self.scheduler = Scheduler(cfg, self.manager)
         self.eos = tuple(eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
+        self.num_prompt_tokens = 0  # statistics: prompt tokens of added requests ...
+        self.num_generated_tokens = 0  # ... and tokens sampled
         log.info("oscarkv engine: %s", self.describe())
 
     @classmethod
@@ -91,6 +94,10 @@ class LLMEngine:
         return {"method": self.cfg.kv.method, **cap, "bytes_per_token": geo.bytes_per_token(),
                 "pool_bytes": self.runner.pools.nbytes(), "bpe_at_capacity": round(bpe, 4)}
 
+    def stats(self) -> EngineStats:
+        """Pages used and free per tier, prefix-cache hit rate, queue, tokens generated."""
+        return engine_stats(self)
+
     # ------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     chunk_ends: tuple[int, ...] = ()) -> None:
@@ -99,15 +106,49 @@ class LLMEngine:
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
-        schedule = ChunkSchedule(len(ids), self.cfg.prefill_chunk, tuple(sorted(chunk_ends)))
+        schedule = self.check_request(request_id, ids, params, chunk_ends)
+        seq = Sequence(request_id, ids, params, schedule, self.cfg.seed)
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+        self.num_prompt_tokens += len(ids)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The model's positions (``max_position_embeddings``); ``None`` if its config has none."""
+        return getattr(self.runner.model.config, "max_position_embeddings", None)
+
+    def check_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                      chunk_ends: tuple[int, ...] = ()) -> ChunkSchedule:
+        """Raise ``ValueError`` (naming the numbers) for a request the engine could never run:
+        an empty prompt, prompt + ``max_tokens`` beyond the model's positions, a prefill chunk
+        beyond the step budget, or more KV pages than the pools hold even for it alone.
+        Returns its chunk schedule.
+
+        NOTE: reads only the configuration and the pool sizes, which never change, so a server
+        may call it from another thread than the one that steps the engine."""
+        n, total = len(prompt_ids), len(prompt_ids) + params.max_tokens
+        if not n:
+            raise ValueError(f"request {request_id}: the prompt is empty")
+        if self.max_model_len is not None and total > self.max_model_len:
+            raise ValueError(f"request {request_id}: prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"tokens exceeds the model's maximum length of {self.max_model_len} tokens")
+        schedule = ChunkSchedule(n, self.cfg.prefill_chunk, tuple(sorted(chunk_ends)))
         for t0 in schedule.starts():
             if schedule.end(t0) - t0 > self.cfg.max_num_batched_tokens:
                 raise ValueError(f"request {request_id}: chunk [{t0}, {schedule.end(t0)}) exceeds "
                                  f"max_num_batched_tokens={self.cfg.max_num_batched_tokens}")
         self.manager.check_schedule(schedule)
-        seq = Sequence(request_id, ids, params, schedule, self.cfg.seed)
-        self.seqs[request_id] = seq
-        self.scheduler.add(seq)
+        self._check_pages(request_id, schedule, total - 1)  # the last sampled token is never stored
+        return schedule
+
+    def _check_pages(self, request_id: str, schedule: ChunkSchedule, num_tokens: int) -> None:
+        need = self.manager.pages_needed(schedule, num_tokens)
+        pools = (self.manager.bf16, self.manager.int2)
+        have = tuple(p.num_pages - 1 if p is not None else 0 for p in pools)  # the scratch page excluded
+        if need[0] > have[0] or need[1] > have[1]:
+            raise ValueError(f"request {request_id}: storing {num_tokens} tokens needs {need[0]} BF16 and {need[1]} "
+                             f"INT2 KV pages, but the pools hold {have[0]} and {have[1]} pages in all; "
+                             "lower max_tokens or raise EngineConfig.kv_memory_bytes")
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now (its pages are freed); returns its final output."""
@@ -123,14 +164,39 @@ class LLMEngine:
     # ------------------------------------------------------------------------- the step
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Run one step; outputs of the requests that got a token (or finished) in it."""
+        """Run one step; outputs of the requests that got a token (or finished) in it.
+
+        If the model or the sampler raises, every request of this step finishes with reason
+        ``error`` (its output's ``error`` says why; the traceback is logged) and its pages are
+        freed; other requests and later steps are unaffected. An exception from the scheduler
+        itself is a bug and propagates."""
         out = self.scheduler.schedule()
         if not out.chunks:
             return []
-        res = self.runner.run(out.chunks)
+        try:
+            res = self.runner.run(out.chunks)
+        except Exception as e:
+            return self._fail(out, e, committed=False)
         self.scheduler.commit(out)
-        self._record_prompt_logprobs(out, res)
-        return self._sample(out, res)
+        try:
+            self._record_prompt_logprobs(out, res)
+            return self._sample(out, res)
+        except Exception as e:
+            return self._fail(out, e, committed=True)
+
+    def _fail(self, out: SchedulerOutput, exc: Exception, committed: bool) -> list[RequestOutput]:
+        """Finish the step's requests with reason ``error`` (see :meth:`step`)."""
+        log.exception("engine step failed; failing its %d requests", len(out.chunks))
+        outputs = []
+        for c in out.chunks:
+            if not committed:
+                self.manager.abandon(c.plan)
+            if c.seq.status is not Status.FINISHED:  # else it finished earlier in this step
+                c.seq.error = f"{type(exc).__name__}: {exc}"
+                self.scheduler.finish(c.seq, "error")
+                self.seqs.pop(c.seq.request_id, None)
+            outputs.append(c.seq.output())
+        return outputs
 
     def _record_prompt_logprobs(self, out: SchedulerOutput, res: RunnerOutput) -> None:
         for i, hidden in res.prompt_hidden.items():
@@ -148,6 +214,7 @@ class LLMEngine:
             return []
         tokens, logps = sampler.sample(res.sample_logits, [s.params for s in seqs], [s.generator for s in seqs])
         outputs = []
+        self.num_generated_tokens += len(tokens)
         for seq, tok, lp in zip(seqs, tokens, logps):
             seq.token_ids.append(tok)
             seq.logprobs.append(lp)

@@ -54,16 +54,23 @@ class LLM:
 
     def generate(self, prompts: str | list[str] | list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; one output per prompt, in order."""
+        """Run every prompt to completion; one output per prompt, in order. A prompt the engine
+        refuses raises its ``ValueError`` before anything runs; a request whose step failed comes
+        back with ``finish_reason == "error"``."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompts)
         ids = []
-        for prompt, p in zip(prompts, params):
-            ids.append(f"llm-{self._next_id}")
-            self._next_id += 1
-            self.engine.add_request(ids[-1], prompt, p)
+        try:
+            for prompt, p in zip(prompts, params):
+                ids.append(f"llm-{self._next_id}")
+                self._next_id += 1
+                self.engine.add_request(ids[-1], prompt, p)
+        except ValueError:
+            for i in ids:  # none of this batch stays queued
+                self.engine.abort(i)
+            raise
         done: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():

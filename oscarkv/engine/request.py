@@ -70,4 +70,5 @@ class RequestOutput:
     logprobs: list[float] | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
     finished: bool = False
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
+    error: str | None = None  # why a request finished with "error" (the engine step raised)

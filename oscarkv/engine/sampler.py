@@ -16,7 +16,7 @@ from oscarkv.engine.request import SamplingParams
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then top-k, then top-p on one row ``[V]`` (removed entries → -inf)."""
-    x = logits / params.temperature
+    x = (logits - logits.max()) / params.temperature  # shifted first: a tiny temperature must not overflow to inf
     if params.top_k and params.top_k < x.numel():
         kth = torch.topk(x, params.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))

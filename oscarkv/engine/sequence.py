@@ -42,6 +42,7 @@ class Sequence:
         self.kv = SeqKV()
         self.status = Status.WAITING
         self.finish_reason: str | None = None
+        self.error: str | None = None
         self.logprobs: list[float] = []
         self.prompt_logprobs: list[dict[int, float] | None] = [None]
         seed = params.seed if params.seed is not None else default_seed + self.arrival
@@ -70,6 +71,6 @@ class Sequence:
             new_token_ids=self.output_ids[self.sent_tokens:], new_text=self.text[self.sent_text_len:end],
             logprobs=list(self.logprobs) if self.params.logprobs else None,
             prompt_logprobs=list(self.prompt_logprobs) if self.params.prompt_logprobs is not None else None,
-            finished=finished, finish_reason=self.finish_reason)
+            finished=finished, finish_reason=self.finish_reason, error=self.error)
         self.sent_text_len, self.sent_tokens = end, len(self.output_ids)
         return out

@@ -13,7 +13,10 @@ Request path: body → pydantic (``oscarkv.server.protocol``) → :meth:`Server.
 name, unsupported options, prompt token ids, ``max_tokens`` against the context) →
 ``AsyncEngine.generate`` → JSON or SSE. Every refusal is an OpenAI error body with a 4xx status
 (:class:`~oscarkv.server.protocol.RequestError`; malformed JSON and schema violations go
-through the same handler) and the server keeps serving.
+through the same handler) and the server keeps serving. A request the engine could never run
+(:meth:`~oscarkv.engine.engine.LLMEngine.check_request`) is refused the same way, before any
+response starts. A request whose engine step fails gets a 500 error body (or, once streaming,
+an error event before ``[DONE]``); the engine thread fails only the requests of that step.
 
 Cancellation: a streaming client that disconnects makes Starlette cancel the response task;
 the cancellation reaches ``AsyncEngine.generate``, whose ``finally`` aborts the request, and the
@@ -38,7 +41,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from oscarkv.engine.async_engine import AsyncEngine
+from oscarkv.engine.async_engine import AsyncEngine, RequestFailed
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.server import protocol as P
@@ -47,7 +50,7 @@ from oscarkv.server.metrics import ServerMetrics
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's documented default of ``max_tokens`` for ``/v1/completions``."""
-ERRORS = {400: {"model": P.ErrorResponse}, 404: {"model": P.ErrorResponse}}
+ERRORS = {code: {"model": P.ErrorResponse} for code in (400, 404, 500)}
 
 
 @dataclass(frozen=True)
@@ -109,11 +112,13 @@ class Server:
                                  f"({len(prompt_ids)} in the prompt, {max(max_tokens, 1)} for the completion). "
                                  "Please reduce the prompt or max_tokens.", param="max_tokens" if room >= 1 else "prompt",
                                  code="context_length_exceeded")
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
         try:
             params = req.sampling_params(max_tokens, logprobs)
+            self.engine.engine.check_request(request_id, prompt_ids, params)
         except ValueError as e:
             raise P.RequestError(str(e)) from e
-        return Prepared(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, params, arrival)
+        return Prepared(request_id, prompt_ids, params, arrival)
 
     def check_model(self, req: P.SamplingRequest) -> None:
         if req.model != self.model.name:
@@ -154,6 +159,11 @@ class Server:
                         ttft = time.perf_counter() - prep.arrival
                     last, reason = out, out.finish_reason or reason
                     yield out
+        except RequestFailed:
+            reason = "error"
+            raise
+        except ValueError as e:  # refused by the engine when added (check_request let it pass)
+            raise P.RequestError(str(e)) from e
         finally:
             n = len(last.token_ids) if last is not None else 0
             self.metrics.observe_request(endpoint, reason, n, ttft, time.perf_counter() - prep.arrival)
@@ -165,6 +175,12 @@ class Server:
 def _usage(prep: Prepared, out: RequestOutput | None) -> P.Usage:
     n = len(out.token_ids) if out is not None else 0
     return P.Usage(prompt_tokens=len(prep.prompt_ids), completion_tokens=n, total_tokens=len(prep.prompt_ids) + n)
+
+
+def _error_event(exc: Exception) -> str:
+    if isinstance(exc, P.RequestError):
+        return _sse(exc.body)
+    return _sse(P.ErrorResponse(error=P.ErrorInfo(message=str(exc), type="internal_server_error")))
 
 
 def _sse(obj) -> str:
@@ -237,8 +253,8 @@ async def _completion_stream(server: Server, req: P.CompletionRequest, prep: Pre
                                         finish_reason=out.finish_reason)
             sent += len(out.new_text)
             yield _sse(P.CompletionResponse(id=prep.request_id, model=server.model.name, choices=[choice]))
-    except ValueError as e:  # refused by the engine when added
-        yield _sse(P.ErrorResponse(error=P.ErrorInfo(message=str(e), type="invalid_request_error")))
+    except (P.RequestError, RequestFailed) as e:  # the status line is sent: the error goes in the stream
+        yield _error_event(e)
     if usage:
         yield _sse(P.CompletionResponse(id=prep.request_id, model=server.model.name, choices=[],
                                         usage=_usage(prep, last)))
@@ -291,8 +307,8 @@ async def _chat_stream(server: Server, req: P.ChatCompletionRequest, prep: Prepa
             last = out
             if out.new_text or out.finished or out.logprobs is not None:  # held-back text (a stop prefix, partial UTF-8): nothing to send
                 yield chunk(P.Delta(content=out.new_text) if out.new_text else P.Delta(), out)
-    except ValueError as e:
-        yield _sse(P.ErrorResponse(error=P.ErrorInfo(message=str(e), type="invalid_request_error")))
+    except (P.RequestError, RequestFailed) as e:
+        yield _error_event(e)
     if usage:
         yield _sse(P.ChatCompletionChunk(id=prep.request_id, model=server.model.name, choices=[],
                                          usage=_usage(prep, last)))
@@ -329,6 +345,10 @@ async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     return _error(exc.status_code, str(exc.detail), kind="NotFoundError" if exc.status_code == 404 else "invalid_request_error")
 
 
+async def _request_failed(_: Request, exc: RequestFailed) -> JSONResponse:
+    return _error(500, f"the engine failed on this request: {exc}", kind="internal_server_error")
+
+
 async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
     return _error(500, f"internal error: {type(exc).__name__}: {exc}", kind="internal_server_error")
 
@@ -336,6 +356,7 @@ async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
 def _install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(P.RequestError, _request_error)
+    app.add_exception_handler(RequestFailed, _request_failed)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
 
@@ -384,7 +405,7 @@ def create_app(engine: AsyncEngine, model: ServedModel, cfg: ServerConfig) -> Fa
 
     @app.get("/health")
     async def health() -> Response:
-        if not engine._thread.is_alive():  # NOTE: AsyncEngine has no public liveness check yet
+        if not engine.is_alive():
             return _error(503, "the engine thread has stopped", kind="internal_server_error")
         return JSONResponse({"status": "ok"})
 

@@ -3,19 +3,14 @@
 Role: :class:`ServerMetrics` owns the registry. Request-side series (HTTP responses by status,
 prompt and generated tokens, finish reasons, TTFT, TPOT and end-to-end latency histograms) are
 updated by ``oscarkv.server.app`` as requests run. Engine-side series are read at scrape time
-by :class:`EngineCollector` from :func:`engine_stats`, a snapshot of the engine's public
-attributes: pages used and total per tier, capacity in tokens per tier, BPE at capacity and
-over the pages in use, prefix-cache hit tokens and hit rate, preemptions, queue depth and
-running sequences. ``GET /metrics`` renders the registry in the text exposition format.
-
-NOTE: the snapshot is read from the event-loop thread while the engine thread steps; it only
-takes ``len()`` of containers and reads integers, which are atomic under the GIL, so a scrape
-may be one step stale but never inconsistent enough to raise.
+by :class:`EngineCollector` from ``LLMEngine.stats()`` (:mod:`oscarkv.engine.stats`, safe to
+read from the event-loop thread): pages used and total per tier, capacity in tokens per tier,
+BPE at capacity and over the pages in use, prefix-cache hit tokens and hit rate, preemptions,
+queue depth and running sequences. ``GET /metrics`` renders the registry in the text
+exposition format.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -27,57 +22,14 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
-@dataclass(frozen=True)
-class TierStats:
-    pages_used: int
-    pages_total: int  # scratch page excluded
-    capacity_tokens: int
-    page_bytes: int
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """What ``/metrics`` reports about the engine (read from its public attributes)."""
-
-    tiers: dict[str, TierStats]  # "bf16" and, for quantized methods, "int2"
-    elements_per_token: int  # K and V elements of one token, all layers
-    bpe_at_capacity: float
-    prefix_hit_tokens: int
-    preemptions: int
-    waiting: int
-    running: int
-
-    @property
-    def bpe_in_use(self) -> float:
-        """Bits per stored element over the pages now in use (0 when nothing is stored)."""
-        used = [t for t in self.tiers.values() if t.pages_used]
-        tokens = sum(t.pages_used * t.capacity_tokens // max(t.pages_total, 1) for t in used)
-        bits = sum(8 * t.pages_used * t.page_bytes for t in used)
-        return bits / (tokens * self.elements_per_token) if tokens else 0.0
-
-
-def engine_stats(engine: LLMEngine) -> EngineStats:
-    """Snapshot of pools, prefix cache and scheduler (see the NOTE in the module docstring)."""
-    geo, manager, sched = engine.runner.pools.geo, engine.manager, engine.scheduler
-    cap = geo.capacity()
-    tiers = {"bf16": TierStats(manager.bf16.num_used, manager.bf16.num_pages - 1, cap["bf16_tokens"],
-                               geo.bf16_page_bytes())}
-    if manager.int2 is not None:
-        tiers["int2"] = TierStats(manager.int2.num_used, manager.int2.num_pages - 1, cap["int2_tokens"],
-                                  geo.int2_page_bytes())
-    return EngineStats(tiers, 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim,
-                       engine.describe()["bpe_at_capacity"], manager.hit_tokens,
-                       sched.num_preemptions, len(sched.waiting), len(sched.running))
-
-
 class EngineCollector:
     """Engine gauges and counters, computed on each scrape."""
 
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics) -> None:
-        self.engine, self.metrics = engine, metrics
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
 
     def collect(self):
-        s = engine_stats(self.engine)
+        s = self.engine.stats()
         used = GaugeMetricFamily("oscarkv_kv_pages_used", "KV pool pages held by requests", labels=["tier"])
         total = GaugeMetricFamily("oscarkv_kv_pages_total", "KV pool pages", labels=["tier"])
         occ = GaugeMetricFamily("oscarkv_kv_pool_occupancy", "Fraction of KV pool pages in use", labels=["tier"])
@@ -93,9 +45,8 @@ class EngineCollector:
                                 value=s.bpe_in_use)
         yield CounterMetricFamily("oscarkv_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache",
                                   value=s.prefix_hit_tokens)
-        prompts = self.metrics.prompt_token_count
         yield GaugeMetricFamily("oscarkv_prefix_cache_hit_rate", "Prefix-cache hit tokens / prompt tokens",
-                                value=s.prefix_hit_tokens / prompts if prompts else 0.0)
+                                value=s.prefix_hit_rate)
         yield CounterMetricFamily("oscarkv_preemptions", "Sequences preempted (by recompute) for KV pages",
                                   value=s.preemptions)
         yield GaugeMetricFamily("oscarkv_queue_depth", "Requests waiting to be scheduled", value=s.waiting)
@@ -115,13 +66,11 @@ class ServerMetrics:
         self.tpot = Histogram("oscarkv_time_per_output_token_seconds", "Mean time per output token after the first",
                               buckets=TPOT_BUCKETS, registry=r)
         self.e2e = Histogram("oscarkv_e2e_request_latency_seconds", "Arrival to last token", buckets=E2E_BUCKETS, registry=r)
-        self.prompt_token_count = 0
-        r.register(EngineCollector(engine, self))
+        r.register(EngineCollector(engine))
 
     def admit(self, prompt_tokens: int) -> None:
-        """Record an admitted request's prompt (the denominator of the prefix-cache hit rate)."""
+        """Record an admitted request's prompt."""
         self.prompt_tokens.inc(prompt_tokens)
-        self.prompt_token_count += prompt_tokens
 
     def observe_request(self, endpoint: str, reason: str, n_tokens: int, ttft: float | None, e2e: float) -> None:
         """Record one finished (or aborted) request."""

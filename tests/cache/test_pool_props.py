@@ -160,3 +160,19 @@ def test_explicit_schedule_check():
     mgr.check_schedule(ChunkSchedule(26, 8, boundaries=(22,)))  # short tail chunk: fine
     with pytest.raises(ValueError, match="starts inside a page"):
         mgr.check_schedule(ChunkSchedule(60, 8, boundaries=(10,)))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.sampled_from(["bf16", "oscar"]), st.integers(0, 2), st.integers(1, 12), st.sampled_from([1, 2, 4]),
+       st.integers(1, 40), st.integers(1, 3), st.integers(0, 60))
+def test_pages_needed_is_the_peak_of_a_run_alone(method, sink_pages, recent, page, prompt, chunk_pages, gen):
+    """``pages_needed`` equals the most pages a sequence holds while it runs alone."""
+    kv = KVConfig(method, sink=sink_pages * page, recent=recent, page_size=page)
+    mgr = KVCacheManager(kv, PagePool(512), PagePool(512) if method != "bf16" else None, prefix_caching=False)
+    seq = FakeSeq(list(range(prompt + gen)), ChunkSchedule(prompt, chunk_pages * page))
+    peak_b = peak_i = 0
+    while seq.kv.num_tokens < prompt + gen:
+        plan = mgr.plan(seq, seq.schedule.end(seq.kv.num_tokens))
+        peak_b, peak_i = max(peak_b, mgr.bf16.num_used), max(peak_i, mgr.int2.num_used if mgr.int2 else 0)
+        mgr.commit(seq, plan)
+    assert mgr.pages_needed(seq.schedule, prompt + gen) == (peak_b, peak_i)

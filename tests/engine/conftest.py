@@ -87,6 +87,21 @@ def run(engine: LLMEngine, prompts, params=None, on_step=None) -> list:
     return [done[str(i)] for i in range(len(prompts))]
 
 
+def fail_once(monkeypatch, obj, name: str) -> list:
+    """Make ``obj.name`` raise ``RuntimeError("injected failure")`` on its next call only; the
+    returned list receives that call's positional arguments."""
+    real, seen = getattr(obj, name), []
+
+    def boom(*args, **kw):
+        if not seen:
+            seen.append(args)
+            raise RuntimeError("injected failure")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(obj, name, boom)
+    return seen
+
+
 def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB, (length + 3 * i,), generator=g).tolist() for i in range(n)]

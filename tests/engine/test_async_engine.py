@@ -1,10 +1,13 @@
-"""AsyncEngine: concurrent streams equal offline results; cancelling frees the request."""
+"""AsyncEngine: concurrent streams equal offline results; cancelling frees the request;
+failures fail their requests and the thread serves on."""
 
 import asyncio
 
-from oscarkv.engine.async_engine import AsyncEngine
+import pytest
+
+from oscarkv.engine.async_engine import AsyncEngine, RequestFailed
 from oscarkv.engine.request import SamplingParams
-from tests.engine.conftest import make_engine, prompts, run
+from tests.engine.conftest import fail_once, make_engine, prompts, run
 
 SP = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 
@@ -36,5 +39,32 @@ def test_streams_match_offline_and_cancel(llama):
                 break
             asyncio.run(asyncio.sleep(0.05))
         assert not engine.engine.has_unfinished() and engine.engine.manager.bf16.num_used == 0
+    finally:
+        engine.close()
+
+
+def test_failures_fail_their_requests_and_the_thread_serves_on(llama, monkeypatch):
+    ps = prompts(2, 20, seed=12)
+    offline = run(make_engine(llama, "bf16"), ps[1:], SP)[0]
+    engine = AsyncEngine(make_engine(llama, "bf16"))
+
+    async def collect(rid, prompt):
+        toks = []
+        async for out in engine.generate(rid, prompt, SP):
+            toks += out.new_token_ids
+        return toks
+
+    try:
+        with pytest.raises(ValueError, match="prompt is empty"):
+            asyncio.run(collect("empty", []))
+        fail_once(monkeypatch, engine.engine.runner, "run")  # a failing step: its requests fail
+        with pytest.raises(RequestFailed, match="injected failure"):
+            asyncio.run(collect("model", ps[0]))
+        fail_once(monkeypatch, engine.engine.scheduler, "schedule")  # step() itself raises: all in flight fail
+        with pytest.raises(RequestFailed, match="engine step failed"):
+            asyncio.run(collect("scheduler", ps[0]))
+        assert engine.is_alive()
+        assert asyncio.run(collect("ok", ps[1])) == offline.token_ids
+        assert not engine.engine.seqs and engine.engine.manager.bf16.num_used == 0
     finally:
         engine.close()

@@ -1,11 +1,15 @@
-"""Bad input gets an OpenAI-style error body and a 4xx status; the server keeps serving."""
+"""Bad input gets an OpenAI-style error body and a 4xx status; an engine failure a 500 (or an
+error event in a stream); the server keeps serving."""
 
 import json
 
 import httpx
+import openai
 import pytest
 
-from tests.server.conftest import MODEL
+from oscarkv.server.config import ServerConfig
+from tests.engine.conftest import fail_once, make_artifact
+from tests.server.conftest import MODEL, start, wait_idle
 
 OK = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -72,3 +76,38 @@ def test_other_http_errors_and_still_serving(served):
         assert c.get("/health").json() == {"status": "ok"}
         r = c.post("/v1/completions", json=OK)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_engine_failure_is_a_500_and_the_server_serves_on(served, monkeypatch):
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0)
+    fail_once(monkeypatch, served.llm.runner, "run")
+    with pytest.raises(openai.InternalServerError) as e:
+        client.completions.create(model=MODEL, prompt="boom", max_tokens=4)
+    assert e.value.status_code == 500 and "injected failure" in e.value.body["message"]
+    assert e.value.body["type"] == "internal_server_error"
+    fail_once(monkeypatch, served.llm.runner, "run")
+    with pytest.raises(openai.APIError, match="injected failure"):  # the error event of a stream
+        for _ in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "boom"}],
+                                                max_tokens=4, stream=True):
+            pass
+    assert wait_idle(served)
+    assert httpx.get(served.url + "/health").json() == {"status": "ok"}
+    r = client.completions.create(model=MODEL, prompt="fine", max_tokens=3, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 3
+    metrics = httpx.get(served.url + "/metrics").text
+    assert 'oscarkv_requests_total{endpoint="completions",finish_reason="error"} 1.0' in metrics
+    assert 'oscarkv_http_responses_total{path="/v1/completions",status="500"} 1.0' in metrics
+
+
+def test_engine_refuses_what_its_pools_cannot_hold(model, tok):
+    """A BF16 pool of 5 pages: a 100-token prompt fits the context (512) but its first prefill
+    chunk needs 8 BF16 pages, so the engine's check refuses it with a 400, streamed or not."""
+    page = 2 * 2 * 2 * 8 * 32 * 2  # a BF16 page: 2 layers x K,V x 2 heads x 8 tokens x 32 x bf16
+    kw = dict(method="oscar", artifact=make_artifact(model.config), bf16_fraction=6 * page / (1 << 22))
+    with start(model, tok, ServerConfig(served_model_name=MODEL), **kw) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError, match=r"needs 8 BF16 and \d+ INT2 KV pages, but the pools hold 5"):
+                client.completions.create(model=MODEL, prompt="x" * 100, max_tokens=4, stream=stream)
+        r = client.completions.create(model=MODEL, prompt="x" * 20, max_tokens=20, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 20 and wait_idle(s)
