@@ -7,8 +7,8 @@ write path (random K/V, see ``oscarkv.bench.e2e``), then ``steps`` decode steps 
 engine are timed (``LLMEngine.step``: schedule, tables, CUDA-graph replay of the forward,
 logits, sampling; medians are not used: total time / steps after ``warmup`` steps).
 
-Reported per row: ms per step and tokens/s; the graph replay alone (the forward, CUDA
-events); the floor = (weight bytes + KV bytes the step reads) / measured copy bandwidth; and
+Reported per row: ms per step and tokens/s; the graph replay alone (the forward and the
+logits, CUDA events); the host phases of a step (:func:`host_phases`); the floor = (weight bytes + KV bytes the step reads) / measured copy bandwidth; and
 the write path's share of a step = (36-layer K/V write of one token, as a CUDA graph +
 one page demotion per ``P`` steps, eager) / step time.
 """
@@ -47,7 +47,8 @@ def _events_us(fn, reps: int = 20) -> float:
 
 
 def write_path_us(engine) -> tuple[float, float]:
-    """(one token's K/V write into every layer, CUDA graph; one page demotion in every layer, eager) in µs."""
+    """(one token's K/V write into every layer, CUDA graph; one page demotion in every layer, eager,
+    as the graphs run it: ``demote_all``) in µs."""
     r = engine.runner
     geo = r.pools.geo
     k, v = torch.randn(2, 1, geo.num_kv_heads, geo.head_dim, device="cuda")
@@ -64,12 +65,39 @@ def write_path_us(engine) -> tuple[float, float]:
     if not geo.int2_pages:
         return w, 0.0
     page = torch.zeros(1, dtype=torch.int32, device="cuda")
-    return w, _events_us(lambda: [r.backend.demote(r.pools.layer(i), st.key, st.value, page, page)
-                                  for i, st in enumerate(r.storage)])
+    return w, _events_us(lambda: r.backend.demote_all(r.pools, r.storage, page, page))
+
+
+def host_phases(engine, steps: int) -> dict[str, float]:
+    """Mean µs per step of ``LLMEngine.step``'s phases, run as it runs them: schedule, runner (tables,
+    staging, graph launch), commit, sample (waits for the GPU: argmax to the host), outputs.
+    ``outputs_us`` (building each request's ``RequestOutput``, which copies the prompt ids) is timed
+    apart on the same sequence: it is part of ``sample``."""
+    from oscarkv.engine.scheduler import SchedulerOutput
+
+    t = dict(schedule=0.0, runner=0.0, commit=0.0, sample=0.0)
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = engine.scheduler.schedule()
+        t1 = time.perf_counter()
+        res = engine.runner.run(out.chunks)
+        t2 = time.perf_counter()
+        engine.scheduler.commit(out)
+        t3 = time.perf_counter()
+        engine._sample(SchedulerOutput(out.chunks), res)
+        t4 = time.perf_counter()
+        for k, a, b in (("schedule", t0, t1), ("runner", t1, t2), ("commit", t2, t3), ("sample", t3, t4)):
+            t[k] += 1e6 * (b - a) / steps
+    seq = engine.scheduler.running[0]
+    a = time.perf_counter()
+    for _ in range(steps):
+        seq.output()
+    t["outputs"] = 1e6 * (time.perf_counter() - a) / steps
+    return {f"{k}_us": v for k, v in t.items()}
 
 
 def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -> dict:
-    e2e.add_prompts(engine, 1, ctx, cfg.warmup + cfg.steps + 2, seed=ctx)
+    e2e.add_prompts(engine, 1, ctx, cfg.warmup + 2 * cfg.steps + 2, seed=ctx)
     e2e.drive(engine, max_steps=cfg.warmup)  # fill, first token, graph capture
     seq = engine.scheduler.running[0]
     torch.cuda.synchronize()
@@ -78,6 +106,9 @@ def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -
         engine.step()
     torch.cuda.synchronize()
     step_us = 1e6 * (time.perf_counter() - t) / cfg.steps
+    if getattr(seq, "error", None) or seq not in engine.scheduler.running:  # a failed step finishes its requests
+        raise RuntimeError(f"decode bench: the request stopped early ({getattr(seq, 'error', None)})")
+    phases = host_phases(engine, cfg.steps)
     kv = e2e.kv_read_bytes(engine, [seq])
     fwd_us = _events_us(engine.runner.graphs.graphs[1].graph.replay)
     tiers = list(engine.manager.tier_tokens(seq))
@@ -85,7 +116,7 @@ def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -
     floor_us = (wbytes + kv) / copy_gbps / 1e3
     return dict(context=ctx, step_us=step_us, tokens_per_s=1e6 / step_us, graph_us=fwd_us,
                 weight_bytes=wbytes, kv_bytes=kv, floor_us=floor_us, step_over_floor=step_us / floor_us,
-                tiers=tiers)
+                tiers=tiers, **phases)
 
 
 def run(cfg: DecodeBench, out: Path | None) -> str:
@@ -120,13 +151,15 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
 
 def format_table(rows: list[dict], copy_gbps: float) -> str:
     lines = [f"copy bandwidth (read + write): {copy_gbps:.0f} GB/s",
-             "| model | context | kv | ms/step | tok/s | graph ms | floor ms | step/floor | write share | bf16/int2 |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| model | context | kv | ms/step | tok/s | graph ms | step-graph ms | runner us | outputs us | "
+             "floor ms | step/floor | write share | bf16/int2 |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by = {(r["shape"], r["context"], r["method"]): r for r in rows}
     for r in rows:
         peer = by.get((r["shape"], r["context"], "bf16"))
         speed = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer and r["method"] != "bf16" else ""
         lines.append(f"| {r['shape']} | {r['context']} | {r['method']} | {r['step_us'] / 1e3:.2f} | "
-                     f"{r['tokens_per_s']:.1f} | {r['graph_us'] / 1e3:.2f} | {r['floor_us'] / 1e3:.2f} | "
+                     f"{r['tokens_per_s']:.1f} | {r['graph_us'] / 1e3:.2f} | {(r['step_us'] - r['graph_us']) / 1e3:.2f} | "
+                     f"{r['runner_us']:.0f} | {r['outputs_us']:.0f} | {r['floor_us'] / 1e3:.2f} | "
                      f"{r['step_over_floor']:.2f} | {100 * r['write_share']:.1f}% | {speed} |")
     return "\n".join(lines)

@@ -6,7 +6,7 @@ Role: build an engine around a random-weight model at a real shape
 scheduler and cache manager, but a prefill chunk that samples nothing is not run through the
 model — random K/V (standard normal, stored domain) are written into its slots through the
 backend's write path (``TritonAttention.write``, the Triton write kernel) and its demotions
-through ``TritonAttention.demote`` (the Triton encoder), layer by layer. Each prompt's last
+through ``TritonAttention.demote_all`` (the Triton encoder, every layer at once). Each prompt's last
 chunk is one token (``chunk_ends = (n - 1,)``), so the first sampled token and every later one
 come from real decode steps (the decode kernel, CUDA graphs). Decode speed does not depend on
 the cached values, only on their tiers, which the manager sets exactly as for a real prefill.
@@ -85,11 +85,10 @@ def fill(engine: LLMEngine, chunks: list[ScheduledChunk]) -> None:
     dst = torch.tensor([s for p in plans for s in p.demote_dst], dtype=torch.int32, device=r.device)
     geo = r.pools.geo
     k, v = torch.randn(2, slots.numel(), geo.num_kv_heads, geo.head_dim, device=r.device)
-    for i, st in enumerate(r.storage):
-        kv = r.pools.layer(i)
-        r.backend.write(kv, k, v, slots)
-        if src.numel():
-            r.backend.demote(kv, st.key, st.value, src, dst)
+    for i in range(geo.num_layers):
+        r.backend.write(r.pools.layer(i), k, v, slots)
+    if src.numel():
+        r.backend.demote_all(r.pools, r.storage, src, dst)
 
 
 @dataclass

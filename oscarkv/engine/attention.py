@@ -45,11 +45,17 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
-        """Store stored-domain ``k_rot, v_rot [T, H, d]`` (fp32) at flat BF16 slots ``[T]``."""
+        """Store stored-domain ``k_rot, v_rot [T, H, d]`` (fp32, or the model's dtype in decode steps
+        whose codecs are the identity; rows may be strided) at flat BF16 slots ``[T]``."""
 
     @abstractmethod
     def demote(self, kv: LayerKV, key: TensorCodec, value: TensorCodec, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Encode full BF16 pages ``src [n]`` into INT2 pages ``dst [n]`` (``TensorCodec.encode``)."""
+
+    def demote_all(self, pools: KVPools, storage: list[LayerStorage], src: torch.Tensor, dst: torch.Tensor) -> None:
+        """:meth:`demote` of the same pages in every layer (CUDA graphs run it before the replay)."""
+        for i, st in enumerate(storage):
+            self.demote(pools.layer(i), st.key, st.value, src, dst)
 
     @abstractmethod
     def extend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV,
@@ -58,7 +64,8 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def decode(self, q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float) -> torch.Tensor:
-        """One rotated query per sequence ``[B, Hq, d]`` over its whole cache → fp32 ``[B, Hq, d]``."""
+        """One rotated query per sequence ``[B, Hq, d]`` (fp32 or bf16) over its whole cache →
+        ``[B, Hq, d]`` (fp32, or q's dtype)."""
 
 
 class TorchAttention(AttentionBackend):
@@ -98,11 +105,12 @@ class LayerStorage:
                                  if getattr(c, f) is not None})
         return LayerStorage(move(self.key), move(self.value))
 
-    def rotate_queries(self, q: torch.Tensor) -> torch.Tensor:
-        """``q [T, Hq, d]`` → ``q @ R_K⁻ᵀ`` per KV-head group (``= q @ R_K`` for an orthogonal R_K), fp32."""
+    def rotate_queries(self, q: torch.Tensor, keep_dtype: bool = False) -> torch.Tensor:
+        """``q [T, Hq, d]`` → ``q @ R_K⁻ᵀ`` per KV-head group (``= q @ R_K`` for an orthogonal R_K), fp32
+        (``keep_dtype``: ``q`` itself when there is no rotation)."""
         r = self.key.query_map()
         if r is None:
-            return q.float()
+            return q if keep_dtype else q.float()
         T, Hq, d = q.shape
         qg = q.float().view(T, r.shape[0], Hq // r.shape[0], d)  # [T, H, rep, d]
         return torch.einsum("thrd,hde->thre", qg, r.to(q.device)).reshape(T, Hq, d)
@@ -131,10 +139,21 @@ class StepContext:
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this step's K/V of ``layer``, demote, attend (see the module docstring)."""
         st, kv = self.storage[layer], self.pools.layer(layer)
+        if self.decode:
+            # NOTE: decode kernels read q and write K/V in the model's dtype: an identity codec
+            # (no rotation, no mean) needs no fp32 copy (bf16 -> fp32 -> bf16 stores the same bytes)
+            k_s, v_s = _stored(st.key, k), _stored(st.value, v)
+            self.backend.write(kv, k_s, v_s, self.slots)
+            if self.demote_src.numel():
+                self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
+            return self.backend.decode(st.rotate_queries(q, keep_dtype=True), kv, self.tables, self.scale)
         k_rot, v_rot = st.key.to_rotated(k), st.value.to_rotated(v)  # [T, H, d] fp32
         self.backend.write(kv, k_rot, v_rot, self.slots)
         if self.demote_src.numel():
             self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
-        if self.decode:
-            return self.backend.decode(st.rotate_queries(q), kv, self.tables, self.scale)
         return self.backend.extend(st.rotate_queries(q), k_rot, v_rot, kv, self.tables, self.cu_seqlens, self.scale)
+
+
+def _stored(codec: TensorCodec, x: torch.Tensor) -> torch.Tensor:
+    """``codec.to_rotated(x)``, or ``x`` unchanged (no fp32 copy) when the codec is the identity."""
+    return x if codec.rotation is None and codec.mean is None else codec.to_rotated(x)

@@ -1,20 +1,23 @@
-"""CUDA graphs of the decode forward, one per batch bucket.
+"""CUDA graphs of the decode step, one per batch bucket, and the staging of their inputs.
 
 Role: owned by :class:`~oscarkv.engine.model_runner.ModelRunner`; used for a pure decode step
 (one token per sequence) of a backend with ``decode_steps``. What is captured, per bucket
 ``Bp`` in :data:`DEFAULT_BUCKETS` (lazily, at the first step that needs it): the whole model
 forward ``ids, positions [Bp] -> hidden [Bp, D]`` — embedding, every layer's projections,
-QK-norm, RoPE, the mapping of K/V into the stored domain, the write kernel, the query
-rotation, the decode kernel (split-K + merge), o_proj and MLP — and the final norm, over
-static input buffers: ``ids, positions, slots [Bp]``, ``bf16_table [Bp, N_bf16]``,
-``int2_table [Bp, N_int2]``, ``bf16_lens, int2_lens [Bp]`` (tables as wide as the pools, so
-any step fits).
+QK-norm, RoPE, the write kernel, the query rotation, the decode kernel (split-K + merge), o_proj
+and MLP — the final norm and the logits ``[Bp, V]`` (fp32), over static input buffers.
 
-Not captured (eager, around the replay): copying the step's tables into the static buffers,
-the demotions of the step (one launch per layer, only in steps that demote: they read full
-BF16 pages that this step does not write, so running them before the forward gives the same
-bytes as running them inside each layer), and the logits (``compute_logits`` of the rows that
-sample).
+Inputs arrive as host lists (:class:`DecodeInputs`, built by the runner from the scheduler's
+plans) and are staged without building per-step tensors: ``ids, positions, slots, bf16_lens,
+int2_lens`` go through one pinned host buffer and one copy; the page tables are
+:class:`StagedTable` s, device tables that upload only the part of a row that changed since the
+last step (a decode step usually changes none: a row gains a page every ``P`` steps, and the
+BF16 view shifts by a page when one is demoted).
+
+Not captured (eager, before the replay): the demotions of the step, every layer in one launch
+per clip rank (``AttentionBackend.demote_all``; they read full BF16 pages that this step does
+not write, so running them before the forward gives the same bytes as running them inside
+each layer).
 
 Padding rows (``B < Bp``): token 0 at position 0, write slot 0 of the scratch page 0 (owned by
 no sequence, see ``oscarkv.cache.paged_layout``), lengths 0, so the decode kernel reads
@@ -23,12 +26,88 @@ nothing for them and outputs zeros. All buckets share one graph memory pool.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from oscarkv.cache.paged_layout import PageTables
 from oscarkv.engine.attention import StepContext
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class DecodeInputs:
+    """One decode step on the host: row ``i`` is sequence ``i`` of the batch (made by the runner)."""
+
+    ids: list[int]  # [B] the token each sequence computes
+    positions: list[int]  # [B]
+    slots: list[int]  # [B] flat BF16 slot of its K/V
+    bf16_rows: list[list[int]]  # BF16 pages of each view, the new token included (sink, then recent)
+    bf16_lens: list[int]
+    int2_rows: list[list[int]]  # INT2 history pages of each view
+    int2_lens: list[int]
+    demote_src: list[int]  # BF16 pages demoted this step ...
+    demote_dst: list[int]  # ... into these INT2 pages
+
+
+class StagedTable:
+    """A device ``int32 [rows, width]`` table set row by row from lists; only a row's changed tail is copied.
+
+    NOTE: the host side is a pinned mirror of the device table, written before each
+    asynchronous copy; :meth:`wait` (before writing it again) makes sure the previous copies
+    have read it."""
+
+    def __init__(self, rows: int, width: int, device: torch.device) -> None:
+        pin = device.type == "cuda"
+        self.device_table = torch.zeros(rows, width, dtype=torch.int32, device=device)
+        self.host = torch.zeros(rows, width, dtype=torch.int32, pin_memory=pin)
+        self._np = self.host.numpy()
+        self.rows: list[list[int]] = [[] for _ in range(rows)]
+        self.uploads = 0  # row uploads so far (a statistic for tests and benchmarks)
+
+    def set_row(self, i: int, values: list[int]) -> None:
+        old = self.rows[i]
+        start = len(old) if len(values) >= len(old) and values[:len(old)] == old else 0  # usually: appended pages
+        end = len(values)
+        if start < end:
+            self._np[i, start:end] = values[start:]
+            self.device_table[i, start:end].copy_(self.host[i, start:end], non_blocking=True)
+            self.uploads += 1
+        self.rows[i] = values
+
+
+class _Inputs:
+    """Static device inputs of one bucket: a packed ``[5, Bp]`` vector block and two staged tables."""
+
+    IDS, POS, SLOTS, BF16_LENS, INT2_LENS = range(5)
+
+    def __init__(self, runner, bp: int) -> None:
+        dev, geo = runner.device, runner.pools.geo
+        self.bp, self.device = bp, dev
+        self.small = torch.zeros(5, bp, dtype=torch.int32, device=dev)
+        self.small_host = torch.zeros(5, bp, dtype=torch.int32, pin_memory=dev.type == "cuda")
+        self.bf16 = StagedTable(bp, geo.bf16_pages, dev)
+        self.int2 = StagedTable(bp, max(1, geo.int2_pages), dev)
+        self.copied = torch.cuda.Event() if dev.type == "cuda" else None
+        self.tables = PageTables(self.bf16.device_table, self.small[self.BF16_LENS],
+                                 self.int2.device_table, self.small[self.INT2_LENS])
+
+    def stage(self, x: DecodeInputs) -> None:
+        """Copy one step's inputs in (padding rows: zeros); asynchronous, from pinned memory."""
+        if self.copied is not None:
+            self.copied.synchronize()  # the previous step's copies have read the host buffers
+        b, h = len(x.ids), self.small_host.numpy()
+        h[:, b:] = 0
+        for row, values in ((self.IDS, x.ids), (self.POS, x.positions), (self.SLOTS, x.slots),
+                            (self.BF16_LENS, x.bf16_lens), (self.INT2_LENS, x.int2_lens)):
+            h[row, :b] = values
+        self.small.copy_(self.small_host, non_blocking=True)
+        for i in range(b):
+            self.bf16.set_row(i, x.bf16_rows[i])
+            self.int2.set_row(i, x.int2_rows[i])
+        if self.copied is not None:
+            self.copied.record()
 
 
 def _capture(forward, dev: torch.device, pool, tries: int = 2):
@@ -58,35 +137,26 @@ def _capture(forward, dev: torch.device, pool, tries: int = 2):
 
 
 class _Graph:
-    """One captured decode forward over static buffers of ``bp`` rows."""
+    """One captured decode step over the static inputs of ``bp`` rows: ``hidden [bp, D]``, ``logits [bp, V]``."""
 
     def __init__(self, runner, bp: int, pool) -> None:
-        dev, geo = runner.device, runner.pools.geo
-        i32 = dict(dtype=torch.int32, device=dev)
-        self.ids = torch.zeros(bp, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(bp, dtype=torch.long, device=dev)
-        self.tables = PageTables(torch.zeros(bp, geo.bf16_pages, **i32), torch.zeros(bp, **i32),
-                                 torch.zeros(bp, max(1, geo.int2_pages), **i32), torch.zeros(bp, **i32))
-        self.slots = torch.zeros(bp, **i32)
+        self.inputs = x = _Inputs(runner, bp)
+        i32 = dict(dtype=torch.int32, device=runner.device)
         empty = torch.zeros(0, **i32)
-        step = StepContext(runner.backend, runner.pools, runner.storage, self.tables,
-                           torch.arange(bp + 1, **i32), self.slots, empty, empty, runner.scale, decode=True)
-        self.graph, self.hidden = _capture(lambda: runner.model(self.ids, self.pos, step), dev, pool)  # [bp, D]
+        step = StepContext(runner.backend, runner.pools, runner.storage, x.tables, torch.arange(bp + 1, **i32),
+                           x.small[x.SLOTS], empty, empty, runner.scale, decode=True)
 
-    def replay(self, ids: torch.Tensor, pos: torch.Tensor, step: StepContext) -> torch.Tensor:
-        b = ids.shape[0]
-        self.ids[:b].copy_(ids)
-        self.pos[:b].copy_(pos)
-        self.slots[:b].copy_(step.slots)
-        self.slots[b:].zero_()  # padding rows write into the scratch page
-        for static, t in ((self.tables.bf16_table, step.tables.bf16_table),
-                          (self.tables.int2_table, step.tables.int2_table)):
-            static[:b, :t.shape[1]].copy_(t)  # entries past a row's length are never read
-        for static, t in ((self.tables.bf16_lens, step.tables.bf16_lens), (self.tables.int2_lens, step.tables.int2_lens)):
-            static[:b].copy_(t)
-            static[b:].zero_()
+        def forward():
+            hidden = runner.model(x.small[x.IDS], x.small[x.POS], step)
+            return hidden, runner.model.compute_logits(hidden)
+
+        self.graph, (self.hidden, self.logits) = _capture(forward, runner.device, pool)
+
+    def replay(self, x: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        self.inputs.stage(x)
         self.graph.replay()
-        return self.hidden[:b].clone()
+        b = len(x.ids)
+        return self.hidden[:b], self.logits[:b]
 
 
 class DecodeGraphs:
@@ -101,13 +171,14 @@ class DecodeGraphs:
         """The smallest bucket holding ``batch`` rows (``None``: run eagerly)."""
         return next((b for b in self.buckets if b >= batch), None)
 
-    def run(self, ids: torch.Tensor, pos: torch.Tensor, step: StepContext) -> torch.Tensor:
-        """Demote eagerly, then replay the bucket's graph: ``hidden [B, D]``."""
+    def run(self, x: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Demote eagerly, then replay the bucket's graph: views ``hidden [B, D]``, ``logits [B, V]``
+        of its static outputs (valid until the next replay)."""
         r = self.runner
-        if step.demote_src.numel():
-            for i, st in enumerate(r.storage):
-                r.backend.demote(r.pools.layer(i), st.key, st.value, step.demote_src, step.demote_dst)
-        bp = self.bucket(ids.shape[0])
+        if x.demote_src:
+            src, dst = (torch.tensor(p, dtype=torch.int32, device=r.device) for p in (x.demote_src, x.demote_dst))
+            r.backend.demote_all(r.pools, r.storage, src, dst)
+        bp = self.bucket(len(x.ids))
         if bp not in self.graphs:
             self.graphs[bp] = _Graph(r, bp, self.pool)
-        return self.graphs[bp].replay(ids, pos, step)
+        return self.graphs[bp].replay(x)

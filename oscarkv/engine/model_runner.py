@@ -11,8 +11,10 @@ log-probabilities, the final hidden states of their prompt positions. The engine
 Decode steps: when the backend has ``decode_steps`` and every chunk of the step is one token
 long, the step is built as a decode step (``StepContext.decode``; the BF16 view extended by
 the token written this step, :meth:`ModelRunner.decode_view`) and, given graph buckets, runs
-as a CUDA graph replay (:mod:`oscarkv.engine.cuda_graphs`). Everything else — and every step
-of a backend without ``decode_steps`` (the CPU oracles) — runs eagerly through ``extend``.
+as a CUDA graph replay (:mod:`oscarkv.engine.cuda_graphs`) of the forward and the logits, fed
+from host lists (:meth:`ModelRunner.decode_inputs`) with no per-step tensor building and no
+host sync. Everything else — and every step of a backend without ``decode_steps`` (the CPU
+oracles) — runs eagerly through ``extend``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import PageTables
 from oscarkv.cache.manager import WritePlan
 from oscarkv.engine.attention import AttentionBackend, LayerStorage, StepContext
-from oscarkv.engine.cuda_graphs import DecodeGraphs
+from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
 
@@ -69,7 +71,16 @@ class ModelRunner:
         assert off == plan.view_bf16_len % self.pools.geo.page_size and (off == 0 or plan.view_bf16[-1] == page)
         return (plan.view_bf16 + [page] if off == 0 else plan.view_bf16), plan.view_bf16_len + 1
 
-    def context(self, chunks: list[ScheduledChunk], decode: bool = False) -> StepContext:
+    def decode_inputs(self, chunks: list[ScheduledChunk]) -> DecodeInputs:
+        """A decode step as host lists for the CUDA graphs (views include the new token)."""
+        plans, P = [c.plan for c in chunks], self.pools.geo.page_size
+        views = [self.decode_view(p) for p in plans]
+        return DecodeInputs([c.seq.token_ids[c.plan.t0] for c in chunks], [p.t0 for p in plans],
+                            [p.slots[0] for p in plans], [v[0] for v in views], [v[1] for v in views],
+                            [p.view_int2 for p in plans], [len(p.view_int2) * P for p in plans],
+                            [s for p in plans for s in p.demote_src], [s for p in plans for s in p.demote_dst])
+
+    def context(self, chunks: list[ScheduledChunk], cu: list[int], decode: bool = False) -> StepContext:
         """Slots, demotions and prefix views of a step as tensors (decode: views include the new token)."""
         plans, dev = [c.plan for c in chunks], self.device
         views = [self.decode_view(p) if decode else (p.view_bf16, p.view_bf16_len) for p in plans]
@@ -78,9 +89,6 @@ class ModelRunner:
             bf16_lens=_ints([v[1] for v in views], dev),
             int2_table=_table([p.view_int2 for p in plans], dev),
             int2_lens=_ints([len(p.view_int2) * self.pools.geo.page_size for p in plans], dev))
-        cu = [0]
-        for p in plans:
-            cu.append(cu[-1] + p.t1 - p.t0)
         return StepContext(self.backend, self.pools, self.storage, tables, _ints(cu, dev),
                            _ints([s for p in plans for s in p.slots], dev),
                            _ints([s for p in plans for s in p.demote_src], dev),
@@ -88,20 +96,30 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
+        cu = [0]
+        for c in chunks:
+            cu.append(cu[-1] + c.plan.t1 - c.plan.t0)
+        sample = [i for i, c in enumerate(chunks) if c.samples]
+        decode = self.is_decode(chunks)
+        if decode and self.graphs is not None and self.graphs.bucket(len(chunks)) is not None:
+            hidden, logits = self.graphs.run(self.decode_inputs(chunks))  # views of the graph's outputs
+            logits = logits.clone() if len(sample) == len(chunks) else logits[sample]
+        else:
+            hidden = self._forward(chunks, cu, decode)
+            logits = self.model.compute_logits(hidden[[cu[i + 1] - 1 for i in sample]])
+        return RunnerOutput(logits, self._prompt_hidden(chunks, hidden, cu))
+
+    def _forward(self, chunks: list[ScheduledChunk], cu: list[int], decode: bool) -> torch.Tensor:
         ids = [t for c in chunks for t in c.seq.token_ids[c.plan.t0:c.plan.t1]]
         pos = [p for c in chunks for p in range(c.plan.t0, c.plan.t1)]
-        decode = self.is_decode(chunks)
-        step = self.context(chunks, decode)
         ids_t, pos_t = torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device)
-        if decode and self.graphs is not None and self.graphs.bucket(len(chunks)) is not None:
-            hidden = self.graphs.run(ids_t, pos_t, step)
-        else:
-            hidden = self.model(ids_t, pos_t, step)
-        cu = step.cu_seqlens.tolist()
-        last = [cu[i + 1] - 1 for i, c in enumerate(chunks) if c.samples]
-        prompt = {}
+        return self.model(ids_t, pos_t, self.context(chunks, cu, decode))
+
+    @staticmethod
+    def _prompt_hidden(chunks: list[ScheduledChunk], hidden: torch.Tensor, cu: list[int]) -> dict[int, torch.Tensor]:
+        out = {}
         for i, c in enumerate(chunks):
             n = min(c.plan.t1, c.seq.num_prompt - 1) - c.plan.t0  # rows whose next token is a prompt token
             if c.seq.params.prompt_logprobs is not None and n > 0:
-                prompt[i] = hidden[cu[i]:cu[i] + n]  # logits formed blockwise by the engine
-        return RunnerOutput(self.model.compute_logits(hidden[last]), prompt)
+                out[i] = hidden[cu[i]:cu[i] + n].clone()  # logits formed blockwise by the engine
+        return out

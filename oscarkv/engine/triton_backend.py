@@ -4,11 +4,12 @@ Role: what :class:`~oscarkv.engine.attention.StepContext` calls on a CUDA device
 :func:`default_backend`; the CPU keeps :class:`~oscarkv.engine.attention.TorchAttention`, the
 PyTorch oracles these kernels are tested against).
 
-* ``write``  — :func:`oscarkv.kernels.write.write_tokens` with an identity codec: the step
-  context has already mapped K/V into the stored domain (fp32), the kernel rounds to BF16
-  (nearest even, as ``Tensor.to``) and scatters into the slots.
+* ``write``  — :func:`oscarkv.kernels.write.store_kv`: the step context has already mapped K/V
+  into the stored domain (fp32, or bf16 views of the qkv projection for identity codecs), the
+  kernel rounds to BF16 (nearest even, as ``Tensor.to``) and scatters K and V in one launch.
 * ``demote`` — :func:`oscarkv.kernels.write.demote_pages` (bit-identical to
-  ``TensorCodec.encode`` of the BF16 page).
+  ``TensorCodec.encode`` of the BF16 page); ``demote_all`` —
+  :func:`oscarkv.kernels.write.demote_layers`, every layer in one launch per clip rank.
 * ``extend`` — :func:`oscarkv.kernels.extend.extend_attention` (prefill chunks; mixed steps).
 * ``decode`` — :func:`oscarkv.kernels.decode.decode_attention` (pure decode steps).
 
@@ -26,8 +27,9 @@ from __future__ import annotations
 
 import torch
 
+from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import LayerKV, PageTables
-from oscarkv.engine.attention import AttentionBackend, TorchAttention
+from oscarkv.engine.attention import AttentionBackend, LayerStorage, TorchAttention
 from oscarkv.quant.codec import TensorCodec
 
 
@@ -37,17 +39,21 @@ class TritonAttention(AttentionBackend):
     decode_steps = True
 
     def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
-        from oscarkv.kernels.write import write_tokens
+        from oscarkv.kernels.write import store_kv
 
-        identity = TensorCodec(None, k_rot.shape[-1])  # K/V arrive in the stored domain already
-        write_tokens(k_rot, identity, kv.bf16_k, slots)
-        write_tokens(v_rot, identity, kv.bf16_v, slots)
+        store_kv(k_rot, v_rot, kv.bf16_k, kv.bf16_v, slots)
 
     def demote(self, kv: LayerKV, key: TensorCodec, value: TensorCodec, src: torch.Tensor, dst: torch.Tensor) -> None:
         from oscarkv.kernels.write import demote_pages
 
         demote_pages(kv.bf16_k, src, kv.int2_k, dst, key)
         demote_pages(kv.bf16_v, src, kv.int2_v, dst, value)
+
+    def demote_all(self, pools: KVPools, storage: list[LayerStorage], src: torch.Tensor, dst: torch.Tensor) -> None:
+        from oscarkv.kernels.write import demote_layers
+
+        demote_layers(pools.bf16_k, src, pools.int2_k, dst, [st.key for st in storage])
+        demote_layers(pools.bf16_v, src, pools.int2_v, dst, [st.value for st in storage])
 
     def extend(self, q, k_new, v_new, kv, tables: PageTables, cu_seqlens, scale):
         from oscarkv.kernels.extend import extend_attention
@@ -57,7 +63,7 @@ class TritonAttention(AttentionBackend):
     def decode(self, q, kv, tables: PageTables, scale):
         from oscarkv.kernels.decode import decode_attention
 
-        return decode_attention(q.contiguous(), kv, tables, scale)
+        return decode_attention(q, kv, tables, scale)  # strided q rows (a view of qkv) are fine
 
 
 def default_backend(device: torch.device) -> AttentionBackend:

@@ -32,7 +32,7 @@ un-permuted), so codes never move between registers; groups stay contiguous in i
 BF16-only cache (``kv=bf16``) uses the natural order and 16-byte vector loads.
 
 Memory layout (all strides explicit, innermost dimension contiguous):
-    q          [B, Hq, d]                 bf16 or fp32 (rounded to bf16 for the dot)
+    q          [B, Hq, d]                 bf16 or fp32 (rounded to bf16 for the dot); rows may be strided
     bf16 pools [N_bf16, H, P, d]          bf16, K and V with identical strides
     INT2 pools codes [N_int2, H, P, d/4] uint8; scale, zero [N_int2, H, P, d/G] fp16
     tables     bf16_table [B, Mb], int2_table [B, Mi] int32; lens [B] int32
@@ -307,7 +307,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     rep = hq // h
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)
     mid_l = torch.empty(bsz, hq, splits, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
+    out = torch.empty(bsz, hq, d, dtype=q.dtype, device=q.device)  # contiguous even for strided q rows
     if raw:
         from oscarkv.kernels.decode_int2 import _int2_decode_kernel as kernel
 

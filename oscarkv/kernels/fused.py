@@ -11,10 +11,11 @@ only the order of the fp32 sum of squares differs from the oracle:
 
 * ``rms_norm``: ``h = x.float(); h *= rsqrt(mean(h²) + eps); out = w * h.to(dtype)``; with a
   residual ``y``, ``x`` is first ``(x + y)`` rounded to the dtype, and that sum is returned too.
-* ``qk_norm_rope``: per head row of ``d`` channels, the optional RMS QK-norm above, then
+* ``qk_norm_rope_``: per head row of ``d`` channels (q and k heads of one token in one launch,
+  in place), the optional RMS QK-norm above, then
   ``x·cos + rotate_half(x)·sin`` with ``rotate_half(x) = cat(-x[d/2:], x[:d/2])`` (each product
   and the sum rounded, as three bf16 tensor ops would be).
-* ``silu_mul``: ``silu(g).to(dtype) * u``.
+* ``silu_mul``: ``silu(g).to(dtype) * u`` on the stacked ``[gate | up]`` projection output.
 
 Memory layout: rows contiguous in their last dimension; one program per row (norms, RoPE: one
 ``(token, head)`` row each, its two halves as two ``[d/2]`` vectors), 1-D blocks for SiLU.
@@ -44,8 +45,8 @@ def _rms_norm_kernel(X, Y, W, Out, Res, eps, stride_x, stride_y, stride_o, strid
 
 
 @triton.jit
-def _qk_norm_rope_kernel(X, W, Cos, Sin, Out, eps, stride_xt, stride_xh, stride_ot, stride_oh, stride_c,
-                         NH: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+def _qk_norm_rope_kernel(X, Wq, Wk, Cos, Sin, eps, stride_xt, stride_xh, stride_c,
+                         NH: tl.constexpr, NQ: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
     t = tl.program_id(0) // NH
     hd = tl.program_id(0) % NH
     i = tl.arange(0, HALF)
@@ -54,6 +55,10 @@ def _qk_norm_rope_kernel(X, W, Cos, Sin, Out, eps, stride_xt, stride_xh, stride_
     x2 = tl.load(xp + HALF + i)
     DT: tl.constexpr = x1.dtype
     if HAS_NORM:
+        if hd < NQ:  # q heads first, then k heads
+            W = Wq
+        else:
+            W = Wk
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
         r = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / (2 * HALF) + eps)
         x1 = (tl.load(W + i).to(tl.float32) * (f1 * r).to(DT).to(tl.float32)).to(DT)
@@ -63,17 +68,17 @@ def _qk_norm_rope_kernel(X, W, Cos, Sin, Out, eps, stride_xt, stride_xh, stride_
     s1, s2 = tl.load(Sin + t * stride_c + i).to(tl.float32), tl.load(Sin + t * stride_c + HALF + i).to(tl.float32)
     o1 = (f1 * c1).to(DT).to(tl.float32) + (-f2 * s1).to(DT).to(tl.float32)
     o2 = (f2 * c2).to(DT).to(tl.float32) + (f1 * s2).to(DT).to(tl.float32)
-    op = Out + t * stride_ot + hd * stride_oh
-    tl.store(op + i, o1.to(DT))
-    tl.store(op + HALF + i, o2.to(DT))
+    tl.store(xp + i, o1.to(DT))  # in place: this program alone reads and writes its row
+    tl.store(xp + HALF + i, o2.to(DT))
 
 
 @triton.jit
-def _silu_mul_kernel(G, U, Out, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, Out, N, INTER, stride_gu, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    g = tl.load(G + offs, mask=mask, other=0.0)
-    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    src = GU + (offs // INTER) * stride_gu + offs % INTER  # row t: gate at [t, :I], up at [t, I:]
+    g = tl.load(src, mask=mask, other=0.0)
+    u = tl.load(src + INTER, mask=mask, other=0.0).to(tl.float32)
     gf = g.to(tl.float32)
     s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
     tl.store(Out + offs, (s * u).to(g.dtype), mask=mask)
@@ -94,23 +99,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return out, res
 
 
-def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                 eps: float) -> torch.Tensor:
-    """``x [T, H, d]`` → optional RMS norm over ``d`` (``weight [d]``), then RoPE with ``cos, sin [T, d]``."""
+def qk_norm_rope_(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                  cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
+    """In place on ``x [T, Hq + H, d]`` (q heads, then k heads; rows may be strided, e.g. a view of
+    the fused qkv projection): optional RMS norm over ``d`` (``q_weight`` for the first ``num_q``
+    heads, ``k_weight`` for the rest), then RoPE with ``cos, sin [T, d]``. Returns ``x``."""
     T, H, d = x.shape
-    assert x.stride(2) == 1 and d % 2 == 0 and (d // 2) & (d // 2 - 1) == 0, f"bad shape {tuple(x.shape)}"
+    assert x.stride(2) == 1 and x.stride(1) == d and d % 2 == 0 and (d // 2) & (d // 2 - 1) == 0, \
+        f"bad shape {tuple(x.shape)} / strides {x.stride()}"
     assert cos.shape == sin.shape == (T, d) and cos.stride() == sin.stride() and cos.stride(1) == 1
-    out = torch.empty(T, H, d, dtype=x.dtype, device=x.device)
-    _qk_norm_rope_kernel[(T * H,)](x, weight if weight is not None else x, cos, sin, out, eps,
-                                   x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos.stride(0),
-                                   NH=H, HALF=d // 2, HAS_NORM=weight is not None, num_warps=1)
-    return out
+    assert (q_weight is None) == (k_weight is None) and 0 < num_q <= H
+    _qk_norm_rope_kernel[(T * H,)](x, q_weight if q_weight is not None else x, k_weight if k_weight is not None else x,
+                                   cos, sin, eps, x.stride(0), x.stride(1), cos.stride(0),
+                                   NH=H, NQ=num_q, HALF=d // 2, HAS_NORM=q_weight is not None, num_warps=1)
+    return x
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` for contiguous tensors of one shape and dtype."""
-    assert gate.shape == up.shape and gate.dtype == up.dtype and gate.is_contiguous() and up.is_contiguous()
-    out = torch.empty_like(gate)
-    n = gate.numel()
-    _silu_mul_kernel[(triton.cdiv(n, 1024),)](gate, up, out, n, BLOCK=1024, num_warps=4)
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up [T, 2I]`` (gate then up along the last dimension) → ``[T, I]``."""
+    T, two_i = gate_up.shape
+    assert two_i % 2 == 0 and gate_up.stride(1) == 1, f"bad shape {tuple(gate_up.shape)}"
+    inter = two_i // 2
+    out = torch.empty(T, inter, dtype=gate_up.dtype, device=gate_up.device)
+    n = out.numel()
+    _silu_mul_kernel[(triton.cdiv(n, 1024),)](gate_up, out, n, inter, gate_up.stride(0), BLOCK=1024, num_warps=4)
     return out

@@ -12,6 +12,15 @@ Algorithm, one program per (block of BLOCK_T tokens, KV head h)::
         byte j of the group = code[j] | code[j + G/4] << 2 | code[j + G/2] << 4 | code[j + 3G/4] << 6
         store codes, s, m at the token's INT2 slot
 
+``demote_layers`` runs the demotion of one page list in every layer of the pools at once (the
+pools' leading layer dimension flattened into the page dimension): one launch per distinct
+clip rank — one for every built-in method — instead of one per layer.
+
+``store_kv`` is the engine's BF16 write of K and V that are already in the stored domain
+(``TritonAttention.write``): round to BF16 (nearest even, as ``Tensor.to``) and scatter to the
+slots, K and V in one launch, rows read through their strides (views of the fused qkv
+projection).
+
 Sources are addressed like pools: row ``t`` lives at ``src_slot[t] // SRC_P`` (page),
 ``% SRC_P`` (offset), so new tokens ``x [T, H, d]`` are a pool of one-token pages and a
 demotion reads BF16 pages directly. Destination slots are flat ``page * P + offset``.
@@ -28,6 +37,8 @@ fp32; BF16 pool ``[N, H, P, d]``; INT2 pool codes ``[N, H, P, d/4]`` uint8, scal
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -107,6 +118,23 @@ def _write_kernel(X, SrcSlots, R, Mu, Bf, BfSlots, Codes, Scale, Zero, InSlots, 
         tl.store(Zero + srow[:, None] + grp[None, :], m.to(tl.float16), mask=ok[:, None])
 
 
+@triton.jit
+def _store_kv_kernel(K, V, Kp, Vp, Slots, T, stride_kt, stride_kh, stride_vt, stride_vh, stride_p, stride_h, stride_t,
+                     D: tl.constexpr, P: tl.constexpr, BLOCK_T: tl.constexpr):
+    h = tl.program_id(1)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, D)
+    dst = tl.load(Slots + t, mask=t < T, other=-1)
+    ok = (t < T) & (dst >= 0)
+    drow = (dst // P).to(tl.int64) * stride_p + h * stride_h + (dst % P) * stride_t
+    if tl.program_id(2) == 0:  # grid axis 2: K, then V
+        x = tl.load(K + (t.to(tl.int64) * stride_kt + h * stride_kh)[:, None] + cols[None, :], mask=ok[:, None])
+        tl.store(Kp + drow[:, None] + cols[None, :], x.to(Kp.dtype.element_ty), mask=ok[:, None])
+    else:
+        x = tl.load(V + (t.to(tl.int64) * stride_vt + h * stride_vh)[:, None] + cols[None, :], mask=ok[:, None])
+        tl.store(Vp + drow[:, None] + cols[None, :], x.to(Vp.dtype.element_ty), mask=ok[:, None])
+
+
 def _launch(x, src_slots, src_page: int, codec: TensorCodec, rotate: bool, bf16_pool, bf16_slots, int2_pool, int2_slots):
     n = src_slots.shape[0]
     _, h, p, d = bf16_pool.shape
@@ -157,9 +185,43 @@ def write_tokens(x: torch.Tensor, codec: TensorCodec, bf16_pool: torch.Tensor, b
 def demote_pages(bf16_pool: torch.Tensor, src_pages: torch.Tensor, int2_pool: Int2Pages,
                  dst_pages: torch.Tensor, codec: TensorCodec) -> None:
     """Encode full BF16 pages ``src_pages int32 [n]`` into INT2 pages ``dst_pages int32 [n]``, in place."""
-    p = bf16_pool.shape[2]
-    assert src_pages.shape == dst_pages.shape and src_pages.dtype == dst_pages.dtype == torch.int32
-    offs = torch.arange(p, dtype=torch.int32, device=bf16_pool.device)
-    src = (src_pages[:, None] * p + offs).reshape(-1)
-    dst = (dst_pages[:, None] * p + offs).reshape(-1)
-    _launch(bf16_pool, src, p, codec, False, bf16_pool, None, int2_pool, dst)
+    demote_layers(bf16_pool[None], src_pages, Int2Pages(*(t[None] for t in (int2_pool.codes, int2_pool.scale,
+                                                                           int2_pool.zero))), dst_pages, [codec])
+
+
+def demote_layers(bf16_pools: torch.Tensor, src_pages: torch.Tensor, int2_pools: Int2Pages,
+                  dst_pages: torch.Tensor, codecs: Sequence[TensorCodec]) -> None:
+    """:func:`demote_pages` in every layer: ``bf16_pools [L, N, H, P, d]``, ``int2_pools`` with
+    a leading ``L`` too, ``codecs[l]`` layer ``l``'s. One launch per distinct clip rank."""
+    L, n, h, p, d = bf16_pools.shape
+    n_int2 = int2_pools.codes.shape[1]
+    assert len(codecs) == L and src_pages.shape == dst_pages.shape and src_pages.dtype == dst_pages.dtype == torch.int32
+    assert bf16_pools.is_contiguous() and all(t.is_contiguous() and t.shape[0] == L for t in
+                                              (int2_pools.codes, int2_pools.scale, int2_pools.zero))
+    flat_int2 = Int2Pages(*(t.flatten(0, 1) for t in (int2_pools.codes, int2_pools.scale, int2_pools.zero)))
+    dev = bf16_pools.device
+    offs = torch.arange(p, dtype=torch.int32, device=dev)
+    by_rank: dict[int, list[int]] = {}
+    for i, c in enumerate(codecs):
+        by_rank.setdefault(clip_rank(c.clip, c.group) if c.clip is not None else c.group, []).append(i)
+    for layers in by_rank.values():
+        ls = (torch.arange(L, dtype=torch.int32, device=dev) if len(layers) == L
+              else torch.tensor(layers, dtype=torch.int32, device=dev))[:, None, None]  # [l, 1, 1]
+        src = ((ls * n + src_pages[None, :, None]) * p + offs).reshape(-1)  # flat slots of [L N, H, P, d]
+        dst = ((ls * n_int2 + dst_pages[None, :, None]) * p + offs).reshape(-1)
+        _launch(bf16_pools.flatten(0, 1), src, p, codecs[layers[0]], False, bf16_pools.flatten(0, 1), None,
+                flat_int2, dst)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, bf16_k: torch.Tensor, bf16_v: torch.Tensor, slots: torch.Tensor) -> None:
+    """Stored-domain ``k, v [T, H, d]`` (any float dtype; rows may be strided) → BF16
+    pools ``[N, H, P, d]`` at flat slots ``int32 [T]`` (``< 0``: skipped), rounded to nearest even."""
+    t, h, d = k.shape
+    assert v.shape == k.shape and k.stride(2) == v.stride(2) == 1, f"k {tuple(k.shape)} {k.stride()}, v {v.stride()}"
+    assert bf16_k.shape[1:] == (h, bf16_k.shape[2], d) and bf16_k.stride() == bf16_v.stride() and bf16_k.stride(3) == 1
+    assert bf16_k.dtype == bf16_v.dtype == torch.bfloat16
+    assert slots.dtype == torch.int32 and slots.shape == (t,) and slots.is_contiguous()
+    block_t = 16 if k.device.type == "cuda" else 8
+    _store_kv_kernel[(triton.cdiv(t, block_t), h, 2)](
+        k, v, bf16_k, bf16_v, slots, t, k.stride(0), k.stride(1), v.stride(0), v.stride(1), *bf16_k.stride()[:3],
+        D=d, P=bf16_k.shape[2], BLOCK_T=block_t, num_warps=4)

@@ -4,7 +4,7 @@ Role: make the model produce and consume rotated values, so the engine stores va
 runtime rotation. Math convention ``y = x W`` (``nn.Linear`` stores ``Wᵀ``). For KV head
 ``h`` and each query head ``g`` of its group:
 
-    v_proj:  W_v[:, h] <- W_v[:, h] R_V[h]            (bias b_v[h] <- b_v[h] R_V[h])
+    v_proj:  W_v[:, h] <- W_v[:, h] R_V[h]            (bias b_v[h] <- b_v[h] R_V[h]; the v rows of qkv_proj)
     o_proj:  W_o[g]    <- R_V[h]⁻¹ W_o[g]             (the rows of head g; R⁻¹ = Rᵀ unless scaled)
     o_proj bias        += sum_g mu_V[h(g)] W_o[g]     (attention scores sum to 1)
 
@@ -26,14 +26,16 @@ def fold_layer(attn, value: TensorCodec) -> None:
     if value.rotation is None and value.mean is None:
         return
     H, d, rep = attn.num_kv_heads, attn.head_dim, attn.num_heads // attn.num_kv_heads
-    r = value.rotation.double() if value.rotation is not None else torch.eye(d, dtype=torch.float64).expand(H, d, d)
-    wv, wo = attn.v_proj.weight, attn.o_proj.weight  # [H d, D], [D, Hq d]
+    qkv = attn.qkv_proj
+    eye = torch.eye(d, dtype=torch.float64, device=qkv.weight.device).expand(H, d, d)
+    r = value.rotation.double() if value.rotation is not None else eye
     with torch.no_grad():
+        wv, wo = qkv.weight[attn.v_rows], attn.o_proj.weight  # [H d, D] (a view into qkv_proj), [D, Hq d]
         w = wv.double().view(H, d, -1)  # rows of head h: W_v[:, h]ᵀ
         wv.copy_(torch.einsum("hde,hdk->hek", r, w).reshape(wv.shape))  # R_hᵀ W_v[:, h]ᵀ
-        if attn.v_proj.bias is not None:
-            b = attn.v_proj.bias.double().view(H, d)
-            attn.v_proj.bias.copy_(torch.einsum("hd,hde->he", b, r).reshape(-1))
+        if qkv.bias is not None:
+            bv = qkv.bias[attn.v_rows]
+            bv.copy_(torch.einsum("hd,hde->he", bv.double().view(H, d), r).reshape(-1))
         wo_h = wo.double().view(wo.shape[0], H, rep, d)  # [D, H, rep, d]: columns of query head g
         if value.mean is not None:
             mean = value.mean.double().to(wo.device)  # [H, d]

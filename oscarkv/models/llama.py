@@ -11,16 +11,18 @@ and attends over it. The families differ only in what the config says, dispatche
 * ``Qwen3ForCausalLM``: ``attention_bias`` on q/k/v/o, plus RMS QK-norm over ``head_dim``
   before RoPE.
 
-Parameter names follow transformers (``model.layers.{i}.self_attn.q_proj.weight`` ...), so
-:meth:`PagedLM.from_hf` loads the state dict of the model that
-:func:`oscarkv.models.loader.load_model` returns (HF directory or GGUF). ``o_proj`` always has
+Parameter names follow transformers (``model.layers.{i}.self_attn.o_proj.weight`` ...) except
+for two stacked projections, ``qkv_proj`` (q, k, v) and ``gate_up_proj`` (gate, up): one GEMV
+each per decode step instead of three and two. :meth:`PagedLM.from_hf` loads the state dict of
+the model that :func:`oscarkv.models.loader.load_model` returns (HF directory or GGUF),
+concatenating those tensors on the way (:func:`fuse_state_dict`). ``o_proj`` always has
 a bias: zero unless the config has one, it receives the folded value mean
 (:mod:`oscarkv.models.folding`). :meth:`PagedLM.random` builds random weights from a config
 (benchmarks at real shapes without downloads, ``oscarkv.models.shapes``).
 
 On CUDA the elementwise work runs as the fused Triton kernels of :mod:`oscarkv.kernels.fused`
-(RMSNorm with the residual add folded in, QK-norm + RoPE, SiLU·mul), one launch where PyTorch
-needs 5–10; the residual stream is carried vLLM style (``forward_fused``: each layer hands its
+(RMSNorm with the residual add folded in, QK-norm + RoPE of the q and k heads in place in the
+qkv output, SiLU·mul of the stacked gate/up output), one launch where PyTorch needs 5–10; the residual stream is carried vLLM style (``forward_fused``: each layer hands its
 MLP output and the un-added residual to the next norm). Every other device runs the PyTorch
 expressions below, which are those kernels' oracles.
 """
@@ -32,6 +34,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from oscarkv.models.loader import check_architecture
+
+
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+"""Stacked projections of :class:`PagedLM` and the checkpoint's tensors they concatenate (in order)."""
+
+
+def fuse_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers state dict with q/k/v and gate/up weights (and biases) concatenated along
+    the output dimension into the ``qkv_proj`` / ``gate_up_proj`` entries of :data:`FUSED`."""
+    out = dict(state)
+    for key in state:
+        for fused, parts in FUSED.items():
+            prefix, dot, rest = key.rpartition(f".{parts[0]}.")  # "...self_attn", ".q_proj.", "weight"
+            if dot:
+                names = [f"{prefix}.{p}.{rest}" for p in parts]
+                out[f"{prefix}.{fused}.{rest}"] = torch.cat([out.pop(n) for n in names])
+    return out
 
 
 class RMSNorm(nn.Module):
@@ -67,7 +86,10 @@ def _biases(config) -> tuple[bool, bool, bool]:
 
 
 class Attention(nn.Module):
-    """Projections, QK-norm and RoPE; the attention itself is the step context's."""
+    """Projections, QK-norm and RoPE; the attention itself is the step context's.
+
+    ``qkv_proj`` holds q, k and v stacked along the output dimension (``[(Hq + 2H) d, D]``, one
+    GEMV per step instead of three; :func:`fuse_state_dict` builds it from the checkpoint)."""
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
@@ -76,53 +98,60 @@ class Attention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         qkv_bias, o_bias, qk_norm = _biases(config)
         D, d = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(D, self.num_heads * d, bias=qkv_bias)
-        self.k_proj = nn.Linear(D, self.num_kv_heads * d, bias=qkv_bias)
-        self.v_proj = nn.Linear(D, self.num_kv_heads * d, bias=qkv_bias)
+        self.qkv_proj = nn.Linear(D, (self.num_heads + 2 * self.num_kv_heads) * d, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * d, D, bias=True)  # the bias takes the folded value mean
         self.has_o_bias = o_bias
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
 
+    @property
+    def v_rows(self) -> slice:
+        """Rows of ``qkv_proj`` that produce v (``oscarkv.models.folding`` rewrites them)."""
+        return slice((self.num_heads + self.num_kv_heads) * self.head_dim, None)
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step) -> torch.Tensor:
-        T, d = x.shape[0], self.head_dim
-        q = self.q_proj(x).view(T, self.num_heads, d)  # [T, Hq, d]
-        k = self.k_proj(x).view(T, self.num_kv_heads, d)  # [T, H, d]
-        v = self.v_proj(x).view(T, self.num_kv_heads, d)
+        T, d, Hq, H = x.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(T, Hq + 2 * H, d)  # [T, Hq + 2H, d]
         if x.is_cuda:
-            q, k = self._norm_rope_fused(q, k, cos, sin)
+            self._norm_rope_fused(qkv, cos, sin)
+            q, k, v = qkv.split((Hq, H, H), dim=1)  # views: the kernels take strides
         else:
+            q, k, v = qkv.split((Hq, H, H), dim=1)
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, d]
             q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        o = step.attention(self.layer_idx, q, k, v)  # [T, Hq, d] fp32, rotated value domain
+        o = step.attention(self.layer_idx, q, k, v)  # [T, Hq, d] fp32 or x's dtype, rotated value domain
         return self.o_proj(o.to(x.dtype).reshape(T, -1))
 
-    def _norm_rope_fused(self, q, k, cos, sin):
-        """QK-norm (if any) and RoPE of ``q [T, Hq, d]``, ``k [T, H, d]``: one kernel each (CUDA)."""
-        from oscarkv.kernels.fused import qk_norm_rope
+    def _norm_rope_fused(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """QK-norm (if any) and RoPE of the q and k heads of ``qkv [T, Hq + 2H, d]``, in place, one launch."""
+        from oscarkv.kernels.fused import qk_norm_rope_
 
-        if self.q_norm is None:
-            return qk_norm_rope(q, None, cos, sin, 0.0), qk_norm_rope(k, None, cos, sin, 0.0)
-        eps = self.q_norm.eps
-        return qk_norm_rope(q, self.q_norm.weight, cos, sin, eps), qk_norm_rope(k, self.k_norm.weight, cos, sin, eps)
+        norm = self.q_norm is not None
+        qkv_heads = qkv[:, : self.num_heads + self.num_kv_heads]
+        qk_norm_rope_(qkv_heads, self.num_heads, self.q_norm.weight if norm else None,
+                      self.k_norm.weight if norm else None, cos, sin, self.q_norm.eps if norm else 0.0)
 
 
 class MLP(nn.Module):
+    """SwiGLU; ``gate_up_proj`` holds gate and up stacked (``[2I, D]``, one GEMV instead of two)."""
+
     def __init__(self, config) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
         D, I = config.hidden_size, config.intermediate_size
-        self.gate_proj, self.up_proj = nn.Linear(D, I, bias=bias), nn.Linear(D, I, bias=bias)
+        self.gate_up_proj = nn.Linear(D, 2 * I, bias=bias)
         self.down_proj = nn.Linear(I, D, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gu = self.gate_up_proj(x)  # [T, 2I]
         if x.is_cuda:
             from oscarkv.kernels.fused import silu_mul
 
-            return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(silu_mul(gu))
+        gate, up = gu.chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -198,7 +227,7 @@ class PagedLM(nn.Module):
         """Copy the weights of a transformers model of a supported architecture."""
         p = next(hf_model.parameters())
         model = cls(hf_model.config).to(dtype=p.dtype, device=p.device)
-        state = {k: v for k, v in hf_model.state_dict().items() if "rotary_emb" not in k}
+        state = fuse_state_dict({k: v for k, v in hf_model.state_dict().items() if "rotary_emb" not in k})
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("o_proj.bias") and "rotary_emb" not in k]
         if missing or unexpected:

@@ -5,12 +5,14 @@ the token just written) gives the tokens of the ``extend`` route. GPU: the Trito
 (``oscarkv.engine.triton_backend``) gives the greedy tokens of the PyTorch-oracle backend on
 the same bfloat16 model up to a near-tie (log-probs within 0.25 = four bf16 ulps of a logit near 10, up to and
 including the first divergence), and
-CUDA-graph decode ≡ eager decode (same tokens, log-probs within 0.01)."""
+CUDA-graph decode ≡ eager decode (same tokens, log-probs within 0.01). The graphs' staged page
+tables (``cuda_graphs.StagedTable``) hold every row's current list and upload only what changed."""
 
 import pytest
 import torch
 
 from oscarkv.engine.attention import TorchAttention
+from oscarkv.engine.cuda_graphs import StagedTable
 from oscarkv.engine.engine import LLMEngine
 from tests.engine.conftest import engine_config, prompts, run, tiny_model
 
@@ -80,3 +82,27 @@ def test_cuda_graph_matches_eager_gpu(cuda_model, artifact, method):
     assert graph.runner.graphs.graphs, "no decode step replayed a graph"
     ref = run(_engine(cuda_model, method, artifact, cuda_graphs=False), ps)
     _compare(ref, out, 1e-2)  # buckets pad the batch, which changes the decode split count only
+
+
+def test_staged_table_uploads_changed_tails():
+    dev = torch.device("cuda" if CUDA else "cpu")
+    t = StagedTable(3, 40, dev)
+    g = torch.Generator().manual_seed(0)
+    rows = [[], [], []]
+    for step in range(60):
+        i = step % 3
+        kind = torch.randint(0, 4, (1,), generator=g).item()
+        if kind < 2:  # append a page (the usual decode change) or nothing
+            rows[i] = rows[i] + torch.randint(1, 99, (kind,), generator=g).tolist()
+        elif kind == 2:  # the window shifts: a different list of the same length
+            rows[i] = torch.randint(1, 99, (len(rows[i]),), generator=g).tolist()
+        else:  # another sequence takes the row
+            rows[i] = torch.randint(1, 99, (torch.randint(0, 40, (1,), generator=g).item(),), generator=g).tolist()
+        before = t.uploads
+        t.set_row(i, list(rows[i]))
+        if kind == 0:
+            assert t.uploads == before, "uploaded an unchanged row"
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        for r, want in enumerate(rows):
+            assert t.device_table[r, :len(want)].tolist() == want

@@ -1,12 +1,14 @@
 """Write-path kernel vs the quantizer spec: INT2 bytes bit-identical to ``TensorCodec.encode`` of
-the stored BF16 values, demotion bit-identical to ``demote_ref``, rotation within one BF16 ulp."""
+the stored BF16 values, demotion bit-identical to ``demote_ref`` (one layer, and every layer at
+once with per-layer clips), rotation within one BF16 ulp; the engine's stored-domain K/V store
+bit-identical to a PyTorch scatter."""
 
 import pytest
 import torch
 
 from oscarkv.cache.paged_layout import Int2Pages
 from oscarkv.kernels.reference import demote_ref, encode_ref, write_ref
-from oscarkv.kernels.write import demote_pages, write_tokens
+from oscarkv.kernels.write import demote_layers, demote_pages, store_kv, write_tokens
 from oscarkv.quant.codec import TensorCodec
 
 CUDA = torch.cuda.is_available()
@@ -78,3 +80,40 @@ def test_demotion_bit_identical(h, d, g, p, clip, t):
     demote_ref(b, src, i2, dst, codec)
     assert _same(i1, i2)
     assert torch.isnan(i1.scale[[0, 1, 3, 4]]).all(), "wrote pages it was not asked to"
+
+
+@pytest.mark.parametrize("clips", [(None, None, None), (0.9, None, 0.9)])
+def test_demote_layers_bit_identical(clips):
+    h, d, g, p = (8, 128, 128, 64) if CUDA else (2, 32, 16, 4)
+    codecs = [_codec(h, d, g, c, seed=i) for i, c in enumerate(clips)]
+    pools = [_pools(7, h, p, d, g) for _ in clips]
+    bf16 = torch.stack([b for b, _ in pools])
+    bf16.copy_(torch.randn(bf16.shape, device=DEV).bfloat16())
+    mine = Int2Pages(*(torch.stack([getattr(i, f) for _, i in pools]) for f in ("codes", "scale", "zero")))
+    src, dst = torch.tensor([3, 1, 6], device=DEV).int(), torch.tensor([2, 5, 1], device=DEV).int()
+    demote_layers(bf16, src, mine, dst, codecs)
+    for layer, (codec, (_, ref)) in enumerate(zip(codecs, pools)):
+        demote_ref(bf16[layer], src, ref, dst, codec)
+        assert _same(Int2Pages(mine.codes[layer], mine.scale[layer], mine.zero[layer]), ref), layer
+        assert torch.isnan(mine.scale[layer, [0, 3, 4, 6]]).all(), "wrote pages it was not asked to"
+
+
+@pytest.mark.parametrize("separate", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32] if CUDA else [torch.bfloat16])
+def test_store_kv_matches_scatter(dtype, separate):
+    """K and V as strided views of a fused qkv row, or with different layouts; slot -1 is skipped.
+    (fp32 inputs on CUDA only: the interpreter truncates fp32 → bf16.)"""
+    t, hq, h, d, p = 5, 8, 2, 64, 4
+    qkv = torch.randn(t, hq + 2 * h, d, device=DEV, dtype=dtype)
+    k, v = qkv[:, hq:hq + h], qkv[:, hq + h:]
+    if separate:  # the oscar route: k rotated by an einsum (its own layout), v a new tensor
+        k, v = k.transpose(0, 1).contiguous().transpose(0, 1), v.contiguous()
+    slots = torch.tensor([9, 4, -1, 22, 5], dtype=torch.int32, device=DEV)
+    pools = [torch.full((7, h, p, d), float("nan"), device=DEV).bfloat16() for _ in range(4)]
+    store_kv(k, v, pools[0], pools[1], slots)
+    keep = slots >= 0
+    s = slots[keep].long()
+    for pool, x in ((pools[2], k), (pools[3], v)):
+        pool[s // p, :, s % p] = x[keep].bfloat16()
+    assert torch.equal(pools[0].nan_to_num(7), pools[2].nan_to_num(7))
+    assert torch.equal(pools[1].nan_to_num(7), pools[3].nan_to_num(7))
