@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -116,8 +118,12 @@ def default_artifact(loaded, cache_dir: Path):
 
     fp = ModelFingerprint.from_config(loaded.config)
     path = cache_dir / "rotations" / fp.config_hash
+    recipe = json.loads(json.dumps(asdict(CalibrationConfig())))  # as the manifest stores it
     try:
-        return Artifact.load(path, expect=fp)
+        artifact = Artifact.load(path, expect=fp)
+        if artifact.manifest.get("options") == recipe:
+            return artifact
+        log.info("the cached artifact %s was fitted with other options than the current recipe", path)
     except ArtifactError as e:
         log.info("calibrating the default model once (%s) -> %s", e, path)
     return calibrate_to(loaded, CalibrationConfig(), path)
