@@ -33,6 +33,10 @@ class DecodeBench:
     warmup: int = 4
     steps: int = 24
     kv_gib: float = 16.0
+    profile: bool = False
+    """Also profile the graph of each row at the longest context (torch.profiler). NOTE: CUPTI stays
+    attached after a profile and slows later graph launches (seen on an H100, 2026-11-22: 21 µs
+    → 320 µs): time in one invocation, profile in another."""
 
 
 def _events_us(fn, reps: int = 20) -> float:
@@ -68,6 +72,54 @@ def write_path_us(engine) -> tuple[float, float]:
     return w, _events_us(lambda: r.backend.demote_all(r.pools, r.storage, page, page))
 
 
+def kernel_profile(graph, reps: int = 5, top: int = 14) -> list[dict]:
+    """Per-kernel GPU time of one replay of ``graph`` (torch.profiler over ``reps`` replays): name,
+    µs per step and launches per step, the ``top`` most expensive names, then the rest summed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    rows = [dict(name=e.key[:90], us=getattr(e, "device_time_total", 0.0) / reps, count=e.count / reps)
+            for e in prof.key_averages() if getattr(e, "device_time_total", 0.0) > 0]
+    rows.sort(key=lambda r: -r["us"])
+    rest = rows[top:]
+    return rows[:top] + ([dict(name="(other kernels)", us=sum(r["us"] for r in rest),
+                               count=sum(r["count"] for r in rest))] if rest else [])
+
+
+def host_profile(engine, steps: int, top: int = 14) -> list[dict]:
+    """cProfile of ``steps`` calls of ``LLMEngine.step``: the functions with the most own time
+    (µs per step; cProfile roughly doubles Python's cost, so read the shares, not the sums)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    torch.cuda.synchronize()
+    prof.disable()
+    st = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    rows = sorted(((v[2], k) for k, v in st.items()), reverse=True)[:top]
+    return [dict(name=f"{k[0].rsplit('/', 1)[-1]}:{k[1]}({k[2]})", us=1e6 * t / steps) for t, k in rows]
+
+
+def launch_us(graph, reps: int = 10) -> float:
+    """Median host time of ``graph.replay()`` itself (the launch; the GPU idle before it)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        graph.replay()
+        times.append(1e6 * (time.perf_counter() - t))
+    torch.cuda.synchronize()
+    return sorted(times)[reps // 2]
+
+
 def host_phases(engine, steps: int) -> dict[str, float]:
     """Mean µs per step of ``LLMEngine.step``'s phases, run as it runs them: schedule, runner (tables,
     staging, graph launch), commit, sample (waits for the GPU: argmax to the host), outputs.
@@ -97,7 +149,7 @@ def host_phases(engine, steps: int) -> dict[str, float]:
 
 
 def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -> dict:
-    e2e.add_prompts(engine, 1, ctx, cfg.warmup + 2 * cfg.steps + 2, seed=ctx)
+    e2e.add_prompts(engine, 1, ctx, cfg.warmup + 3 * cfg.steps + 2, seed=ctx)
     e2e.drive(engine, max_steps=cfg.warmup)  # fill, first token, graph capture
     seq = engine.scheduler.running[0]
     torch.cuda.synchronize()
@@ -110,7 +162,15 @@ def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -
         raise RuntimeError(f"decode bench: the request stopped early ({getattr(seq, 'error', None)})")
     phases = host_phases(engine, cfg.steps)
     kv = e2e.kv_read_bytes(engine, [seq])
-    fwd_us = _events_us(engine.runner.graphs.graphs[1].graph.replay)
+    graph = engine.runner.graphs.graphs[1].graph
+    fwd_us = _events_us(graph.replay)
+    phases["launch_us"] = launch_us(graph)
+    if cfg.profile and ctx == max(cfg.contexts):
+        phases["host"] = host_profile(engine, cfg.steps)
+        try:
+            phases["kernels"] = kernel_profile(graph)
+        except Exception as e:  # the profile is a diagnosis; the timings stand without it
+            phases["kernels"] = [dict(name=f"profile failed: {e!r}"[:90], us=0.0, count=0)]
     tiers = list(engine.manager.tier_tokens(seq))
     engine.abort(seq.request_id)
     floor_us = (wbytes + kv) / copy_gbps / 1e3
@@ -141,7 +201,7 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
             e2e.release()
         del model
         e2e.release()
-    table = format_table(rows, copy_gbps)
+    table = format_table(rows, copy_gbps) + "\n" + format_kernels(rows)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg),
@@ -162,4 +222,17 @@ def format_table(rows: list[dict], copy_gbps: float) -> str:
                      f"{r['tokens_per_s']:.1f} | {r['graph_us'] / 1e3:.2f} | {(r['step_us'] - r['graph_us']) / 1e3:.2f} | "
                      f"{r['runner_us']:.0f} | {r['outputs_us']:.0f} | {r['floor_us'] / 1e3:.2f} | "
                      f"{r['step_over_floor']:.2f} | {100 * r['write_share']:.1f}% | {speed} |")
+    return "\n".join(lines)
+
+
+def format_kernels(rows: list[dict]) -> str:
+    """The per-kernel profile of each row that has one (µs per step, launches per step)."""
+    lines = []
+    for r in rows:
+        if "host" in r:
+            lines.append(f"{r['shape']} {r['context']} {r['method']}: host (cProfile, own time) " +
+                         "; ".join(f"{k['name'][-48:]} {k['us']:.0f}us" for k in r["host"]))
+        if "kernels" in r:
+            lines.append(f"{r['shape']} {r['context']} {r['method']}: graph launch {r['launch_us']:.0f} us; kernels " +
+                         "; ".join(f"{k['name'][:48]} {k['us']:.0f}us x{k['count']:.0f}" for k in r["kernels"]))
     return "\n".join(lines)

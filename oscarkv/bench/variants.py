@@ -25,10 +25,13 @@ import torch
 
 from oscarkv.bench.attention import AttentionBench, _time_us, cache_bytes, copy_bandwidth
 
-POINTS = ((32768, 1), (102400, 1), (131072, 1), (32768, 8), (102400, 8), (32768, 32))
+POINTS = ((32768, 1), (102400, 1), (32768, 8), (102400, 8))
 INT2_VARIANTS = {  # name -> config override of decode._config("raw_int2")
     "default": {},
-    "fp8cast": dict(CONV=1),
+    "st3": dict(num_stages=3),  # page ids read ahead: copies can now run stages ahead (decode_int2._pick)
+    "st4": dict(num_stages=4),
+    "st5": dict(num_stages=5),
+    "bn32st4": dict(BLOCK_N=32, num_stages=4),
 }
 L2_BYTES = 50 * 2**20
 BROKEN: set[str] = set()
@@ -215,6 +218,17 @@ def dump_compiled(out: Path) -> None:
                 break
 
 
+def resources() -> list[dict]:
+    """Registers and spills of every compiled INT2 decode kernel (its specialization key abridged)."""
+    from oscarkv.kernels.decode_int2 import _int2_decode_kernel
+
+    out = []
+    for cache in _int2_decode_kernel.device_caches.values():
+        for key, k in cache[0].items():
+            out.append(dict(regs=k.n_regs, spills=k.n_spills, key=str(key)[-160:]))
+    return out
+
+
 COPY = [0.0]
 
 
@@ -240,6 +254,9 @@ elif __name__ == "__main__":
     checks = check(cfg)
     BROKEN.update(n for n in INT2_VARIANTS if not any(c["variant"] == n and c["rel_err"] < 0.05 for c in checks))
     rows = [time_point(cfg, c, b) for c, b in POINTS]
+    res = resources()
     (out / "variants.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbps": copy,
-                                                   "checks": checks, "prefill": prefill, "rows": rows}, indent=1))
+                                                   "checks": checks, "prefill": prefill, "rows": rows,
+                                                   "resources": res}, indent=1))
+    print("\n".join(f"regs {r['regs']} spills {r['spills']} {r['key']}" for r in res))
     print(table(rows, copy))

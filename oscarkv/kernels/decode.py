@@ -42,6 +42,8 @@ A sequence with no token (a CUDA-graph padding row) outputs zeros.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -253,19 +255,22 @@ def _config(kind: str, device: torch.device) -> dict:
     ``raw_int2``: the INT2 kernel of :mod:`oscarkv.kernels.decode_int2` (``CONV`` 2 = inline PTX
     code conversion); ``int2``: the generic kernel with small groups; ``bf16``: BF16-only caches."""
     if device.type != "cuda":
-        return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0)
+        return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0, CHUNK=4)
     # NOTE: the raw INT2 kernel is latency bound (one tile in flight per program): one warp per
     # program and 8 programs per SM beat 4 warps x 2 per SM by 1.6-2x (H100 sweep, 2026-11-22).
-    # With one scalar page id per tile (decode_int2._tile), num_stages 2 beats 3 and 4 by 14-17%
-    # at 100K x 1 and 32K x 8 (H100 sweep 2026-11-22, docs/bench_gpu/sweep_int2_h100_run6.json).
-    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=2, CONV=2, PER_SM=8),
+    # With page ids read ahead (decode_int2._pick) and unmasked tiles, the copies of the next tile
+    # run during the current one from num_stages 3 on: 3 beats 2/4/5 by 2-8% at 32K-100K x 1-8
+    # (H100, 2026-11-22, docs/bench_gpu/variants_h100_run9.json); with one page-id load per tile
+    # inside the loop, 2 had been best (sweep_int2_h100_run6.json).
+    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=8, CHUNK=32),
             "int2": dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=2),
             "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]
 
 
-def uses_raw_int2(head_dim: int, group: int) -> bool:
-    """Whether the raw-code INT2 kernel serves this shape (groups of >= 64 channels, <= 2 per token)."""
-    return group >= 64 and head_dim // group <= 2
+def uses_raw_int2(head_dim: int, group: int, page: int) -> bool:
+    """Whether the raw-code INT2 kernel serves this shape (groups of >= 64 channels, <= 2 per token;
+    pages of a multiple of 16 tokens, so that its tiles of ``gcd(BLOCK_N, P)`` tokens are full)."""
+    return group >= 64 and head_dim // group <= 2 and page % 16 == 0
 
 
 def default_splits(batch: int, kv_heads: int, device: torch.device, per_sm: int = 2) -> int:
@@ -301,8 +306,10 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     else:
         g = d
         k2 = v2 = type("Empty", (), {"codes": kv.bf16_k, "scale": kv.bf16_k, "zero": kv.bf16_k})()
-    raw = int2 and uses_raw_int2(d, g)
+    raw = int2 and uses_raw_int2(d, g, p)
     cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device), **(config or {})}
+    if raw:  # NOTE: its INT2 tiles must not straddle pages (decode_int2: full tiles only)
+        cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)
     splits = num_splits or default_splits(bsz, h, q.device, cfg.get("PER_SM", 2))
     rep = hq // h
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)
@@ -311,7 +318,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     if raw:
         from oscarkv.kernels.decode_int2 import _int2_decode_kernel as kernel
 
-        extra = dict(G=g, CONV=cfg["CONV"])
+        extra = dict(G=g, CONV=cfg["CONV"], CHUNK=cfg["CHUNK"])
     else:
         kernel, extra = _decode_kernel, dict(G=g, HAS_INT2=int2)
     kernel[(bsz * h, splits)](

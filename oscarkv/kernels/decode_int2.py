@@ -26,6 +26,15 @@ split into ``4 · d/G`` tiles ``[., LG]`` and nothing is permuted. Key codes are
 lets Triton keep the conversion in the dot-operand layout (no shared-memory round trip of
 converted values).
 
+Pipelining. The INT2 history of a split is walked in full tiles of ``BLOCK_N`` tokens (INT2
+lengths are multiples of ``P``, ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned), so its
+loads carry no masks and every one — codes, scales and zeros — is a vector copy. The page ids
+are read ``CHUNK`` tiles at a time before the tile loop (``_chunk_pages``) and picked out of
+registers inside it (``_pick``): no load in the loop feeds an address, so Triton issues each
+tile's copies ``num_stages - 1`` tiles ahead. (With one page-id load per tile inside the loop
+it waited for every copy at the top of each iteration: one tile in flight, H100 SASS,
+2026-11-22.)
+
 ``CONV = 0`` is the interpreter path (fp32 arithmetic, same ``2^-16`` convention).
 """
 
@@ -89,17 +98,32 @@ def _tile(table, n0, end, P: tl.constexpr, BLOCK_N: tl.constexpr):
 
     NOTE: tiles start at multiples of ``BLOCK_N`` (split shares are ``BLOCK_N``-aligned), so with
     ``P % BLOCK_N == 0`` a tile lies in one page: one scalar page-id load instead of a gather, and
-    offsets ``n0 % P + arange`` that Triton sees as contiguous (vector loads, no address chain
-    through a per-token page id)."""
+    offsets ``n0 % P + arange`` (a multiple of ``BLOCK_N`` plus a range) that Triton sees as
+    contiguous and aligned (vector loads, no address chain through a per-token page id)."""
     toks = n0 + tl.arange(0, BLOCK_N)
     ok = toks < end
     if P % BLOCK_N == 0:
         page = tl.load(table + n0 // P).to(tl.int64)
-        off = n0 % P + tl.arange(0, BLOCK_N)
+        off = tl.multiple_of(n0 % P, BLOCK_N) + tl.arange(0, BLOCK_N)
     else:
         page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
         off = toks % P
     return page, off, ok
+
+
+@triton.jit
+def _chunk_pages(table, c0, c_end, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
+    """Page ids ``[CHUNK]`` of the tiles starting at ``c0, c0 + BLOCK_N, ...`` below ``c_end`` (one vector load)."""
+    toks = c0 + tl.arange(0, CHUNK) * BLOCK_N
+    return tl.load(table + toks // P, mask=toks < c_end, other=0)
+
+
+@triton.jit
+def _pick(pages, c0, n0, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
+    """Page id and in-page offsets ``[BLOCK_N]`` of the tile at ``n0`` from its chunk's ``pages``: no load,
+    so the tile's addresses are a function of the loop index and Triton can issue its copies stages ahead."""
+    page = tl.sum(tl.where(tl.arange(0, CHUNK) == (n0 - c0) // BLOCK_N, pages, 0), 0).to(tl.int64)
+    return page, tl.multiple_of(n0 % P, BLOCK_N) + tl.arange(0, BLOCK_N)
 
 
 @triton.jit
@@ -151,7 +175,7 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                         H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
                         G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, CONV: tl.constexpr,
-                        INTERPRET: tl.constexpr):
+                        CHUNK: tl.constexpr, INTERPRET: tl.constexpr):
     # NOTE: the interpreter's range() cannot take tensor bounds under numpy >= 2.4 and its
     # bf16/fp16 dots are wrong, so INTERPRET uses while loops and fp32 operands (see decode.py).
     LG: tl.constexpr = G // 4
@@ -213,28 +237,35 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
             acc_m1 = acc_m1 * alpha
         n0 += BLOCK_N
 
-    # ---- INT2 history
+    # ---- INT2 history: full tiles (INT2 lengths are multiples of P, P % BLOCK_N == 0, split shares
+    # BLOCK_N-aligned); page ids read CHUNK tiles at a time ahead of the tile loop
     n = tl.load(InLens + b)
     per = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per
-    end = tl.minimum(n, start + per)
+    c0 = split * per
+    end = tl.minimum(n, c0 + per)
     table = InTable + b * stride_inb
-    if INTERPRET:
-        n0 = start
-        while n0 < end:
-            a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
-                n0, end, table, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
-                stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
-                h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
-                F16, LG, NG, P, BLOCK_N, CONV)
-            n0 += BLOCK_N
-    else:
-        for n0 in range(start, end, BLOCK_N):
-            a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
-                n0, end, table, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
-                stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
-                h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
-                F16, LG, NG, P, BLOCK_N, CONV)
+    while c0 < end:
+        c_end = tl.minimum(end, c0 + CHUNK * BLOCK_N)
+        pages = _chunk_pages(table, c0, c_end, P, BLOCK_N, CHUNK)
+        if INTERPRET:
+            n0 = c0
+            while n0 < c_end:
+                page, off = _pick(pages, c0, n0, P, BLOCK_N, CHUNK)
+                a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
+                    page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
+                    stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+                    h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
+                    m_i, l_i, F16, LG, NG, CONV)
+                n0 += BLOCK_N
+        else:
+            for n0 in range(c0, c_end, BLOCK_N):
+                page, off = _pick(pages, c0, n0, P, BLOCK_N, CHUNK)
+                a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
+                    page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
+                    stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+                    h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
+                    m_i, l_i, F16, LG, NG, CONV)
+        c0 = c_end
 
     seen = l_i > 0
     inv = 1.0 / tl.where(seen, l_i, 1.0)
@@ -247,36 +278,34 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
 
 
 @triton.jit
-def _int2_step(n0, end, table, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
+def _int2_step(page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
                stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
                h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
-               F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr,
-               CONV: tl.constexpr):
-    """One tile of ``BLOCK_N`` INT2 tokens for the online softmax (see the module docstring)."""
-    page, off, ok = _tile(table, n0, end, P, BLOCK_N)
+               F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr):
+    """One full tile of INT2 tokens (page ``page``, in-page offsets ``off``) for the online softmax
+    (see the module docstring). No masks: every load is a vector copy Triton can pipeline."""
     crow = page * stride_cp + h * stride_ch + off * stride_ct
     srow = page * stride_sp + h * stride_sh + off * stride_st
     jb = tl.arange(0, LG)
-    ckT = tl.load(Kc + crow[None, :] + jb[:, None], mask=ok[None, :], other=0)  # [LG, N] bytes x tokens
-    sk = tl.load(Ks + srow, mask=ok, other=0.0).to(tl.float32) * 65536.0
-    zk = tl.load(Kz + srow, mask=ok, other=0.0).to(tl.float32)
+    ckT = tl.load(Kc + crow[None, :] + jb[:, None])  # [LG, N] bytes x tokens
+    sk = tl.load(Ks + srow).to(tl.float32) * 65536.0
+    zk = tl.load(Kz + srow).to(tl.float32)
     s = _group_scores(h0, h1, h2, h3, ckT, CONV) * sk[None, :] + qs0[:, None] * zk[None, :]
     if NG == 2:
-        ckT1 = tl.load(Kc + LG + crow[None, :] + jb[:, None], mask=ok[None, :], other=0)
-        sk1 = tl.load(Ks + 1 + srow, mask=ok, other=0.0).to(tl.float32) * 65536.0
-        zk1 = tl.load(Kz + 1 + srow, mask=ok, other=0.0).to(tl.float32)
+        ckT1 = tl.load(Kc + LG + crow[None, :] + jb[:, None])
+        sk1 = tl.load(Ks + 1 + srow).to(tl.float32) * 65536.0
+        zk1 = tl.load(Kz + 1 + srow).to(tl.float32)
         s += _group_scores(g0, g1, g2, g3, ckT1, CONV) * sk1[None, :] + qs1[:, None] * zk1[None, :]
-    s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
-    cv = tl.load(Vc + crow[:, None] + jb[None, :], mask=ok[:, None], other=0)  # [N, LG]
-    sv = tl.load(Vs + srow, mask=ok, other=0.0).to(tl.float32)
-    zv = tl.load(Vz + srow, mask=ok, other=0.0).to(tl.float32)
+    p, alpha, m_i, l_i = _softmax_step(s * qk_scale, m_i, l_i)
+    cv = tl.load(Vc + crow[:, None] + jb[None, :])  # [N, LG]
+    sv = tl.load(Vs + srow).to(tl.float32)
+    zv = tl.load(Vz + srow).to(tl.float32)
     a0, a1, a2, a3 = _group_values((p * sv[None, :]).to(F16), cv, a0, a1, a2, a3, alpha, CONV)
     acc_m = acc_m * alpha + tl.sum(p * zv[None, :], 1)
     if NG == 2:
-        cv1 = tl.load(Vc + LG + crow[:, None] + jb[None, :], mask=ok[:, None], other=0)
-        sv1 = tl.load(Vs + 1 + srow, mask=ok, other=0.0).to(tl.float32)
-        zv1 = tl.load(Vz + 1 + srow, mask=ok, other=0.0).to(tl.float32)
+        cv1 = tl.load(Vc + LG + crow[:, None] + jb[None, :])
+        sv1 = tl.load(Vs + 1 + srow).to(tl.float32)
+        zv1 = tl.load(Vz + 1 + srow).to(tl.float32)
         e0, e1, e2, e3 = _group_values((p * sv1[None, :]).to(F16), cv1, e0, e1, e2, e3, alpha, CONV)
         acc_m1 = acc_m1 * alpha + tl.sum(p * zv1[None, :], 1)
     return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i

@@ -54,6 +54,7 @@ CPU_CASES = [  # (lens, Hq, H, d, group, int2, splits)
     ([50, 3], 8, 2, 32, None, False, 4),  # BF16-only cache (the baseline kernel)
     ([0, 150], 4, 1, 32, None, True, None),  # a padding row next to a real one
     ([150, 99], 8, 2, 128, 64, True, 2),  # raw-code INT2 kernel with two groups per token
+    ([403, 1], 8, 2, 128, None, True, 1),  # raw-code kernel, one split: several page-id chunks (CHUNK 4 here)
 ]
 
 
