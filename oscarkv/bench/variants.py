@@ -26,12 +26,10 @@ import torch
 from oscarkv.bench.attention import AttentionBench, _time_us, cache_bytes, copy_bandwidth
 
 POINTS = ((32768, 1), (102400, 1), (32768, 8), (102400, 8))
-INT2_VARIANTS = {  # name -> config override of decode._config("raw_int2")
-    "default": {},
-    "st3": dict(num_stages=3),  # page ids read ahead: copies can now run stages ahead (decode_int2._pick)
+INT2_VARIANTS = {  # name -> config override of decode._config("raw_int2"); round 4 (H100) tried and dropped:
+    "default": {},   # two KV heads per program, maxnreg 208/192, 2 warps, CHUNK 16 (BENCHMARKS.md)
+    "st2": dict(num_stages=2),  # one tile's copies in flight
     "st4": dict(num_stages=4),
-    "st5": dict(num_stages=5),
-    "bn32st4": dict(BLOCK_N=32, num_stages=4),
 }
 L2_BYTES = 50 * 2**20
 BROKEN: set[str] = set()
