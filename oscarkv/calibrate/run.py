@@ -46,7 +46,7 @@ ABLATIONS = {
     "u_only": {"rotation": "u"}, "h_only": {"rotation": "h"}, "clip_fixed": {"clip": "fixed"},
     "clip_none": {"clip": "none"}, "proxy_values": {"value_objective": "proxy"}, "no_center": {"center": "none"},
     "no_scaling": {"scaling": False}, "shared_heads": {"share_heads": True},
-    "center_keys": {"center": "keys"}, "key_clip_fixed": {"clip": "fixed/fitted"},
+    "center_both": {"center": "both"}, "key_clip_fixed": {"clip": "fixed/fitted"},
     "value_clip_fixed": {"clip": "fitted/fixed"}, "key_clip_none": {"clip": "none/fitted"},
 }
 """The ablations of ``oscarkv calibrate --ablations``: each changes one solve-time option of the recipe."""
