@@ -123,7 +123,7 @@ def launch_us(graph, reps: int = 10) -> float:
 def host_phases(engine, steps: int) -> dict[str, float]:
     """Mean µs per step of ``LLMEngine.step``'s phases, run as it runs them: schedule, runner (tables,
     staging, graph launch), commit, sample (waits for the GPU: argmax to the host), outputs.
-    ``outputs_us`` (building each request's ``RequestOutput``, which copies the prompt ids) is timed
+    ``outputs_us`` (building each request's ``RequestOutput``; until round 5 it copied the prompt ids) is timed
     apart on the same sequence: it is part of ``sample``."""
     from oscarkv.engine.scheduler import SchedulerOutput
 

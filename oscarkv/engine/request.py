@@ -62,7 +62,8 @@ class RequestOutput:
     """State of one request after a step: cumulative output plus this step's delta."""
 
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: tuple[int, ...]
+    """The prompt, one tuple shared by every output of the request (never copied per step)."""
     token_ids: list[int]
     text: str
     new_token_ids: list[int] = field(default_factory=list)

@@ -336,5 +336,6 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
     _reduce_kernel[(bsz * hq,)](
         mid_o, mid_l, out, splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
-        out.stride(0), out.stride(1), HQ=hq, D=d, SPLITS_PAD=max(2, triton.next_power_of_2(splits)), num_warps=4)
+        out.stride(0), out.stride(1), HQ=hq, D=d, SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
+        num_warps=cfg.get("REDUCE_WARPS", 4))
     return out
