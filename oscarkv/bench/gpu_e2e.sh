@@ -13,4 +13,5 @@ case " $parts " in *" capacity "*) timeout 200 python3 -m oscarkv.bench.cli capa
 case " $parts " in *" profile "*) timeout 120 python3 -m oscarkv.bench.cli decode --shapes qwen3-4b --contexts 102400 --profile --out $OUT/decode_profile_h100.json 2>&1 | grep -v "^{" | tail -4;; esac
 case " $parts " in *" sweep "*) timeout 150 python3 -m oscarkv.bench.variants $OUT sweep 2>&1 | tee $OUT/sweep.log | grep -v "^sweep {";; esac
 case " $parts " in *" bf16 "*) timeout 330 python3 -m oscarkv.bench.variants $OUT bf16 2>&1 | tee $OUT/bf16.log | grep -v "^coarse\|^final";; esac
+case " $parts " in *" fused "*) timeout 240 python3 -m oscarkv.bench.fused_merge $OUT 2>&1 | tee $OUT/fused.log | grep -v "^point";; esac
 case " $parts " in *" variants "*) timeout 300 python3 -m oscarkv.bench.variants $OUT 2>&1 | tee $OUT/variants.log | grep -v "^point";; esac

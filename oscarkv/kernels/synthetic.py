@@ -41,10 +41,11 @@ def random_int2_pool(n: int, h: int, p: int, d: int, group: int, device, gen: to
 
 def random_cache(lens: list[int], heads: int, head_dim: int, *, page: int = 16, group: int | None = None,
                  sink: int = 64, recent: int = 256, int2: bool = True, device="cpu",
-                 seed: int = 0) -> tuple[LayerKV, PageTables]:
+                 seed: int = 0, shuffle: bool = True) -> tuple[LayerKV, PageTables]:
     """A batch of sequences of ``lens`` tokens in freshly filled pools (one layer).
 
-    ``int2=False`` keeps every token in BF16 (a ``kv=bf16`` cache)."""
+    ``int2=False`` keeps every token in BF16 (a ``kv=bf16`` cache). Pages are placed in random
+    order unless ``shuffle=False`` (consecutive pages, as a freshly filled engine pool holds them)."""
     group = group or min(head_dim, 128)
     assert sink % page == 0, "the layout contract needs sink % page == 0"
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -61,6 +62,8 @@ def random_cache(lens: list[int], heads: int, head_dim: int, *, page: int = 16, 
     nb, ni = sum(bf_pages) + 1, sum(in_pages) + 1  # + scratch page 0
     perm_b = (torch.randperm(nb - 1, generator=torch.Generator().manual_seed(seed)) + 1).tolist()
     perm_i = (torch.randperm(ni - 1, generator=torch.Generator().manual_seed(seed + 1)) + 1).tolist()
+    if not shuffle:
+        perm_b, perm_i = sorted(perm_b), sorted(perm_i)
     bt, it, ob, oi = [], [], 0, 0
     for nbp, nip in zip(bf_pages, in_pages):
         bt.append(perm_b[ob : ob + nbp])
