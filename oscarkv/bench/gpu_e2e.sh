@@ -1,9 +1,10 @@
 # One H100 call: GPU tests (kernels incl. the fused elementwise ones, Triton backend ≡ oracles,
 # CUDA graph ≡ eager), `oscarkv bench decode`, `oscarkv bench capacity`, a profiled decode run
 # (per-kernel GPU time and host cProfile at 4B x 100K, in its own process: the profiler slows
-# later graph launches), and the INT2 decode-kernel sweep / table of oscarkv.bench.variants
-# (JSON and logs under $OUT).
-# Usage: bash oscarkv/bench/gpu_e2e.sh [tests|decode|capacity|profile|sweep|variants ...]  (default: the first four)
+# later graph launches), the INT2 decode-kernel sweep / table of oscarkv.bench.variants, the
+# BF16-kernel config sweep vs SDPA (bf16) and the BF16 kernel next to SDPA at every kernel-table
+# point (peer, oscarkv.bench.bf16_peer) (JSON and logs under $OUT).
+# Usage: bash oscarkv/bench/gpu_e2e.sh [tests|decode|capacity|profile|sweep|bf16|peer|variants ...]  (default: the first four)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 parts="${*:-tests decode capacity profile}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
@@ -13,5 +14,5 @@ case " $parts " in *" capacity "*) timeout 200 python3 -m oscarkv.bench.cli capa
 case " $parts " in *" profile "*) timeout 120 python3 -m oscarkv.bench.cli decode --shapes qwen3-4b --contexts 102400 --profile --out $OUT/decode_profile_h100.json 2>&1 | grep -v "^{" | tail -4;; esac
 case " $parts " in *" sweep "*) timeout 150 python3 -m oscarkv.bench.variants $OUT sweep 2>&1 | tee $OUT/sweep.log | grep -v "^sweep {";; esac
 case " $parts " in *" bf16 "*) timeout 330 python3 -m oscarkv.bench.variants $OUT bf16 2>&1 | tee $OUT/bf16.log | grep -v "^coarse\|^final";; esac
-case " $parts " in *" fused "*) timeout 240 python3 -m oscarkv.bench.fused_merge $OUT 2>&1 | tee $OUT/fused.log | grep -v "^point";; esac
+case " $parts " in *" peer "*) timeout 200 python3 -m oscarkv.bench.bf16_peer $OUT 2>&1 | tee $OUT/peer.log | grep -v "^point";; esac
 case " $parts " in *" variants "*) timeout 300 python3 -m oscarkv.bench.variants $OUT 2>&1 | tee $OUT/variants.log | grep -v "^point";; esac

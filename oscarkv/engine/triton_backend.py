@@ -11,8 +11,7 @@ PyTorch oracles these kernels are tested against).
   ``TensorCodec.encode`` of the BF16 page); ``demote_all`` —
   :func:`oscarkv.kernels.write.demote_layers`, every layer in one launch per clip rank.
 * ``extend`` — :func:`oscarkv.kernels.extend.extend_attention` (prefill chunks; mixed steps).
-* ``decode`` — :func:`oscarkv.kernels.decode.decode_attention` (pure decode steps), with the
-  split-K merge inside the decode launch: the backend owns the kernel's zeroed merge counters.
+* ``decode`` — :func:`oscarkv.kernels.decode.decode_attention` (pure decode steps).
 
 ``decode_steps = True``: the model runner sends a step whose chunks are all one token long to
 ``decode`` over the cache *including* the token just written (its K/V as stored, BF16),
@@ -39,9 +38,6 @@ class TritonAttention(AttentionBackend):
 
     decode_steps = True
 
-    def __init__(self) -> None:
-        self._counters: list[torch.Tensor] = []  # split-K merge counters, see _merge_counters
-
     def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
         from oscarkv.kernels.write import store_kv
 
@@ -67,19 +63,7 @@ class TritonAttention(AttentionBackend):
     def decode(self, q, kv, tables: PageTables, scale):
         from oscarkv.kernels.decode import decode_attention
 
-        # strided q rows (a view of qkv) are fine
-        return decode_attention(q, kv, tables, scale, counters=self._merge_counters(q.shape[0] * kv.bf16_k.shape[1], q.device))
-
-    def _merge_counters(self, n: int, device: torch.device) -> torch.Tensor:
-        """One zeroed int32 buffer of ``>= n`` counters for every layer and step: the decode kernel's
-        merging programs leave it zero, and the layers' launches run in stream order.
-
-        NOTE: allocated on the first (eager, warm-up) call of a size; a grown buffer keeps the
-        earlier ones alive, so CUDA graphs captured with them stay valid."""
-        last = self._counters[-1] if self._counters else None
-        if last is None or last.numel() < n or last.device != device:
-            self._counters.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
-        return self._counters[-1]
+        return decode_attention(q, kv, tables, scale)  # strided q rows (a view of qkv) are fine
 
 
 def default_backend(device: torch.device) -> AttentionBackend:

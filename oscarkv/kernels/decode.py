@@ -191,10 +191,9 @@ def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, 
                    stride_sp, stride_sh, stride_st,
                    stride_bfb, stride_inb,
                    stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                   Count, Out, stride_b, stride_h,
                    H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
                    G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_INT2: tl.constexpr,
-                   FUSE_MERGE: tl.constexpr, INTERPRET: tl.constexpr):
+                   INTERPRET: tl.constexpr):
     # NOTE: INTERPRET is set for Triton's CPU interpreter only: its range() cannot take a tensor
     # bound under numpy >= 2.4 (so the loops are while loops there; compiled kernels use range()
     # so Triton pipelines the loads) and its bf16 tl.dot is wrong (so dots run in fp32 there).
@@ -226,9 +225,6 @@ def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, 
     live = rows < REP
     tl.store(MidO + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + cols[None, :], o, mask=live[:, None])
     tl.store(MidL + b * stride_lb + heads * stride_lh + split, lse, mask=live)
-    if FUSE_MERGE:
-        _merge_if_last(Count, MidO, MidL, Out, b, h, NUM_SPLITS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                       stride_b, stride_h, H, REP, D)
 
 
 @triton.jit
@@ -249,62 +245,23 @@ def _reduce_kernel(MidO, MidL, Out, NUM_SPLITS, stride_ob, stride_oh, stride_os,
     tl.store(Out + b * stride_b + hq * stride_h + cols, out.to(Out.dtype.element_ty))
 
 
-@triton.jit
-def _merge_if_last(Count, MidO, MidL, Out, b, h, NUM_SPLITS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                   stride_b, stride_h, H: tl.constexpr, REP: tl.constexpr, D: tl.constexpr):
-    """The split-K merge of ``_reduce_kernel``, run by the last of the ``NUM_SPLITS`` programs of
-    (sequence ``b``, KV head ``h``) to finish, for its ``REP`` query heads: no second launch.
-
-    NOTE: ``Count[b * H + h]`` is 0 on entry and the merging program sets it back to 0, so one
-    zeroed buffer serves every call (and every CUDA-graph replay). The barrier orders every
-    thread's Mid_O/Mid_L stores before the release of the counter increment; the merging program
-    reads the other programs' rows past L1 (``.cg``; L1 is not coherent across SMs)."""
-    BLOCK_S: tl.constexpr = 16
-    tl.debug_barrier()
-    done = tl.atomic_add(Count + b * H + h, 1, sem="acq_rel", scope="gpu")
-    if done == NUM_SPLITS - 1:
-        cols = tl.arange(0, D)
-        for r in tl.static_range(REP):
-            hq = h * REP + r
-            lp = MidL + b * stride_lb + hq * stride_lh
-            op = MidO + b * stride_ob + hq * stride_oh
-            mx = tl.full([BLOCK_S], float("-inf"), tl.float32)
-            s0 = 0
-            while s0 < NUM_SPLITS:
-                s = s0 + tl.arange(0, BLOCK_S)
-                mx = tl.maximum(mx, tl.load(lp + s, mask=s < NUM_SPLITS, other=float("-inf"), cache_modifier=".cg"))
-                s0 += BLOCK_S
-            top = tl.max(mx, 0)
-            top = tl.where(top == float("-inf"), 0.0, top)  # empty sequence: every weight is 0
-            acc = tl.zeros([BLOCK_S, D], tl.float32)
-            den = tl.zeros([BLOCK_S], tl.float32)
-            s0 = 0
-            while s0 < NUM_SPLITS:
-                s = s0 + tl.arange(0, BLOCK_S)
-                ok = s < NUM_SPLITS
-                w = tl.exp2(tl.load(lp + s, mask=ok, other=float("-inf"), cache_modifier=".cg") - top)
-                o = tl.load(op + s[:, None] * stride_os + cols[None, :], mask=ok[:, None], other=0.0,
-                            cache_modifier=".cg")
-                acc += w[:, None] * o
-                den += w
-                s0 += BLOCK_S
-            total = tl.sum(den, 0)
-            out = tl.sum(acc, 0) / tl.where(total > 0, total, 1.0)
-            tl.store(Out + b * stride_b + hq * stride_h + cols, out.to(Out.dtype.element_ty))
-        tl.store(Count + b * H + h, 0)
-
-
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def _config(kind: str, device: torch.device) -> dict:
-    """Tile and launch parameters keyed by kernel kind (H100 sweeps, ``oscarkv.bench.sweep``).
+def _config(kind: str, device: torch.device, programs: int) -> dict:
+    """Tile and launch parameters keyed by kernel kind and ``programs`` = B * H (before splitting)
+    (H100 sweeps, ``oscarkv.bench.sweep`` and ``oscarkv.bench.variants ... bf16``).
 
     ``raw_int2``: the INT2 kernel of :mod:`oscarkv.kernels.decode_int2` (``CONV`` 2 = inline PTX
     code conversion); ``int2``: the generic kernel with small groups; ``bf16``: BF16-only caches."""
     if device.type != "cuda":
         return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0, CHUNK=4)
+    if kind == "bf16" and programs <= 64:
+        # NOTE: up to batch 8 at 8 KV heads, 64-token tiles and 3 programs per SM beat 128 and 2
+        # by 0.1-1% (100K x 1: 144.9 vs 146.1 us); at batch 32 128-token tiles stay faster (1409
+        # vs 1431 us). 135 configs, H100, 2026-11-22, docs/bench_gpu/bf16_sweep_h100_round5.json.
+        return dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=3)
     # NOTE: the raw INT2 kernel is latency bound (one tile in flight per program): one warp per
     # program and 8 programs per SM beat 4 warps x 2 per SM by 1.6-2x (H100 sweep, 2026-11-22).
     # With page ids read ahead (decode_int2._pick) and unmasked tiles, the copies of the next tile
@@ -331,15 +288,11 @@ def default_splits(batch: int, kv_heads: int, device: torch.device, per_sm: int 
 
 
 def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float, *,
-                     num_splits: int | None = None, config: dict | None = None,
-                     counters: torch.Tensor | None = None) -> torch.Tensor:
+                     num_splits: int | None = None, config: dict | None = None) -> torch.Tensor:
     """Attention of one query token per sequence over its mixed paged cache.
 
     ``q [B, Hq, d]`` rotated queries (bf16 or fp32) → ``[B, Hq, d]`` in ``q``'s dtype. ``config``
-    overrides the tile table (``BLOCK_N``, ``num_warps``, ``num_stages``; benchmarks only).
-    ``counters`` (int32, ``>= B * H`` zeros, owned by the caller and reused for every call) makes
-    the last split of each (sequence, KV head) merge the splits in the same launch
-    (``_merge_if_last``) instead of a second kernel; the kernel leaves them zero again."""
+    overrides the tile table (``BLOCK_N``, ``num_warps``, ``num_stages``; benchmarks only)."""
     bsz, hq, d = q.shape
     _, h, p, dk = kv.bf16_k.shape
     int2 = kv.int2_k is not None
@@ -360,7 +313,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         g = d
         k2 = v2 = type("Empty", (), {"codes": kv.bf16_k, "scale": kv.bf16_k, "zero": kv.bf16_k})()
     raw = int2 and uses_raw_int2(d, g, p)
-    cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device), **(config or {})}
+    cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device, bsz * h), **(config or {})}
     if raw:  # NOTE: its INT2 tiles must not straddle pages (decode_int2: full tiles only)
         cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)
     splits = num_splits or default_splits(bsz, h, q.device, cfg.get("PER_SM", 2))
@@ -368,9 +321,6 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)
     mid_l = torch.empty(bsz, hq, splits, dtype=torch.float32, device=q.device)
     out = torch.empty(bsz, hq, d, dtype=q.dtype, device=q.device)  # contiguous even for strided q rows
-    fuse = counters is not None
-    if fuse:
-        assert counters.dtype == torch.int32 and counters.is_contiguous() and counters.numel() >= bsz * h
     if raw:
         from oscarkv.kernels.decode_int2 import _int2_decode_kernel as kernel
 
@@ -387,12 +337,9 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         k2.scale.stride(0), k2.scale.stride(1), k2.scale.stride(2),
         tables.bf16_table.stride(0), tables.int2_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
-        counters if fuse else mid_l, out, out.stride(0), out.stride(1), FUSE_MERGE=fuse,
         H=h, REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), D=d, P=p, **extra,
         BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
-    if fuse:
-        return out
     _reduce_kernel[(bsz * hq,)](
         mid_o, mid_l, out, splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
         out.stride(0), out.stride(1), HQ=hq, D=d, SPLITS_PAD=max(2, triton.next_power_of_2(splits)),

@@ -43,7 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from oscarkv.kernels.decode import _merge_if_last, _softmax_step
+from oscarkv.kernels.decode import _softmax_step
 
 @triton.jit
 def _codes(c, i: tl.constexpr, CONV: tl.constexpr):
@@ -173,10 +173,9 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
                         stride_sp, stride_sh, stride_st,
                         stride_bfb, stride_inb,
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                        Count, Out, stride_b, stride_h,
                         H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
                         G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, CONV: tl.constexpr,
-                        CHUNK: tl.constexpr, FUSE_MERGE: tl.constexpr, INTERPRET: tl.constexpr):
+                        CHUNK: tl.constexpr, INTERPRET: tl.constexpr):
     # NOTE: the interpreter's range() cannot take tensor bounds under numpy >= 2.4 and its
     # bf16/fp16 dots are wrong, so INTERPRET uses while loops and fp32 operands (see decode.py).
     LG: tl.constexpr = G // 4
@@ -276,9 +275,6 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     if NG == 2:
         _store(op + G, live, e0, e1, e2, e3, acc_m1, inv, LG)
     tl.store(MidL + b * stride_lb + heads * stride_lh + split, lse, mask=rows < REP)
-    if FUSE_MERGE:
-        _merge_if_last(Count, MidO, MidL, Out, b, h, NUM_SPLITS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                       stride_b, stride_h, H, REP, D)
 
 
 @triton.jit

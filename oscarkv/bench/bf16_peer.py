@@ -1,15 +1,16 @@
-"""Decode kernels with the split-K merge in the same launch vs a second launch, BF16 kernel vs SDPA.
+"""The BF16 decode kernel next to its peer, PyTorch's SDPA, and the INT2 kernel, at every kernel-table point.
 
-``python -m oscarkv.bench.fused_merge OUT_DIR`` (needs CUDA). At each (context, batch) of
+``python -m oscarkv.bench.bf16_peer OUT_DIR`` (needs CUDA). At each (context, batch) of
 :data:`oscarkv.bench.variants.BF16_POINTS` (Qwen3-8B attention shape) it times, as CUDA-graph
 replays over enough rotated caches that L2 cannot serve them (``variants.graph_us``):
 
 * ``sdpa`` PyTorch ``scaled_dot_product_attention`` on dense BF16 K/V, before and after the rest;
-* ``bf16`` / ``bf16_fused`` the BF16 kernel with ``_reduce_kernel`` or with ``counters``
-  (``decode._merge_if_last``), pages in random order; ``…_sorted`` the same with consecutive pages;
-* ``int2`` / ``int2_fused`` the INT2 kernel (G = 128) likewise, random page order.
+* ``bf16`` the BF16 kernel with its tile table (``decode._config``), pages in random order;
+  ``bf16_r4`` with round 4's tiles (``BLOCK_N`` 128, 2 programs per SM) for comparison;
+  ``bf16_sorted`` the table's tiles over consecutive pages (the layout's share of the gap);
+* ``int2`` the INT2 kernel (G = 128), random page order.
 
-Writes ``fused_merge.json`` (with registers and spills of every compiled decode kernel) and
+Writes ``bf16_peer.json`` (with registers and spills of every compiled decode kernel) and
 prints a table last.
 """
 
@@ -25,16 +26,17 @@ from oscarkv.bench.attention import AttentionBench, cache_bytes, copy_bandwidth
 from oscarkv.bench.variants import BF16_POINTS, L2_BYTES, _sdpa_us, graph_us
 
 
-def _time(cfg: AttentionBench, ctx: int, bsz: int, int2: bool, shuffle: bool, fused: bool, q) -> float:
-    from oscarkv.kernels.decode import decode_attention
+def _time(cfg: AttentionBench, ctx: int, bsz: int, int2: bool, shuffle: bool, r4: bool, q) -> float:
+    from oscarkv.kernels.decode import decode_attention, default_splits
     from oscarkv.kernels.synthetic import random_cache
 
     n = max(2, -(-4 * L2_BYTES // cache_bytes(cfg, ctx, bsz, int2)))
     caches = [random_cache([ctx] * bsz, cfg.kv_heads, cfg.head_dim, page=cfg.page_size, sink=cfg.sink,
                            recent=cfg.recent, int2=int2, device="cuda", seed=ctx + bsz + i, shuffle=shuffle)
               for i in range(n)]
-    counters = torch.zeros(bsz * cfg.kv_heads, dtype=torch.int32, device="cuda") if fused else None
-    fns = [lambda c=c: decode_attention(q, c[0], c[1], cfg.head_dim**-0.5, counters=counters) for c in caches]
+    conf, splits = (dict(BLOCK_N=128), default_splits(bsz, cfg.kv_heads, q.device, 2)) if r4 else (None, None)
+    fns = [lambda c=c: decode_attention(q, c[0], c[1], cfg.head_dim**-0.5, config=conf, num_splits=splits)
+           for c in caches]
     us = graph_us(fns)
     del caches, fns
     torch.cuda.empty_cache()
@@ -46,10 +48,9 @@ def point(cfg: AttentionBench, ctx: int, bsz: int) -> dict:
     n = max(2, -(-4 * L2_BYTES // cache_bytes(cfg, ctx, bsz, False)))
     row = dict(context=ctx, batch=bsz, us={"sdpa": _sdpa_us(cfg, ctx, bsz, n)},
                bytes=dict(bf16=cache_bytes(cfg, ctx, bsz, False), int2=cache_bytes(cfg, ctx, bsz, True)))
-    for name, int2, shuffle, fused in (("bf16", False, True, False), ("bf16_fused", False, True, True),
-                                       ("bf16_sorted", False, False, False), ("bf16_fused_sorted", False, False, True),
-                                       ("int2", True, True, False), ("int2_fused", True, True, True)):
-        row["us"][name] = _time(cfg, ctx, bsz, int2, shuffle, fused, q)
+    for name, int2, shuffle, r4 in (("bf16", False, True, False), ("bf16_r4", False, True, True),
+                                    ("bf16_sorted", False, False, False), ("int2", True, True, False)):
+        row["us"][name] = _time(cfg, ctx, bsz, int2, shuffle, r4, q)
     row["us"]["sdpa_again"] = _sdpa_us(cfg, ctx, bsz, n)
     print("point", json.dumps(row), flush=True)
     return row
@@ -85,7 +86,7 @@ if __name__ == "__main__":
     copy = copy_bandwidth()
     rows = [point(cfg, c, b) for c, b in BF16_POINTS]
     res = resources()
-    (out / "fused_merge.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbps": copy,
+    (out / "bf16_peer.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbps": copy,
                                                      "rows": rows, "resources": res}, indent=1))
     print("\n".join(f"{r['kernel']} regs {r['regs']} spills {r['spills']} shared {r['shared']}" for r in res))
     print(table(rows, copy))
