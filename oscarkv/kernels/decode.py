@@ -267,8 +267,10 @@ def _config(kind: str, device: torch.device, programs: int) -> dict:
     # With page ids read ahead (decode_int2._pick) and unmasked tiles, the copies of the next tile
     # run during the current one from num_stages 3 on: 3 beats 2/4/5 by 2-8% at 32K-100K x 1-8
     # (H100, 2026-11-22, docs/bench_gpu/variants_h100_run9.json); with one page-id load per tile
-    # inside the loop, 2 had been best (sweep_int2_h100_run6.json).
-    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=8, CHUNK=32),
+    # inside the loop, 2 had been best (sweep_int2_h100_run6.json). Transposed tiles (round 6) fit
+    # in 168 registers without spills: 12 programs per SM beat 8 uncapped by 0-14% and 16 at 128
+    # registers (which spill) at G = 128 (H100, docs/bench_gpu/round6_int2_h100_call1.json).
+    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=12, CHUNK=32, maxnreg=168),
             "int2": dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=2),
             "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]
 
@@ -337,7 +339,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         k2.scale.stride(0), k2.scale.stride(1), k2.scale.stride(2),
         tables.bf16_table.stride(0), tables.int2_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
-        H=h, REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), D=d, P=p, **extra,
+        H=h, REP=rep, REP_PAD=cfg.get("REP_PAD", max(8 if raw else 16, triton.next_power_of_2(rep))), D=d, P=p, **extra,
         BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
     _reduce_kernel[(bsz * hq,)](

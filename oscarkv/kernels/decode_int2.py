@@ -18,13 +18,27 @@ dots (fp16 has 3 more mantissa bits than bf16; the range is ample for rotated qu
 probabilities). The BF16 windows use bf16 dots with ``p · 2^-16`` so one accumulator serves
 both tiers.
 
+Transposed tiles. Every product is computed with the tokens and channels on the tensor cores'
+M and K and the ``REP`` query rows of the KV head on N (``REP_PAD = max(8, REP)``, the mma's
+``n = 8``): scores ``[BLOCK_N, R] = codes [BLOCK_N, LG] @ q_i [LG, R]``, outputs
+``[LG, R] += codes^T [LG, BLOCK_N] @ (p s) [BLOCK_N, R]``. With 4 query rows per KV head
+(Qwen3) an ``M = 16`` tile of query rows was 3/4 padding; on N it is 1/2, which halves the
+mma count and the fp32 accumulators (``[LG, 8]`` slices: 8 registers each, was 16), and q
+becomes the dot's B operand. The kernel then fits in 168 registers without spills (it used
+255 with spills), so ``decode._config`` runs 12 one-warp programs per SM instead of 8
+(H100, 2026-11-22, ``docs/BENCHMARKS.md`` round 6). Online-softmax statistics are per column
+(``_softmax_step_t`` reduces over axis 0).
+
 Column order. Byte ``j`` of a token holds, in bits ``2i..2i+1``, element
 ``(j // LG) G + i LG + j % LG`` (``LG = G / 4``; ``oscarkv.quant.int2``), so slice ``i`` of group
 ``g`` is a contiguous run of ``LG`` channels: q, the BF16 windows and the accumulators are
-split into ``4 · d/G`` tiles ``[., LG]`` and nothing is permuted. Key codes are loaded as
-``[LG, BLOCK_N]`` (bytes × tokens) so that they feed ``tl.dot`` without a transpose, which
-lets Triton keep the conversion in the dot-operand layout (no shared-memory round trip of
-converted values).
+split into ``4 · d/G`` tiles ``[LG, .]`` and nothing is permuted. Key codes are loaded as
+``[BLOCK_N, LG]`` (tokens × bytes, the A operand with K = bytes, contiguous) and value codes as
+``[LG, BLOCK_N]``, so both feed ``tl.dot`` without a ``tl.trans`` and Triton keeps the
+conversion in the dot-operand layout (no shared-memory round trip of converted values).
+NOTE: the value codes' A operand wants 4 consecutive tokens of one byte column per thread:
+Triton reads them from shared memory as single bytes (64 ``LDS.U8`` and ~300 ``PRMT`` of
+~1200 instructions per tile in the sm_90 SASS; the same in the round-5 layout).
 
 Pipelining. The INT2 history of a split is walked in full tiles of ``BLOCK_N`` tokens (INT2
 lengths are multiples of ``P``, ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned), so its
@@ -43,7 +57,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from oscarkv.kernels.decode import _softmax_step
 
 @triton.jit
 def _codes(c, i: tl.constexpr, CONV: tl.constexpr):
@@ -74,22 +87,31 @@ def _codes(c, i: tl.constexpr, CONV: tl.constexpr):
 
 
 @triton.jit
-def _group_scores(q0, q1, q2, q3, ckT, CONV: tl.constexpr):
-    """Σ_i q_i · c_i for one group: q_i ``[M, LG]``, ``ckT`` uint8 ``[LG, N]`` → fp32 ``[M, N]`` (× 2^-16)."""
-    s = tl.dot(q0, _codes(ckT, 0, CONV))
-    s = tl.dot(q1, _codes(ckT, 1, CONV), s)
-    s = tl.dot(q2, _codes(ckT, 2, CONV), s)
-    return tl.dot(q3, _codes(ckT, 3, CONV), s)
+def _group_scores(ck, q0, q1, q2, q3, CONV: tl.constexpr):
+    """Σ_i c_i · q_i for one group: ``ck`` uint8 ``[N, LG]``, q_i ``[LG, R]`` → fp32 ``[N, R]`` (× 2^-16)."""
+    s = tl.dot(_codes(ck, 0, CONV), q0)
+    s = tl.dot(_codes(ck, 1, CONV), q1, s)
+    s = tl.dot(_codes(ck, 2, CONV), q2, s)
+    return tl.dot(_codes(ck, 3, CONV), q3, s)
 
 
 @triton.jit
-def _group_values(ps, cv, a0, a1, a2, a3, alpha, CONV: tl.constexpr):
-    """Rescale the four slice accumulators of one group and add ``ps @ c_i`` (``cv`` uint8 ``[N, LG]``)."""
-    a0 = tl.dot(ps, _codes(cv, 0, CONV), a0 * alpha[:, None])
-    a1 = tl.dot(ps, _codes(cv, 1, CONV), a1 * alpha[:, None])
-    a2 = tl.dot(ps, _codes(cv, 2, CONV), a2 * alpha[:, None])
-    a3 = tl.dot(ps, _codes(cv, 3, CONV), a3 * alpha[:, None])
+def _group_values(cvT, ps, a0, a1, a2, a3, alpha, CONV: tl.constexpr):
+    """Rescale the slice accumulators ``[LG, R]`` of one group and add ``c_i^T @ ps`` (``cvT`` uint8 ``[LG, N]``)."""
+    a0 = tl.dot(_codes(cvT, 0, CONV), ps, a0 * alpha[None, :])
+    a1 = tl.dot(_codes(cvT, 1, CONV), ps, a1 * alpha[None, :])
+    a2 = tl.dot(_codes(cvT, 2, CONV), ps, a2 * alpha[None, :])
+    a3 = tl.dot(_codes(cvT, 3, CONV), ps, a3 * alpha[None, :])
     return a0, a1, a2, a3
+
+
+@triton.jit
+def _softmax_step_t(qkT, m_i, l_i):
+    """One online-softmax step on transposed log2-domain logits ``qkT [N, R]`` (tokens x query rows)."""
+    m_new = tl.maximum(m_i, tl.max(qkT, 0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qkT - m_new[None, :])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 0)
 
 
 @triton.jit
@@ -128,27 +150,29 @@ def _pick(pages, c0, n0, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.const
 
 @triton.jit
 def _bf16_scores(K, rows, mk, b0, b1, b2, b3, LG: tl.constexpr, s):
-    """Add Σ_i q_i · k_i of one group's four slices (``rows`` already point at the group)."""
+    """Add Σ_i k_i · q_i of one group's four slices (``rows [N, 1]`` already point at the group)."""
     cols = tl.arange(0, LG)[None, :]
-    s = tl.dot(b0, tl.trans(tl.load(K + rows + cols, mask=mk, other=0.0).to(b0.dtype)), s)
-    s = tl.dot(b1, tl.trans(tl.load(K + rows + LG + cols, mask=mk, other=0.0).to(b0.dtype)), s)
-    s = tl.dot(b2, tl.trans(tl.load(K + rows + 2 * LG + cols, mask=mk, other=0.0).to(b0.dtype)), s)
-    return tl.dot(b3, tl.trans(tl.load(K + rows + 3 * LG + cols, mask=mk, other=0.0).to(b0.dtype)), s)
+    s = tl.dot(tl.load(K + rows + cols, mask=mk, other=0.0).to(b0.dtype), b0, s)
+    s = tl.dot(tl.load(K + rows + LG + cols, mask=mk, other=0.0).to(b0.dtype), b1, s)
+    s = tl.dot(tl.load(K + rows + 2 * LG + cols, mask=mk, other=0.0).to(b0.dtype), b2, s)
+    return tl.dot(tl.load(K + rows + 3 * LG + cols, mask=mk, other=0.0).to(b0.dtype), b3, s)
 
 
 @triton.jit
-def _bf16_values(V, rows, mk, p, a0, a1, a2, a3, alpha, LG: tl.constexpr):
-    cols = tl.arange(0, LG)[None, :]
-    a0 = tl.dot(p, tl.load(V + rows + cols, mask=mk, other=0.0).to(p.dtype), a0 * alpha[:, None])
-    a1 = tl.dot(p, tl.load(V + rows + LG + cols, mask=mk, other=0.0).to(p.dtype), a1 * alpha[:, None])
-    a2 = tl.dot(p, tl.load(V + rows + 2 * LG + cols, mask=mk, other=0.0).to(p.dtype), a2 * alpha[:, None])
-    a3 = tl.dot(p, tl.load(V + rows + 3 * LG + cols, mask=mk, other=0.0).to(p.dtype), a3 * alpha[:, None])
+def _bf16_values(V, rowsT, mkT, p, a0, a1, a2, a3, alpha, LG: tl.constexpr):
+    """Rescale the four slice accumulators ``[LG, R]`` and add ``v_i^T @ p`` (``rowsT [1, N]``)."""
+    cols = tl.arange(0, LG)[:, None]
+    a0 = tl.dot(tl.load(V + rowsT + cols, mask=mkT, other=0.0).to(p.dtype), p, a0 * alpha[None, :])
+    a1 = tl.dot(tl.load(V + rowsT + LG + cols, mask=mkT, other=0.0).to(p.dtype), p, a1 * alpha[None, :])
+    a2 = tl.dot(tl.load(V + rowsT + 2 * LG + cols, mask=mkT, other=0.0).to(p.dtype), p, a2 * alpha[None, :])
+    a3 = tl.dot(tl.load(V + rowsT + 3 * LG + cols, mask=mkT, other=0.0).to(p.dtype), p, a3 * alpha[None, :])
     return a0, a1, a2, a3
 
 
 @triton.jit
 def _load_q(qp, live, LG: tl.constexpr, DT: tl.constexpr):
-    cols = tl.arange(0, LG)[None, :]
+    """The four slices ``[LG, R]`` (channels x query rows) of one group of q (``qp [1, R]``)."""
+    cols = tl.arange(0, LG)[:, None]
     return (tl.load(qp + cols, mask=live, other=0.0).to(DT), tl.load(qp + LG + cols, mask=live, other=0.0).to(DT),
             tl.load(qp + 2 * LG + cols, mask=live, other=0.0).to(DT),
             tl.load(qp + 3 * LG + cols, mask=live, other=0.0).to(DT))
@@ -156,12 +180,12 @@ def _load_q(qp, live, LG: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def _store(op, live, a0, a1, a2, a3, acc_m, inv, LG: tl.constexpr):
-    """Output of one group: (acc · 2^16 + Σ p m) / l for its four slices."""
-    cols = tl.arange(0, LG)[None, :]
-    tl.store(op + cols, (a0 * 65536.0 + acc_m[:, None]) * inv[:, None], mask=live)
-    tl.store(op + LG + cols, (a1 * 65536.0 + acc_m[:, None]) * inv[:, None], mask=live)
-    tl.store(op + 2 * LG + cols, (a2 * 65536.0 + acc_m[:, None]) * inv[:, None], mask=live)
-    tl.store(op + 3 * LG + cols, (a3 * 65536.0 + acc_m[:, None]) * inv[:, None], mask=live)
+    """Output of one group: (acc · 2^16 + Σ p m) / l for its four slices ``[LG, R]``."""
+    cols = tl.arange(0, LG)[:, None]
+    tl.store(op + cols, (a0 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + LG + cols, (a1 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + 2 * LG + cols, (a2 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + 3 * LG + cols, (a3 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
 
 
 @triton.jit
@@ -187,28 +211,28 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     split = tl.program_id(1)
     rows = tl.arange(0, REP_PAD)
     heads = h * REP + rows
-    live = (rows < REP)[:, None]
-    qp = Q + b * stride_qb + heads[:, None] * stride_qh
+    live = (rows < REP)[None, :]
+    qp = Q + b * stride_qb + heads[None, :] * stride_qh
     # group 0 (and group 1 when NG == 2): q slices in fp16 (codes) and bf16 (windows)
     h0, h1, h2, h3 = _load_q(qp, live, LG, F16)
     b0, b1, b2, b3 = _load_q(qp, live, LG, B16)
-    qs0 = tl.sum(h0.to(tl.float32) + h1.to(tl.float32) + h2.to(tl.float32) + h3.to(tl.float32), 1)
-    a0 = tl.zeros([REP_PAD, LG], tl.float32)
-    a1 = tl.zeros([REP_PAD, LG], tl.float32)
-    a2 = tl.zeros([REP_PAD, LG], tl.float32)
-    a3 = tl.zeros([REP_PAD, LG], tl.float32)
+    qs0 = tl.sum(h0.to(tl.float32) + h1.to(tl.float32) + h2.to(tl.float32) + h3.to(tl.float32), 0)
+    a0 = tl.zeros([LG, REP_PAD], tl.float32)
+    a1 = tl.zeros([LG, REP_PAD], tl.float32)
+    a2 = tl.zeros([LG, REP_PAD], tl.float32)
+    a3 = tl.zeros([LG, REP_PAD], tl.float32)
     if NG == 2:
         g0, g1, g2, g3 = _load_q(qp + G, live, LG, F16)
         c0, c1, c2, c3 = _load_q(qp + G, live, LG, B16)
-        qs1 = tl.sum(g0.to(tl.float32) + g1.to(tl.float32) + g2.to(tl.float32) + g3.to(tl.float32), 1)
+        qs1 = tl.sum(g0.to(tl.float32) + g1.to(tl.float32) + g2.to(tl.float32) + g3.to(tl.float32), 0)
     else:  # unused placeholders (NG == 1)
         g0, g1, g2, g3 = h0, h1, h2, h3
         c0, c1, c2, c3 = b0, b1, b2, b3
         qs1 = qs0
-    e0 = tl.zeros([REP_PAD, LG], tl.float32)
-    e1 = tl.zeros([REP_PAD, LG], tl.float32)
-    e2 = tl.zeros([REP_PAD, LG], tl.float32)
-    e3 = tl.zeros([REP_PAD, LG], tl.float32)
+    e0 = tl.zeros([LG, REP_PAD], tl.float32)
+    e1 = tl.zeros([LG, REP_PAD], tl.float32)
+    e2 = tl.zeros([LG, REP_PAD], tl.float32)
+    e3 = tl.zeros([LG, REP_PAD], tl.float32)
     m_i = tl.full([REP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([REP_PAD], tl.float32)
     acc_m = tl.zeros([REP_PAD], tl.float32)
@@ -222,18 +246,17 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     table = BfTable + b * stride_bfb
     while n0 < end:
         page, off, ok = _tile(table, n0, end, P, BLOCK_N)
-        r = (page * stride_bp + h * stride_bh + off * stride_bt)[:, None]
-        mk = ok[:, None]
-        s = _bf16_scores(Kb, r, mk, b0, b1, b2, b3, LG, tl.zeros([REP_PAD, BLOCK_N], tl.float32))
+        r = page * stride_bp + h * stride_bh + off * stride_bt
+        s = _bf16_scores(Kb, r[:, None], ok[:, None], b0, b1, b2, b3, LG, tl.zeros([BLOCK_N, REP_PAD], tl.float32))
         if NG == 2:
-            s = _bf16_scores(Kb + G, r, mk, c0, c1, c2, c3, LG, s)
-        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
+            s = _bf16_scores(Kb + G, r[:, None], ok[:, None], c0, c1, c2, c3, LG, s)
+        s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
+        p, alpha, m_i, l_i = _softmax_step_t(s, m_i, l_i)
         pb = (p * (1.0 / 65536.0)).to(B16)
-        a0, a1, a2, a3 = _bf16_values(Vb, r, mk, pb, a0, a1, a2, a3, alpha, LG)
+        a0, a1, a2, a3 = _bf16_values(Vb, r[None, :], ok[None, :], pb, a0, a1, a2, a3, alpha, LG)
         acc_m = acc_m * alpha
         if NG == 2:
-            e0, e1, e2, e3 = _bf16_values(Vb + G, r, mk, pb, e0, e1, e2, e3, alpha, LG)
+            e0, e1, e2, e3 = _bf16_values(Vb + G, r[None, :], ok[None, :], pb, e0, e1, e2, e3, alpha, LG)
             acc_m1 = acc_m1 * alpha
         n0 += BLOCK_N
 
@@ -270,7 +293,7 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     seen = l_i > 0
     inv = 1.0 / tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    op = MidO + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
+    op = MidO + b * stride_ob + heads[None, :] * stride_oh + split * stride_os
     _store(op, live, a0, a1, a2, a3, acc_m, inv, LG)
     if NG == 2:
         _store(op + G, live, e0, e1, e2, e3, acc_m1, inv, LG)
@@ -287,25 +310,25 @@ def _int2_step(page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
     crow = page * stride_cp + h * stride_ch + off * stride_ct
     srow = page * stride_sp + h * stride_sh + off * stride_st
     jb = tl.arange(0, LG)
-    ckT = tl.load(Kc + crow[None, :] + jb[:, None])  # [LG, N] bytes x tokens
+    ck = tl.load(Kc + crow[:, None] + jb[None, :])  # [N, LG] tokens x bytes
     sk = tl.load(Ks + srow).to(tl.float32) * 65536.0
     zk = tl.load(Kz + srow).to(tl.float32)
-    s = _group_scores(h0, h1, h2, h3, ckT, CONV) * sk[None, :] + qs0[:, None] * zk[None, :]
+    s = _group_scores(ck, h0, h1, h2, h3, CONV) * sk[:, None] + zk[:, None] * qs0[None, :]
     if NG == 2:
-        ckT1 = tl.load(Kc + LG + crow[None, :] + jb[:, None])
+        ck1 = tl.load(Kc + LG + crow[:, None] + jb[None, :])
         sk1 = tl.load(Ks + 1 + srow).to(tl.float32) * 65536.0
         zk1 = tl.load(Kz + 1 + srow).to(tl.float32)
-        s += _group_scores(g0, g1, g2, g3, ckT1, CONV) * sk1[None, :] + qs1[:, None] * zk1[None, :]
-    p, alpha, m_i, l_i = _softmax_step(s * qk_scale, m_i, l_i)
-    cv = tl.load(Vc + crow[:, None] + jb[None, :])  # [N, LG]
+        s += _group_scores(ck1, g0, g1, g2, g3, CONV) * sk1[:, None] + zk1[:, None] * qs1[None, :]
+    p, alpha, m_i, l_i = _softmax_step_t(s * qk_scale, m_i, l_i)
+    cvT = tl.load(Vc + crow[None, :] + jb[:, None])  # [LG, N] bytes x tokens
     sv = tl.load(Vs + srow).to(tl.float32)
     zv = tl.load(Vz + srow).to(tl.float32)
-    a0, a1, a2, a3 = _group_values((p * sv[None, :]).to(F16), cv, a0, a1, a2, a3, alpha, CONV)
-    acc_m = acc_m * alpha + tl.sum(p * zv[None, :], 1)
+    a0, a1, a2, a3 = _group_values(cvT, (p * sv[:, None]).to(F16), a0, a1, a2, a3, alpha, CONV)
+    acc_m = acc_m * alpha + tl.sum(p * zv[:, None], 0)
     if NG == 2:
-        cv1 = tl.load(Vc + LG + crow[:, None] + jb[None, :])
+        cvT1 = tl.load(Vc + LG + crow[None, :] + jb[:, None])
         sv1 = tl.load(Vs + 1 + srow).to(tl.float32)
         zv1 = tl.load(Vz + 1 + srow).to(tl.float32)
-        e0, e1, e2, e3 = _group_values((p * sv1[None, :]).to(F16), cv1, e0, e1, e2, e3, alpha, CONV)
-        acc_m1 = acc_m1 * alpha + tl.sum(p * zv1[None, :], 1)
+        e0, e1, e2, e3 = _group_values(cvT1, (p * sv1[:, None]).to(F16), e0, e1, e2, e3, alpha, CONV)
+        acc_m1 = acc_m1 * alpha + tl.sum(p * zv1[:, None], 0)
     return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
