@@ -1,7 +1,7 @@
 """The calibration driver behind ``oscarkv calibrate``: text → statistics → solve → artifact.
 
 Role: tokenize the calibration text once; stream the first ``cfg.tokens`` tokens through the
-model as independent sequences of ``cfg.chunk`` tokens (positions from 0), ``FORWARD_BATCH`` per forward, while
+model as independent forwards of ``cfg.chunk`` tokens (positions from 0) while
 :class:`~oscarkv.calibrate.stats.StatsCollector` accumulates second moments; run the next
 ``cfg.heldout_tokens`` tokens (disjoint from the statistics) as one more forward, batched into
 windows of ``min(chunk, heldout_tokens)`` tokens, to capture the held-out ``q, k, v`` that
@@ -98,15 +98,8 @@ def token_ids(tokenizer, texts: list[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-FORWARD_BATCH = 4
-"""Calibration chunks per forward: one ``[4, chunk]`` batch runs the matmuls at larger M, which
-a CPU executes at a higher rate than four ``[1, chunk]`` forwards; the statistics are the same
-sums over the same tokens."""
-
-
 def split_tokens(ids: torch.Tensor, cfg: CalibrationConfig) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Statistics batches ``[≤ FORWARD_BATCH, chunk]`` (plus ``[1, r]`` for a shorter last chunk)
-    and the held-out batch ``[n, w]``.
+    """Statistics chunks ``[1, chunk]`` (the last may be shorter) and the held-out batch ``[n, w]``.
 
     The held-out tokens directly follow the statistics tokens; they form ``n`` windows of
     ``w = min(chunk, heldout_tokens)`` tokens, a trailing partial window is dropped."""
@@ -116,10 +109,7 @@ def split_tokens(ids: torch.Tensor, cfg: CalibrationConfig) -> tuple[list[torch.
     if ids.numel() < need:
         raise ValueError(f"calibration text too short: {ids.numel()} tokens, but tokens + heldout_tokens = "
                          f"{cfg.tokens} + {cfg.heldout_tokens} = {need} are needed; give more text or fewer tokens")
-    whole = cfg.tokens // cfg.chunk * cfg.chunk
-    chunks = list(ids[:whole].view(-1, cfg.chunk).split(FORWARD_BATCH))
-    if whole < cfg.tokens:
-        chunks.append(ids[whole:cfg.tokens][None])
+    chunks = [c[None] for c in ids[:cfg.tokens].split(cfg.chunk)]
     width = min(cfg.chunk, cfg.heldout_tokens)
     held = ids[cfg.tokens:need]
     return chunks, held[:held.numel() // width * width].view(-1, width)

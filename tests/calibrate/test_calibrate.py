@@ -306,14 +306,3 @@ def test_default_artifact_is_refitted_when_the_recipe_changed(loaded, default_ru
     assert cc.default_artifact(loaded, tmp_path) == "refitted" and calls == [CalibrationConfig()]
     monkeypatch.setattr(cc, "CalibrationConfig", lambda: CFG)  # now CFG is "the recipe": reuse the cache
     assert cc.default_artifact(loaded, tmp_path).manifest["options"]["tokens"] == CFG.tokens and len(calls) == 1
-
-
-def test_split_tokens_batches_whole_chunks():
-    from oscarkv.calibrate.run import FORWARD_BATCH, split_tokens
-
-    cfg = replace(CFG, tokens=32 * (FORWARD_BATCH + 1) + 5)
-    ids = torch.arange(cfg.tokens + cfg.heldout_tokens)
-    batches, held = split_tokens(ids, cfg)
-    assert [tuple(b.shape) for b in batches] == [(FORWARD_BATCH, 32), (1, 32), (1, 5)]
-    assert torch.equal(torch.cat([b.flatten() for b in batches]), ids[:cfg.tokens])  # every token once, in order
-    assert torch.equal(held.flatten(), ids[cfg.tokens:])
