@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from oscarkv.config import KVConfig
+from oscarkv.config import EvalConfig
 from oscarkv.eval import tasks as task_lib
-from oscarkv.eval.runner import answer_spans, prefill, score_sample
+from oscarkv.eval.runner import answer_spans, build_codecs, prefill, score_sample
 from oscarkv.models.loader import load_model
 from oscarkv.quant.artifact import Artifact, ModelFingerprint
-from oscarkv.quant.codec import KVCodec, LayerCodec, build_codec
+from oscarkv.quant.codec import KVCodec, LayerCodec
 
 
 def hybrid(codec: KVCodec, key_bits: int, value_bits: int) -> KVCodec:
@@ -37,9 +37,7 @@ def main() -> None:
     loaded = load_model("default")
     model, tok = loaded.model, loaded.tokenizer
     art = Artifact.load(args.rotations, expect=ModelFingerprint.from_config(loaded.config))
-    c = model.config
-    base = build_codec(KVConfig("oscar").without_windows(), c.num_hidden_layers, c.num_key_value_heads,
-                       c.hidden_size // c.num_attention_heads, art)
+    base = build_codecs(model, EvalConfig(methods=("oscar",), windows=(False,)), {"": art})["oscar"]
     codecs = {"K2 V2 (oscar)": base, "K2 V4": hybrid(base, 2, 4), "K4 V2": hybrid(base, 4, 2)}
     sums = {k: [0.0, 0.0] for k in codecs}
     samples = task_lib.generate("niah_single", args.context, args.samples, tok, seed=args.seed, haystack="calibration")

@@ -57,6 +57,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from oscarkv.kernels.decode import _split_range
+
 
 @triton.jit
 def _codes(c, i: tl.constexpr, CONV: tl.constexpr):
@@ -239,10 +241,7 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     acc_m1 = tl.zeros([REP_PAD], tl.float32)
 
     # ---- BF16 windows (sink + recent)
-    n = tl.load(BfLens + b)
-    per = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    n0 = split * per
-    end = tl.minimum(n, n0 + per)
+    n0, end = _split_range(tl.load(BfLens + b), split, NUM_SPLITS, BLOCK_N)
     table = BfTable + b * stride_bfb
     while n0 < end:
         page, off, ok = _tile(table, n0, end, P, BLOCK_N)
@@ -262,10 +261,7 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
 
     # ---- INT2 history: full tiles (INT2 lengths are multiples of P, P % BLOCK_N == 0, split shares
     # BLOCK_N-aligned); page ids read CHUNK tiles at a time ahead of the tile loop
-    n = tl.load(InLens + b)
-    per = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    c0 = split * per
-    end = tl.minimum(n, c0 + per)
+    c0, end = _split_range(tl.load(InLens + b), split, NUM_SPLITS, BLOCK_N)
     table = InTable + b * stride_inb
     while c0 < end:
         c_end = tl.minimum(end, c0 + CHUNK * BLOCK_N)
