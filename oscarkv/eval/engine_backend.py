@@ -58,13 +58,13 @@ def score_engine(engine: LLMEngine, doc: list[int], question: list[int], target:
 
 
 def run_tasks_engine(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, artifacts, bar, tally) -> list[dict]:
-    from oscarkv.eval.runner import answer_spans
+    from oscarkv.eval.runner import answer_spans, task_samples
 
     engines = build_engines(loaded, codecs, cfg, artifacts)
     tok = loaded.tokenizer
     for ctx in cfg.contexts:
         for task in (t for t in cfg.tasks if t != "ppl"):
-            for sample in task_lib.generate(task, ctx, cfg.samples, tok, seed=cfg.seed, haystack=cfg.haystack):
+            for sample in task_samples(loaded, task, ctx, cfg):
                 doc = tok(sample.document, add_special_tokens=False).input_ids
                 q = tok(sample.question, add_special_tokens=False).input_ids
                 target, spans = answer_spans(tok, task_lib.answer_target(sample), sample.answers)

@@ -153,11 +153,18 @@ def records_from_log(lines) -> list[dict]:
     return [rec for metric, tally in tallies.items() for rec in tally.records(metric)]
 
 
+def task_samples(loaded, task: str, context: int, cfg: EvalConfig) -> list[task_lib.Sample]:
+    """The samples of ``task`` at ``context``: prompt and answer within the model's positions."""
+    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    return task_lib.generate(task, context, cfg.samples, loaded.tokenizer, seed=cfg.seed, haystack=cfg.haystack,
+                             limit=limit)
+
+
 def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, tally: Tally) -> list[dict]:
     model, tok = loaded.model, loaded.tokenizer
     for ctx in cfg.contexts:
         for task in (t for t in cfg.tasks if t != "ppl"):
-            for sample in task_lib.generate(task, ctx, cfg.samples, tok, seed=cfg.seed, haystack=cfg.haystack):
+            for sample in task_samples(loaded, task, ctx, cfg):
                 doc_ids = tok(sample.document, add_special_tokens=False, return_tensors="pt").input_ids
                 q_ids = tok(sample.question, add_special_tokens=False, return_tensors="pt").input_ids
                 target, spans = answer_spans(tok, task_lib.answer_target(sample), sample.answers)

@@ -268,12 +268,15 @@ def _fit(tokenizer, corpus: _Corpus, spec: _Spec, context: int, rng: random.Rand
 
 
 # ------------------------------------------------------------------------------- public
-def generate(task: str, context: int, n: int, tokenizer, seed: int = 0, haystack: str = "eval") -> list[Sample]:
+def generate(task: str, context: int, n: int, tokenizer, seed: int = 0, haystack: str = "eval",
+             limit: int | None = None) -> list[Sample]:
     """``n`` samples of ``task`` whose prompts have ``context - MARGIN``..``context`` tokens.
 
     Sample ``i`` draws from its own RNG (task, context, seed, i); its first needle sits at depth
     ``first_depths(task, n, seed)[i]``, so depths cover ``[0, 1)`` evenly. ``haystack`` names
-    the filler text (``HAYSTACKS``)."""
+    the filler text (``HAYSTACKS``). ``limit`` (the model's positions) bounds prompt *plus*
+    :func:`answer_target`: a sample whose answer would run past it is refitted shorter (only
+    those samples change; at 8K the 4-value answers of ``niah_multivalue``/``multiquery`` can)."""
     if haystack not in HAYSTACKS:
         raise ValueError(f"unknown haystack {haystack!r}; choose from {tuple(HAYSTACKS)}")
     if task not in TASKS:
@@ -281,7 +284,8 @@ def generate(task: str, context: int, n: int, tokenizer, seed: int = 0, haystack
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     corpus = _corpus(tokenizer, haystack)
-    return [_sample(task, context, seed, i, d, tokenizer, corpus) for i, d in enumerate(first_depths(task, n, seed))]
+    return [_sample(task, context, seed, i, d, tokenizer, corpus, limit)
+            for i, d in enumerate(first_depths(task, n, seed))]
 
 
 def first_depths(task: str, n: int, seed: int = 0) -> list[float]:
@@ -293,11 +297,26 @@ def first_depths(task: str, n: int, seed: int = 0) -> list[float]:
     return [(i + phase) / n for i in range(n)]
 
 
-def _sample(task: str, context: int, seed: int, i: int, depth: float, tokenizer, corpus: _Corpus) -> Sample:
+def _sample(task: str, context: int, seed: int, i: int, depth: float, tokenizer, corpus: _Corpus,
+            limit: int | None) -> Sample:
     rng = random.Random(f"{task}/{context}/{seed}/{i}")
     spec = _BUILDERS[task](rng, depth, corpus.text)
     document, question = _fit(tokenizer, corpus, spec, context, rng)
+    if limit is not None:
+        document, question = _within(tokenizer, corpus, spec, document, question, limit,
+                                     random.Random(f"{task}/{context}/{seed}/{i}/limit"))
     return Sample(task, context, seed, document, question, spec.answers)
+
+
+def _within(tokenizer, corpus: _Corpus, spec: _Spec, document: str, question: str, limit: int,
+            rng: random.Random) -> tuple[str, str]:
+    """Refit the prompt shorter while prompt + answer (as the runners feed them) exceed ``limit``."""
+    for _ in range(4):  # the answer's length does not depend on the haystack: one refit, rarely two
+        over = _fed(tokenizer, document, question, _target(spec.answers)) - limit
+        if over <= 0:
+            return document, question
+        document, question = _fit(tokenizer, corpus, spec, _count(tokenizer, document, question) - over, rng)
+    raise RuntimeError(f"could not fit a {spec.needles[0]!r} prompt and its answer into {limit} tokens")
 
 
 def answer_target(sample: Sample) -> str:
@@ -305,7 +324,16 @@ def answer_target(sample: Sample) -> str:
 
     One answer: ``" 1234567."``; several: ``" a, b, c and d."`` (no Oxford comma), in the
     order of ``sample.answers``."""
-    return f" {_join(sample.answers)}."
+    return _target(sample.answers)
+
+
+def _target(answers: tuple[str, ...]) -> str:
+    return f" {_join(answers)}."
+
+
+def _fed(tokenizer, document: str, question: str, target: str) -> int:
+    """Tokens the runners feed for a sample: document, question and answer, each tokenized alone."""
+    return sum(len(tokenizer(t, add_special_tokens=False).input_ids) for t in (document, question, target))
 
 
 def score_text(sample: Sample, generated: str) -> float:

@@ -113,6 +113,24 @@ def test_answer_target_and_score(tok):
     assert T.score_text(vt, T.answer_target(vt).lower()) == 1.0  # case-insensitive, as RULER
 
 
+def fed(tok, s: T.Sample) -> int:
+    """Tokens a runner feeds: document, question and answer, each tokenized alone."""
+    return sum(len(tok(t, add_special_tokens=False).input_ids) for t in (s.document, s.question, T.answer_target(s)))
+
+
+@pytest.mark.parametrize("task", ["niah_single", "niah_multivalue"])
+def test_limit_keeps_the_answer_within_the_model(tok, task):
+    """With ``limit`` (the model's positions) a prompt whose answer would run past it is refitted
+    shorter; every other sample is exactly the one generated without a limit."""
+    free = T.generate(task, 1024, 6, tok, seed=2)
+    held = T.generate(task, 1024, 6, tok, seed=2, limit=1024)
+    assert all(fed(tok, s) <= 1024 for s in held)
+    assert any(fed(tok, s) > 1024 for s in free) == (task == "niah_multivalue")  # 4 values: ~30 answer tokens
+    for a, b in zip(free, held):
+        assert (a == b) == (fed(tok, a) <= 1024)
+        assert b.answers == a.answers and n_tokens(tok, b) >= 1024 - 2 * T.MARGIN
+
+
 def test_errors(tok):
     with pytest.raises(ValueError, match="unknown task"):
         T.generate("niah_double", 1024, 1, tok)
