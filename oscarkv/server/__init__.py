@@ -7,7 +7,10 @@ validated into :class:`~oscarkv.engine.request.SamplingParams` and prompt token 
 → :class:`~oscarkv.engine.request.RequestOutput` deltas → JSON or SSE chunks.
 
 Modules: ``config`` (:class:`ServerConfig`), ``protocol`` (OpenAI wire types), ``app``
-(the FastAPI factory, no globals), ``metrics`` (Prometheus on a per-app registry),
+(the FastAPI factory and routes, no globals), ``state`` (per-app :class:`Server`: the served
+model, request validation, generation with metrics), ``endpoints`` (completions and chat, JSON
+or SSE), ``streaming`` (SSE lines, usage, racing a client's disconnect), ``errors`` (OpenAI
+error bodies as exception handlers), ``metrics`` (Prometheus on a per-app registry),
 ``cli`` (``oscarkv serve``) and ``bench`` (``oscarkv bench-serve``). FastAPI, uvicorn and
 prometheus_client are imported only here, so the core package does not need them.
 """

@@ -2,7 +2,8 @@
 
 Role: :class:`ServerMetrics` owns the registry. Request-side series (HTTP responses by status,
 prompt and generated tokens, finish reasons, TTFT, TPOT and end-to-end latency histograms) are
-updated by ``oscarkv.server.app`` as requests run. Engine-side series are read at scrape time
+updated as requests run (HTTP responses by the middleware of ``oscarkv.server.app``, the rest by
+``Server.generate`` in ``oscarkv.server.state``). Engine-side series are read at scrape time
 by :class:`EngineCollector` from ``LLMEngine.stats()`` (:mod:`oscarkv.engine.stats`, safe to
 read from the event-loop thread): pages used and total per tier, capacity in tokens per tier,
 BPE at capacity and over the pages in use, prefix-cache hit tokens and hit rate, preemptions,

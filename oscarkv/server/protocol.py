@@ -1,7 +1,7 @@
 """The OpenAI wire format: request and response models of the endpoints ``oscarkv serve`` offers.
 
 Role: pydantic models parse and range-check request bodies (FastAPI turns a failure into a
-400 with an OpenAI error body, see ``oscarkv.server.app``); :meth:`SamplingRequest.sampling_params`
+400 with an OpenAI error body, see ``oscarkv.server.errors``); :meth:`SamplingRequest.sampling_params`
 maps the accepted fields onto :class:`~oscarkv.engine.request.SamplingParams`. Fields that the
 engine cannot honour (``n > 1``, penalties, ``logit_bias``, tools, ...) are accepted by the
 schema and refused by :meth:`SamplingRequest.unsupported` with the offending ``param`` named,
