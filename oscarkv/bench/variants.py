@@ -32,11 +32,11 @@ import torch
 from oscarkv.bench.attention import AttentionBench, copy_bandwidth
 from oscarkv.bench.variants_bf16 import BF16_POINTS, _sdpa_us, bf16_sweep, bf16_table
 from oscarkv.bench.variants_common import L2_BYTES, graph_us
-from oscarkv.bench.variants_int2 import (BROKEN, COPY, INT2_VARIANTS, POINTS, check, dump_compiled, resources, sweep,
+from oscarkv.bench.variants_int2 import (INT2_VARIANTS, POINTS, check, dump_compiled, resources, sweep,
                                          table, time_point, time_prefill)
 from oscarkv.bench.variants_round6 import ROUND6, ROUND6_G64, ROUND6_POINTS, round6, round6_table
 
-__all__ = ["BF16_POINTS", "BROKEN", "COPY", "INT2_VARIANTS", "L2_BYTES", "POINTS", "ROUND6", "ROUND6_G64",
+__all__ = ["BF16_POINTS", "INT2_VARIANTS", "L2_BYTES", "POINTS", "ROUND6", "ROUND6_G64",
            "ROUND6_POINTS", "_sdpa_us", "bf16_sweep", "bf16_table", "check", "dump_compiled", "graph_us", "main",
            "resources", "round6", "round6_table", "sweep", "table", "time_point", "time_prefill"]
 
@@ -44,10 +44,10 @@ __all__ = ["BF16_POINTS", "BROKEN", "COPY", "INT2_VARIANTS", "L2_BYTES", "POINTS
 def run_sweep(out: Path) -> None:
     cfg = AttentionBench()
     copy_bandwidth(), copy_bandwidth()
-    COPY[0] = copy_bandwidth()
-    rows = sweep(cfg)
+    copy = copy_bandwidth()
+    rows = sweep(cfg, copy)
     dump_compiled(out)
-    (out / "sweep.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbps": COPY[0],
+    (out / "sweep.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbps": copy,
                                                "runs": rows}, indent=1))
     for (ctx, bsz, int2, group), grp in itertools.groupby(rows, lambda r: (r["context"], r["batch"], r["int2"], r["group"])):
         best = sorted(grp, key=lambda r: r["us"])[:4]
@@ -80,8 +80,8 @@ def run_variants(out: Path) -> None:
     copy = copy_bandwidth()
     prefill = time_prefill(cfg)
     checks = check(cfg)
-    BROKEN.update(n for n in INT2_VARIANTS if not any(c["variant"] == n and c["rel_err"] < 0.05 for c in checks))
-    rows = [time_point(cfg, c, b) for c, b in POINTS]
+    broken = frozenset(n for n in INT2_VARIANTS if not any(c["variant"] == n and c["rel_err"] < 0.05 for c in checks))
+    rows = [time_point(cfg, c, b, broken) for c, b in POINTS]
     res = resources()
     (out / "variants.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbps": copy,
                                                    "checks": checks, "prefill": prefill, "rows": rows,

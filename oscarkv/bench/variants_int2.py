@@ -13,12 +13,12 @@ serve them (:func:`~oscarkv.bench.variants_common.graph_us`):
 The eager median (``triton.testing.do_bench``) is kept beside the graph times. Bandwidth =
 bytes the step must read / time, against a measured device-to-device copy (:func:`table`).
 Before timing, :func:`check` compares every variant with the fp32 oracle at real shapes; the
-CLI puts the ones that fail into :data:`BROKEN` and :func:`time_point` skips them.
+CLI passes the ones that fail to :func:`time_point` as ``skip``.
 :func:`time_prefill` times one prefill chunk (the extend kernel); :func:`resources` and
 :func:`dump_compiled` report registers, spills and TTGIR of the compiled INT2 kernels.
 
 :func:`sweep` (``... OUT_DIR sweep``) times every (BLOCK_N, num_stages, programs per SM,
-maxnreg) of the raw INT2 kernel; its ``pct_copy`` divides by ``COPY[0]``, the copy bandwidth
+maxnreg) of the raw INT2 kernel; its ``pct_copy`` divides by ``copy``, the copy bandwidth
 the CLI measures first.
 """
 
@@ -39,8 +39,6 @@ INT2_VARIANTS = {  # name -> config override of decode._config("raw_int2"); roun
     "st2": dict(num_stages=2),  # one tile's copies in flight
     "st4": dict(num_stages=4),
 }
-BROKEN: set[str] = set()
-COPY = [0.0]
 
 
 def check(cfg: AttentionBench) -> list[dict]:
@@ -65,7 +63,7 @@ def check(cfg: AttentionBench) -> list[dict]:
     return res
 
 
-def time_point(cfg: AttentionBench, ctx: int, bsz: int) -> dict:
+def time_point(cfg: AttentionBench, ctx: int, bsz: int, skip: frozenset[str] = frozenset()) -> dict:
     from oscarkv.kernels.decode import decode_attention
 
     scale = cfg.head_dim**-0.5
@@ -93,7 +91,7 @@ def time_point(cfg: AttentionBench, ctx: int, bsz: int) -> dict:
         caches = random_caches(cfg, ctx, bsz, True, group, n)
         variants = INT2_VARIANTS if group == 128 else {"default": {}}
         for name, conf in variants.items():
-            if name in BROKEN:
+            if name in skip:
                 continue
             fns = [lambda c=c, conf=conf: decode_attention(q, c[0], c[1], scale, config=conf) for c in caches]
             key = f"int2g{group}/{name}"
@@ -143,7 +141,8 @@ def table(rows: list[dict], copy: float) -> str:
     return "\n".join(lines)
 
 
-def sweep(cfg: AttentionBench, points=((102400, 1), (32768, 8)), group: int = 128, int2_only: bool = True) -> list[dict]:
+def sweep(cfg: AttentionBench, copy: float, points=((102400, 1), (32768, 8)), group: int = 128,
+          int2_only: bool = True) -> list[dict]:
     """CUDA-graph time of every (BLOCK_N, num_stages, programs per SM, maxnreg) at ``points``; INT2 (and BF16) kernels."""
     from oscarkv.kernels.decode import _num_sms, decode_attention
 
@@ -166,7 +165,7 @@ def sweep(cfg: AttentionBench, points=((102400, 1), (32768, 8)), group: int = 12
                     print("sweep fail", conf, splits, repr(e)[:200], flush=True)
                     continue
                 res.append(dict(context=ctx, batch=bsz, int2=int2, group=group, splits=splits, per_sm=per_sm, us=us,
-                                pct_copy=100 * nbytes / us / 1e3 / COPY[0], **conf))
+                                pct_copy=100 * nbytes / us / 1e3 / copy, **conf))
                 print("sweep", json.dumps(res[-1]), flush=True)
             del caches
             torch.cuda.empty_cache()
