@@ -29,7 +29,7 @@ def _setup_decode(p: argparse.ArgumentParser) -> None:
     d = DecodeBench()
     p.add_argument("--shapes", nargs="+", default=list(d.shapes), help="model shapes (oscarkv.models.shapes)")
     p.add_argument("--contexts", type=int, nargs="+", default=list(d.contexts), help="prompt tokens")
-    p.add_argument("--methods", nargs="+", default=list(d.methods), help="KV methods (bf16, naive)")
+    p.add_argument("--methods", nargs="+", default=list(d.methods), help="KV methods (bf16, naive, oscar: a random artifact)")
     p.add_argument("--steps", type=int, default=d.steps, help="timed decode steps")
     p.add_argument("--kv-gib", type=float, default=d.kv_gib, help="KV pool budget")
     p.add_argument("--profile", action="store_true", help="per-kernel profile at the longest context (slows later rows)")

@@ -1,8 +1,10 @@
 """``oscarkv bench decode``: end-to-end batch-1 decode tokens/s at long context, BF16 vs INT2 KV.
 
 For each model shape (random bf16 weights, :mod:`oscarkv.bench.e2e`), KV method (``bf16``;
-``naive`` = INT2 pages, G = 128, no rotation — an OSCAR artifact adds one query rotation per
-layer and reads the same bytes) and context, one request's prompt is filled fast through the
+``naive`` = INT2 pages, G = 128, no rotation; ``oscar`` = the same pages with a random OSCAR
+artifact, :func:`oscarkv.bench.e2e.random_artifact`: the query mapped by ``R⁻ᵀ`` in every layer,
+keys rotated, scaled, centered and clipped on write, the value rotation folded into the weights
+— the same bytes read) and context, one request's prompt is filled fast through the
 write path (random K/V, see ``oscarkv.bench.e2e``), then ``steps`` decode steps of the real
 engine are timed (``LLMEngine.step``: schedule, tables, CUDA-graph replay of the forward,
 logits, sampling; medians are not used: total time / steps after ``warmup`` steps).

@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
+import oscarkv
 from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.scheduler import ScheduledChunk, SchedulerOutput
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.shapes import shape_config
+from oscarkv.quant.artifact import FORMAT_VERSION, Artifact, ModelFingerprint
+from oscarkv.quant.codec import default_group
+from oscarkv.quant.rotation import compose
 
 
 def release() -> None:
@@ -38,11 +42,36 @@ def random_model(shape: str) -> PagedLM:
 
 
 def build_engine(model: PagedLM, method: str, kv_bytes: int, max_num_seqs: int, chunk: int = 8192) -> LLMEngine:
-    """Engine over ``model`` (``naive`` INT2 or ``bf16``), no prefix caching, default windows (64 + 256, P = 64)."""
+    """Engine over ``model`` (``bf16``, ``naive`` INT2, or ``oscar`` with :func:`random_artifact`), no prefix
+    caching, default windows (64 + 256, P = 64)."""
     cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk,  # all advance
                        enable_prefix_caching=False)
-    return LLMEngine.from_paged(model, cfg)
+    return LLMEngine.from_paged(model, cfg, random_artifact(model.config) if method == "oscar" else None)
+
+
+def random_artifact(config, seed: int = 0) -> Artifact:
+    """An OSCAR artifact for a random-weight model, with everything the recipe's artifacts hold — orthogonal
+    ``U·H·P_br`` rotations, key means (values uncentered), importance scales, per-layer clips — drawn at random:
+    decode speed depends on what the codec computes, not on the values."""
+    fp = ModelFingerprint.from_config(config)
+    L, H, d = fp.num_layers, fp.num_kv_heads, fp.head_dim
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for kind in ("key", "value"):
+        u = torch.linalg.qr(torch.randn(L, H, d, d, generator=g, dtype=torch.float64))[0]
+        scale = torch.empty(L, H, d, dtype=torch.float64).uniform_(0.5, 2.0, generator=g)
+        tensors |= {f"{kind}.eigvecs": u.float(), f"{kind}.rotation": compose(u, "uhp").float(),
+                    f"{kind}.eigenvalues": torch.rand(L, H, d, generator=g).sort(-1, descending=True).values,
+                    f"{kind}.mean": (torch.randn(L, H, d, generator=g) if kind == "key" else torch.zeros(L, H, d)),
+                    f"{kind}.scale": (scale / scale.square().mean(-1, keepdim=True).sqrt()).float()}
+    group = default_group(d, None)
+    manifest = {"format_version": FORMAT_VERSION, "oscarkv_version": oscarkv.__version__, "model": asdict(fp),
+                "method": "oscar", "options": {"random": True}, "group_size": group,
+                "clip": {"key": [0.92] * L, "value": [0.92] * L}, "calibration": {"source": "random (benchmark)"}}
+    art = Artifact(manifest, tensors)
+    art.validate(fp)
+    return art
 
 
 def weight_bytes(model: PagedLM) -> int:
