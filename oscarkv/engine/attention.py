@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 
@@ -56,6 +57,12 @@ class AttentionBackend(ABC):
         """:meth:`demote` of the same pages in every layer (CUDA graphs run it before the replay)."""
         for i, st in enumerate(storage):
             self.demote(pools.layer(i), st.key, st.value, src, dst)
+
+    def decode_inputs(self, st: LayerStorage, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A decode step's ``(q @ R_K⁻ᵀ, k, v in the stored domain)``; identity codecs keep the model's
+        dtype and the views of the qkv projection (no fp32 copy: bf16 -> fp32 -> bf16 stores the same bytes)."""
+        return st.rotate_queries(q, keep_dtype=True), stored_domain(st.key, k), stored_domain(st.value, v)
 
     @abstractmethod
     def extend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV,
@@ -105,6 +112,14 @@ class LayerStorage:
                                  if getattr(c, f) is not None})
         return LayerStorage(move(self.key), move(self.value))
 
+    @cached_property
+    def decode_maps(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(W_Q, W_K)`` ``[H, d, d]`` contiguous, output channel first — ``q @ R⁻ᵀ = W_Q q`` and
+        ``k @ R = W_K k`` per head (``W_Q = R⁻¹``, ``W_K = Rᵀ``) — for ``oscarkv.kernels.fused.qk_map``;
+        ``None`` without a key transform. Built on first use (before CUDA-graph capture: warm-up)."""
+        back = self.key.back_map()
+        return None if back is None else (back.contiguous(), self.key.rotation.transpose(-1, -2).contiguous())
+
     def rotate_queries(self, q: torch.Tensor, keep_dtype: bool = False) -> torch.Tensor:
         """``q [T, Hq, d]`` → ``q @ R_K⁻ᵀ`` per KV-head group (``= q @ R_K`` for an orthogonal R_K), fp32
         (``keep_dtype``: ``q`` itself when there is no rotation)."""
@@ -140,13 +155,11 @@ class StepContext:
         """Write this step's K/V of ``layer``, demote, attend (see the module docstring)."""
         st, kv = self.storage[layer], self.pools.layer(layer)
         if self.decode:
-            # NOTE: decode kernels read q and write K/V in the model's dtype: an identity codec
-            # (no rotation, no mean) needs no fp32 copy (bf16 -> fp32 -> bf16 stores the same bytes)
-            k_s, v_s = _stored(st.key, k), _stored(st.value, v)
+            q_r, k_s, v_s = self.backend.decode_inputs(st, q, k, v)
             self.backend.write(kv, k_s, v_s, self.slots)
             if self.demote_src.numel():
                 self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
-            return self.backend.decode(st.rotate_queries(q, keep_dtype=True), kv, self.tables, self.scale)
+            return self.backend.decode(q_r, kv, self.tables, self.scale)
         k_rot, v_rot = st.key.to_rotated(k), st.value.to_rotated(v)  # [T, H, d] fp32
         self.backend.write(kv, k_rot, v_rot, self.slots)
         if self.demote_src.numel():
@@ -154,6 +167,6 @@ class StepContext:
         return self.backend.extend(st.rotate_queries(q), k_rot, v_rot, kv, self.tables, self.cu_seqlens, self.scale)
 
 
-def _stored(codec: TensorCodec, x: torch.Tensor) -> torch.Tensor:
+def stored_domain(codec: TensorCodec, x: torch.Tensor) -> torch.Tensor:
     """``codec.to_rotated(x)``, or ``x`` unchanged (no fp32 copy) when the codec is the identity."""
     return x if codec.rotation is None and codec.mean is None else codec.to_rotated(x)

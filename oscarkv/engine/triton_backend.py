@@ -11,7 +11,10 @@ PyTorch oracles these kernels are tested against).
   ``TensorCodec.encode`` of the BF16 page); ``demote_all`` —
   :func:`oscarkv.kernels.write.demote_layers`, every layer in one launch per clip rank.
 * ``extend`` — :func:`oscarkv.kernels.extend.extend_attention` (prefill chunks; mixed steps).
-* ``decode`` — :func:`oscarkv.kernels.decode.decode_attention` (pure decode steps).
+* ``decode`` — :func:`oscarkv.kernels.decode.decode_attention` (pure decode steps);
+  ``decode_inputs`` — :func:`oscarkv.kernels.fused.qk_map`: an OSCAR layer's query map and key
+  rotation (and centering) in one launch instead of ~10 PyTorch kernels (0.9 ms of a 6.6 ms
+  Qwen3-4B step at 100K on an H100, 2026-11-22, ``docs/BENCHMARKS.md``).
 
 ``decode_steps = True``: the model runner sends a step whose chunks are all one token long to
 ``decode`` over the cache *including* the token just written (its K/V as stored, BF16),
@@ -29,7 +32,7 @@ import torch
 
 from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import LayerKV, PageTables
-from oscarkv.engine.attention import AttentionBackend, LayerStorage, TorchAttention
+from oscarkv.engine.attention import AttentionBackend, LayerStorage, TorchAttention, stored_domain
 from oscarkv.quant.codec import TensorCodec
 
 
@@ -54,6 +57,15 @@ class TritonAttention(AttentionBackend):
 
         demote_layers(pools.bf16_k, src, pools.int2_k, dst, [st.key for st in storage])
         demote_layers(pools.bf16_v, src, pools.int2_v, dst, [st.value for st in storage])
+
+    def decode_inputs(self, st: LayerStorage, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        maps = st.decode_maps
+        if maps is None or not q.is_cuda:
+            return super().decode_inputs(st, q, k, v)
+        from oscarkv.kernels.fused import qk_map
+
+        q_r, k_s = qk_map(q, k, *maps, st.key.mean)
+        return q_r, k_s, stored_domain(st.value, v)
 
     def extend(self, q, k_new, v_new, kv, tables: PageTables, cu_seqlens, scale):
         from oscarkv.kernels.extend import extend_attention

@@ -16,9 +16,14 @@ only the order of the fp32 sum of squares differs from the oracle:
   ``x·cos + rotate_half(x)·sin`` with ``rotate_half(x) = cat(-x[d/2:], x[:d/2])`` (each product
   and the sum rounded, as three bf16 tensor ops would be).
 * ``silu_mul``: ``silu(g).to(dtype) * u`` on the stacked ``[gate | up]`` projection output.
+* ``qk_map``: a decode step's OSCAR maps in one launch (the engine's Triton backend): each query
+  head row ``q @ R_K⁻ᵀ`` of its KV head, each key row ``(k - μ_K) @ R_K``, fp32 out — what
+  ``LayerStorage.rotate_queries`` and ``TensorCodec.to_rotated`` compute with ~10 PyTorch kernels.
 
 Memory layout: rows contiguous in their last dimension; one program per row (norms, RoPE: one
-``(token, head)`` row each, its two halves as two ``[d/2]`` vectors), 1-D blocks for SiLU.
+``(token, head)`` row each, its two halves as two ``[d/2]`` vectors), 1-D blocks for SiLU; for
+``qk_map`` one program per ``(token, q or k head, 32 output channels)``, reading its ``[32, d]``
+slice of the head's map, stored output-channel first so the rows are contiguous.
 """
 
 from __future__ import annotations
@@ -113,6 +118,46 @@ def qk_norm_rope_(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None, k_
                                    cos, sin, eps, x.stride(0), x.stride(1), cos.stride(0),
                                    NH=H, NQ=num_q, HALF=d // 2, HAS_NORM=q_weight is not None, num_warps=1)
     return x
+
+
+@triton.jit
+def _qk_map_kernel(Q, K, WQ, WK, Mean, QO, KO, stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_kot,
+                   NQ: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, BJ: tl.constexpr, HAS_MEAN: tl.constexpr):
+    t = tl.program_id(0)
+    row = tl.program_id(1)  # q heads first, then k heads
+    j = tl.program_id(2) * BJ + tl.arange(0, BJ)  # this program's output channels
+    i = tl.arange(0, D)
+    if row < NQ:
+        x_ptr, w_ptr, out = Q + t * stride_qt + row * stride_qh, WQ + (row // REP) * D * D, QO + t * stride_qot + row * D
+    else:
+        x_ptr, w_ptr = K + t * stride_kt + (row - NQ) * stride_kh, WK + (row - NQ) * D * D
+        out = KO + t * stride_kot + (row - NQ) * D
+    x = tl.load(x_ptr + i).to(tl.float32)
+    if HAS_MEAN:  # keys only
+        x -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + i, mask=(i < D) & (row >= NQ), other=0.0)
+    w = tl.load(w_ptr + j[:, None] * D + i[None, :])  # [BJ, D], rows contiguous
+    tl.store(out + j, tl.sum(w * x[None, :], 1))
+
+
+def qk_map(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
+           k_mean: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [T, Hq, d] → W_Q[h] q`` per GQA group and ``k [T, H, d] → W_K[h] (k - k_mean)`` per head, both
+    fp32, in one launch. ``w_q, w_k [H, d, d]`` fp32 contiguous, output channel first (``W_Q = R⁻¹``,
+    ``W_K = Rᵀ``: ``LayerStorage.decode_maps``); ``k_mean [H, d]`` contiguous or ``None``."""
+    T, Hq, d = q.shape
+    H = k.shape[1]
+    assert k.shape == (T, H, d) and q.stride(2) == k.stride(2) == 1 and Hq % H == 0 and d & (d - 1) == 0, \
+        f"bad q {tuple(q.shape)} / k {tuple(k.shape)}"
+    assert w_q.shape == w_k.shape == (H, d, d) and w_q.dtype == w_k.dtype == torch.float32
+    assert w_q.is_contiguous() and w_k.is_contiguous() and (k_mean is None or k_mean.is_contiguous())
+    qo = torch.empty(T, Hq, d, dtype=torch.float32, device=q.device)
+    ko = torch.empty(T, H, d, dtype=torch.float32, device=q.device)
+    bj = min(d, 32)
+    _qk_map_kernel[(T, Hq + H, d // bj)](q, k, w_q, w_k, k_mean if k_mean is not None else ko, qo, ko,
+                                        q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0),
+                                        ko.stride(0), NQ=Hq, REP=Hq // H, D=d, BJ=bj,
+                                        HAS_MEAN=k_mean is not None, num_warps=4)
+    return qo, ko
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

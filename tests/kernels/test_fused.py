@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from oscarkv.kernels.fused import qk_norm_rope_, rms_norm, silu_mul
+from oscarkv.engine.attention import LayerStorage
+from oscarkv.kernels.fused import qk_map, qk_norm_rope_, rms_norm, silu_mul
 from oscarkv.models.llama import RMSNorm, rotate_half
 
 CUDA = torch.cuda.is_available()
@@ -80,3 +81,26 @@ def test_silu_mul(t, inter):
     out = silu_mul(gu.to(DEV))
     assert out.shape == (t, inter)
     _close(out, F.silu(gu[:, :inter]) * gu[:, inter:])
+
+
+@pytest.mark.parametrize("t,hq,h,d,centered", [(1, 32, 8, 128, True), (3, 9, 3, 64, False), (2, 4, 4, 32, True)])
+def test_qk_map_matches_the_codec_maps(t, hq, h, d, centered):
+    """One launch = ``LayerStorage.rotate_queries`` (q @ R⁻ᵀ) and ``TensorCodec.to_rotated`` (centre,
+    then R) of a scaled OSCAR key codec, with the maps ``LayerStorage.decode_maps`` builds; q and k are
+    strided views of a qkv projection in bf16, as the engine hands them over."""
+    from oscarkv.quant.artifact import scaled_transform
+    from oscarkv.quant.codec import TensorCodec
+    from oscarkv.quant.rotation import compose
+
+    g = torch.Generator().manual_seed(t + d)
+    u = torch.linalg.qr(torch.randn(h, d, d, generator=g, dtype=torch.float64))[0]
+    fwd, inv = scaled_transform(u, torch.rand(h, d, generator=g) + 0.5, compose(u, "uhp"))
+    mean = torch.randn(h, d, generator=g) if centered else None
+    key = TensorCodec(2, d, fwd, mean, 0.9, inverse=inv)
+    st = LayerStorage(key, TensorCodec(2, d)).to(DEV)
+    qkv = (torch.randn(t, hq + 2 * h, d, generator=g) * 2).bfloat16().to(DEV)
+    q, k = qkv[:, :hq], qkv[:, hq:hq + h]
+    q_r, k_r = qk_map(q, k, *st.decode_maps, st.key.mean)
+    assert q_r.dtype == k_r.dtype == torch.float32
+    torch.testing.assert_close(q_r, st.rotate_queries(q), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(k_r, st.key.to_rotated(k), rtol=1e-4, atol=1e-4)
