@@ -1,8 +1,8 @@
 """The BF16 decode kernel next to its peer, PyTorch's SDPA, and the INT2 kernel, at every kernel-table point.
 
 ``python -m oscarkv.bench.bf16_peer OUT_DIR`` (needs CUDA). At each (context, batch) of
-:data:`oscarkv.bench.variants.BF16_POINTS` (Qwen3-8B attention shape) it times, as CUDA-graph
-replays over enough rotated caches that L2 cannot serve them (``variants.graph_us``):
+:data:`oscarkv.bench.variants_bf16.BF16_POINTS` (Qwen3-8B attention shape) it times, as CUDA-graph
+replays over enough rotated caches that L2 cannot serve them (``variants_common.graph_us``):
 
 * ``sdpa`` PyTorch ``scaled_dot_product_attention`` on dense BF16 K/V, before and after the rest;
 * ``bf16`` the BF16 kernel with its tile table (``decode._config``), pages in random order;
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from oscarkv.bench.attention import AttentionBench, cache_bytes, copy_bandwidth
-from oscarkv.bench.variants import BF16_POINTS, L2_BYTES, _sdpa_us, graph_us
+from oscarkv.bench.variants_bf16 import BF16_POINTS, sdpa_us
+from oscarkv.bench.variants_common import L2_BYTES, graph_us
 
 
 def _time(cfg: AttentionBench, ctx: int, bsz: int, int2: bool, shuffle: bool, r4: bool, q) -> float:
@@ -46,12 +47,12 @@ def _time(cfg: AttentionBench, ctx: int, bsz: int, int2: bool, shuffle: bool, r4
 def point(cfg: AttentionBench, ctx: int, bsz: int) -> dict:
     q = torch.randn(bsz, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
     n = max(2, -(-4 * L2_BYTES // cache_bytes(cfg, ctx, bsz, False)))
-    row = dict(context=ctx, batch=bsz, us={"sdpa": _sdpa_us(cfg, ctx, bsz, n)},
+    row = dict(context=ctx, batch=bsz, us={"sdpa": sdpa_us(cfg, ctx, bsz, n)},
                bytes=dict(bf16=cache_bytes(cfg, ctx, bsz, False), int2=cache_bytes(cfg, ctx, bsz, True)))
     for name, int2, shuffle, r4 in (("bf16", False, True, False), ("bf16_r4", False, True, True),
                                     ("bf16_sorted", False, False, False), ("int2", True, True, False)):
         row["us"][name] = _time(cfg, ctx, bsz, int2, shuffle, r4, q)
-    row["us"]["sdpa_again"] = _sdpa_us(cfg, ctx, bsz, n)
+    row["us"]["sdpa_again"] = sdpa_us(cfg, ctx, bsz, n)
     print("point", json.dumps(row), flush=True)
     return row
 

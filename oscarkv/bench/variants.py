@@ -15,9 +15,8 @@ table last:
 
 Anything else after ``OUT_DIR`` runs the default. Times are CUDA-graph replays over enough
 rotated caches that the L2 cache (50 MB on an H100) cannot serve them
-(``oscarkv.bench.variants_common``). The names of the variant modules are importable from
-here too (``oscarkv.bench.bf16_peer`` imports ``BF16_POINTS``, ``L2_BYTES``, ``_sdpa_us`` and
-``graph_us``).
+(``oscarkv.bench.variants_common``). This module is the command line only; the benchmarks live
+in the ``variants_*`` modules.
 """
 
 from __future__ import annotations
@@ -30,15 +29,10 @@ from pathlib import Path
 import torch
 
 from oscarkv.bench.attention import AttentionBench, copy_bandwidth
-from oscarkv.bench.variants_bf16 import BF16_POINTS, _sdpa_us, bf16_sweep, bf16_table
-from oscarkv.bench.variants_common import L2_BYTES, graph_us
+from oscarkv.bench.variants_bf16 import bf16_sweep, bf16_table
 from oscarkv.bench.variants_int2 import (INT2_VARIANTS, POINTS, check, dump_compiled, resources, sweep,
                                          table, time_point, time_prefill)
-from oscarkv.bench.variants_round6 import ROUND6, ROUND6_G64, ROUND6_POINTS, round6, round6_table
-
-__all__ = ["BF16_POINTS", "INT2_VARIANTS", "L2_BYTES", "POINTS", "ROUND6", "ROUND6_G64",
-           "ROUND6_POINTS", "_sdpa_us", "bf16_sweep", "bf16_table", "check", "dump_compiled", "graph_us", "main",
-           "resources", "round6", "round6_table", "sweep", "table", "time_point", "time_prefill"]
+from oscarkv.bench.variants_round6 import round6, round6_table
 
 
 def run_sweep(out: Path) -> None:

@@ -8,7 +8,7 @@ then the best few configs and reduce-kernel widths (``REDUCE_WARPS``) at every p
 :data:`BF16_POINTS`, SDPA timed before and after each point's runs (its spread). Every
 candidate is checked against the fp32 oracle first (:func:`_bf16_checks`). The result dict is
 written as ``bf16_sweep.json``; :func:`bf16_table` prints it. :data:`BF16_POINTS` and
-:func:`_sdpa_us` are also used by ``oscarkv.bench.bf16_peer``.
+:func:`sdpa_us` are also used by ``oscarkv.bench.bf16_peer``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _bf16_fns(cfg: AttentionBench, ctx: int, bsz: int) -> tuple[list, list, torc
     return random_caches(cfg, ctx, bsz, False, None, n), [n], q
 
 
-def _sdpa_us(cfg: AttentionBench, ctx: int, bsz: int, n: int) -> float:
+def sdpa_us(cfg: AttentionBench, ctx: int, bsz: int, n: int) -> float:
     q4 = torch.randn(bsz, cfg.q_heads, 1, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
     kvs = [[torch.randn(bsz, cfg.kv_heads, ctx, cfg.head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
            for _ in range(n)]
@@ -64,7 +64,7 @@ def bf16_sweep(cfg: AttentionBench, top: int = 6) -> dict:
     coarse, ratios = [], {}
     for ctx, bsz in ((32768, 1), (102400, 1), (102400, 8)):
         caches, (n,), q = _bf16_fns(cfg, ctx, bsz)
-        ref = _sdpa_us(cfg, ctx, bsz, n)
+        ref = sdpa_us(cfg, ctx, bsz, n)
         for bn, nw, ns, per_sm in grid:
             us = _bf16_time(cfg, caches, q, dict(BLOCK_N=bn, num_warps=nw, num_stages=ns), per_sm)
             coarse.append(dict(context=ctx, batch=bsz, BLOCK_N=bn, num_warps=nw, num_stages=ns, per_sm=per_sm,
@@ -86,10 +86,10 @@ def bf16_sweep(cfg: AttentionBench, top: int = 6) -> dict:
     for ctx, bsz in BF16_POINTS:
         caches, (n,), q = _bf16_fns(cfg, ctx, bsz)
         row = dict(context=ctx, batch=bsz, bytes=cache_bytes(cfg, ctx, bsz, False), us={})
-        row["us"]["sdpa"] = _sdpa_us(cfg, ctx, bsz, n)
+        row["us"]["sdpa"] = sdpa_us(cfg, ctx, bsz, n)
         for name, (conf, per_sm) in cands.items():
             row["us"][name] = _bf16_time(cfg, caches, q, conf, per_sm)
-        row["us"]["sdpa_again"] = _sdpa_us(cfg, ctx, bsz, n)
+        row["us"]["sdpa_again"] = sdpa_us(cfg, ctx, bsz, n)
         rows.append(row)
         print("final", json.dumps(row), flush=True)
         del caches

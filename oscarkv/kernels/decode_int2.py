@@ -181,6 +181,16 @@ def _load_q(qp, live, LG: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
+def _group_q(qp, live, LG: tl.constexpr, F16: tl.constexpr, B16: tl.constexpr):
+    """One group's q slices for the codes (fp16) and the windows (bf16), and ``Σ q`` over the group's
+    channels per query row (the zero-point term of the scores)."""
+    h0, h1, h2, h3 = _load_q(qp, live, LG, F16)
+    b0, b1, b2, b3 = _load_q(qp, live, LG, B16)
+    qs = tl.sum(h0.to(tl.float32) + h1.to(tl.float32) + h2.to(tl.float32) + h3.to(tl.float32), 0)
+    return h0, h1, h2, h3, b0, b1, b2, b3, qs
+
+
+@triton.jit
 def _store(op, live, a0, a1, a2, a3, acc_m, inv, LG: tl.constexpr):
     """Output of one group: (acc · 2^16 + Σ p m) / l for its four slices ``[LG, R]``."""
     cols = tl.arange(0, LG)[:, None]
@@ -188,6 +198,47 @@ def _store(op, live, a0, a1, a2, a3, acc_m, inv, LG: tl.constexpr):
     tl.store(op + LG + cols, (a1 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
     tl.store(op + 2 * LG + cols, (a2 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
     tl.store(op + 3 * LG + cols, (a3 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
+
+
+@triton.jit
+def _store_partial(op, lp, live, live_rows, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+                   G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr):
+    """The split's normalized output (``op [1, R]`` row pointers) and its log2-sum-exp (``lp [R]``) for
+    the merge; a split that saw no token writes zeros and ``-inf``. ``live [1, R]`` and ``live_rows [R]``
+    mark the real query rows."""
+    seen = l_i > 0
+    inv = 1.0 / tl.where(seen, l_i, 1.0)
+    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    _store(op, live, a0, a1, a2, a3, acc_m, inv, LG)
+    if NG == 2:
+        _store(op + G, live, e0, e1, e2, e3, acc_m1, inv, LG)
+    tl.store(lp, lse, mask=live_rows)
+
+
+@triton.jit
+def _bf16_windows(Kb, Vb, table, length, split, NUM_SPLITS, h, qk_scale, stride_bp, stride_bh, stride_bt,
+                  b0, b1, b2, b3, c0, c1, c2, c3, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+                  B16: tl.constexpr, G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, P: tl.constexpr,
+                  BLOCK_N: tl.constexpr, REP_PAD: tl.constexpr):
+    """The split's share of the BF16 sink + recent tokens (masked tiles), for the online softmax: bf16 dots
+    with ``p · 2^-16`` so the INT2 phase's accumulators (kept × 2^-16) serve both tiers."""
+    n0, end = _split_range(length, split, NUM_SPLITS, BLOCK_N)
+    while n0 < end:
+        page, off, ok = _tile(table, n0, end, P, BLOCK_N)
+        r = page * stride_bp + h * stride_bh + off * stride_bt
+        s = _bf16_scores(Kb, r[:, None], ok[:, None], b0, b1, b2, b3, LG, tl.zeros([BLOCK_N, REP_PAD], tl.float32))
+        if NG == 2:
+            s = _bf16_scores(Kb + G, r[:, None], ok[:, None], c0, c1, c2, c3, LG, s)
+        s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
+        p, alpha, m_i, l_i = _softmax_step_t(s, m_i, l_i)
+        pb = (p * (1.0 / 65536.0)).to(B16)
+        a0, a1, a2, a3 = _bf16_values(Vb, r[None, :], ok[None, :], pb, a0, a1, a2, a3, alpha, LG)
+        acc_m = acc_m * alpha
+        if NG == 2:
+            e0, e1, e2, e3 = _bf16_values(Vb + G, r[None, :], ok[None, :], pb, e0, e1, e2, e3, alpha, LG)
+            acc_m1 = acc_m1 * alpha
+        n0 += BLOCK_N
+    return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
 
 
 @triton.jit
@@ -216,17 +267,13 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     live = (rows < REP)[None, :]
     qp = Q + b * stride_qb + heads[None, :] * stride_qh
     # group 0 (and group 1 when NG == 2): q slices in fp16 (codes) and bf16 (windows)
-    h0, h1, h2, h3 = _load_q(qp, live, LG, F16)
-    b0, b1, b2, b3 = _load_q(qp, live, LG, B16)
-    qs0 = tl.sum(h0.to(tl.float32) + h1.to(tl.float32) + h2.to(tl.float32) + h3.to(tl.float32), 0)
+    h0, h1, h2, h3, b0, b1, b2, b3, qs0 = _group_q(qp, live, LG, F16, B16)
     a0 = tl.zeros([LG, REP_PAD], tl.float32)
     a1 = tl.zeros([LG, REP_PAD], tl.float32)
     a2 = tl.zeros([LG, REP_PAD], tl.float32)
     a3 = tl.zeros([LG, REP_PAD], tl.float32)
     if NG == 2:
-        g0, g1, g2, g3 = _load_q(qp + G, live, LG, F16)
-        c0, c1, c2, c3 = _load_q(qp + G, live, LG, B16)
-        qs1 = tl.sum(g0.to(tl.float32) + g1.to(tl.float32) + g2.to(tl.float32) + g3.to(tl.float32), 0)
+        g0, g1, g2, g3, c0, c1, c2, c3, qs1 = _group_q(qp + G, live, LG, F16, B16)
     else:  # unused placeholders (NG == 1)
         g0, g1, g2, g3 = h0, h1, h2, h3
         c0, c1, c2, c3 = b0, b1, b2, b3
@@ -240,29 +287,33 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     acc_m = tl.zeros([REP_PAD], tl.float32)
     acc_m1 = tl.zeros([REP_PAD], tl.float32)
 
-    # ---- BF16 windows (sink + recent)
-    n0, end = _split_range(tl.load(BfLens + b), split, NUM_SPLITS, BLOCK_N)
-    table = BfTable + b * stride_bfb
-    while n0 < end:
-        page, off, ok = _tile(table, n0, end, P, BLOCK_N)
-        r = page * stride_bp + h * stride_bh + off * stride_bt
-        s = _bf16_scores(Kb, r[:, None], ok[:, None], b0, b1, b2, b3, LG, tl.zeros([BLOCK_N, REP_PAD], tl.float32))
-        if NG == 2:
-            s = _bf16_scores(Kb + G, r[:, None], ok[:, None], c0, c1, c2, c3, LG, s)
-        s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
-        p, alpha, m_i, l_i = _softmax_step_t(s, m_i, l_i)
-        pb = (p * (1.0 / 65536.0)).to(B16)
-        a0, a1, a2, a3 = _bf16_values(Vb, r[None, :], ok[None, :], pb, a0, a1, a2, a3, alpha, LG)
-        acc_m = acc_m * alpha
-        if NG == 2:
-            e0, e1, e2, e3 = _bf16_values(Vb + G, r[None, :], ok[None, :], pb, e0, e1, e2, e3, alpha, LG)
-            acc_m1 = acc_m1 * alpha
-        n0 += BLOCK_N
+    # ---- the BF16 windows (sink + recent), then the INT2 history, one online softmax
+    a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _bf16_windows(
+        Kb, Vb, BfTable + b * stride_bfb, tl.load(BfLens + b), split, NUM_SPLITS, h, qk_scale,
+        stride_bp, stride_bh, stride_bt, b0, b1, b2, b3, c0, c1, c2, c3,
+        a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i, B16, G, LG, NG, P, BLOCK_N, REP_PAD)
 
-    # ---- INT2 history: full tiles (INT2 lengths are multiples of P, P % BLOCK_N == 0, split shares
-    # BLOCK_N-aligned); page ids read CHUNK tiles at a time ahead of the tile loop
-    c0, end = _split_range(tl.load(InLens + b), split, NUM_SPLITS, BLOCK_N)
-    table = InTable + b * stride_inb
+    a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_history(
+        Kc, Ks, Kz, Vc, Vs, Vz, InTable + b * stride_inb, tl.load(InLens + b), split, NUM_SPLITS, h, qk_scale,
+        stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+        h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+        F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET)
+
+    _store_partial(MidO + b * stride_ob + heads[None, :] * stride_oh + split * stride_os,
+                   MidL + b * stride_lb + heads * stride_lh + split, live, rows < REP,
+                   a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i, G, LG, NG)
+
+
+@triton.jit
+def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, qk_scale,
+                  stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+                  h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+                  F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr, P: tl.constexpr,
+                  BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, INTERPRET: tl.constexpr):
+    """The split's share of the INT2 history in full tiles (INT2 lengths are multiples of ``P``,
+    ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned); page ids read ``CHUNK`` tiles at a time
+    ahead of the tile loop (module docstring, "Pipelining")."""
+    c0, end = _split_range(length, split, NUM_SPLITS, BLOCK_N)
     while c0 < end:
         c_end = tl.minimum(end, c0 + CHUNK * BLOCK_N)
         pages = _chunk_pages(table, c0, c_end, P, BLOCK_N, CHUNK)
@@ -285,15 +336,7 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
                     h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
                     m_i, l_i, F16, LG, NG, CONV)
         c0 = c_end
-
-    seen = l_i > 0
-    inv = 1.0 / tl.where(seen, l_i, 1.0)
-    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    op = MidO + b * stride_ob + heads[None, :] * stride_oh + split * stride_os
-    _store(op, live, a0, a1, a2, a3, acc_m, inv, LG)
-    if NG == 2:
-        _store(op + G, live, e0, e1, e2, e3, acc_m1, inv, LG)
-    tl.store(MidL + b * stride_lb + heads * stride_lh + split, lse, mask=rows < REP)
+    return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
 
 
 @triton.jit

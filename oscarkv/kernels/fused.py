@@ -134,7 +134,7 @@ def _qk_map_kernel(Q, K, WQ, WK, Mean, QO, KO, stride_qt, stride_qh, stride_kt, 
         out = KO + t * stride_kot + (row - NQ) * D
     x = tl.load(x_ptr + i).to(tl.float32)
     if HAS_MEAN:  # keys only
-        x -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + i) * (row >= NQ).to(tl.float32)  # q rows: x 0
+        x -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + i) * (row >= NQ).to(tl.float32)  # x 0 on q rows
     w = tl.load(w_ptr + j[:, None] * D + i[None, :])  # [BJ, D], rows contiguous
     tl.store(out + j, tl.sum(w * x[None, :], 1))
 
