@@ -1,19 +1,27 @@
 """``oscarkv bench capacity``: tokens in a fixed KV budget, and 32 × 100K-context job throughput.
 
-Capacity: the engine's own pool sizing (:func:`oscarkv.cache.kv_pools.plan_pools`) for one
-budget, ``kv=bf16`` vs ``naive`` INT2 (G = 128; OSCAR stores the same bytes), with
-``max_num_seqs = 32`` and the default step budget: tokens per tier, and how many sequences of ``context + new_tokens``
-tokens fit at once (BF16: whole sequences in BF16 pages; INT2: history pages and window
-pages both).
+Methods (``CapacityBench.methods``; ``bf16`` must be one, the × BF16 columns are relative to it):
+``bf16``; ``naive`` INT2 (G = 128, no rotation); ``oscar``, the path users run, built as in
+``oscarkv bench decode`` with a random artifact (:func:`oscarkv.bench.e2e.random_artifact`): the
+query mapped by ``R⁻ᵀ`` in every layer, keys rotated, scaled, centered and clipped in the write
+kernel, the value rotation folded into the weights.
 
-Job throughput: ``requests`` requests of ``context`` prompt tokens, each decoding
+Capacity: the engine's own pool sizing (:func:`oscarkv.cache.kv_pools.plan_pools`, with the
+group the engine's codec uses) for one budget, with ``max_num_seqs = 32`` and the default step
+budget: tokens per tier, bytes per token, and how many sequences of ``context + new_tokens``
+tokens fit at once (BF16: whole sequences in BF16 pages; INT2: history pages and window pages
+both). OSCAR stores the same bytes as naive at the same group size; this is computed, not
+assumed: the oscar row's ``pools_equal_naive`` compares its pool geometry with naive's, and the
+table says which.
+
+Job throughput (on a GPU): ``requests`` requests of ``context`` prompt tokens, each decoding
 ``new_tokens`` greedy tokens, run to completion through the engine with ``max_num_seqs`` = the
 concurrency that fits (capped at 32; pools sized for that run's step budget, see
-:attr:`CapacityBench.chunks`). Prompts are filled fast through the write path
-(:mod:`oscarkv.bench.e2e`; the fill is timed apart and excluded); the time is the sum of the
-model steps (each request's first token and its decode steps: CUDA-graph decode, logits,
-sampling), after an untimed warm-up run at 2K context (Triton JIT, graph capture of the
-buckets used). jobs/s = requests / that time.
+:attr:`CapacityBench.chunks`; the built engine's pools are checked against that sizing). Prompts
+are filled fast through the write path (:mod:`oscarkv.bench.e2e`; the fill is timed apart and
+excluded); the time is the sum of the model steps (each request's first token and its decode
+steps: CUDA-graph decode, logits, sampling), after an untimed warm-up run at 2K context (Triton
+JIT, graph capture of the buckets used). jobs/s = requests / that time.
 """
 
 from __future__ import annotations
@@ -25,35 +33,63 @@ from pathlib import Path
 import torch
 
 from oscarkv.bench import e2e
-from oscarkv.cache.kv_pools import plan_pools
+from oscarkv.cache.kv_pools import PoolGeometry, plan_pools
 from oscarkv.config import EngineConfig, KVConfig
-from oscarkv.quant.bpe import history_end
 from oscarkv.models.shapes import SHAPES
+from oscarkv.quant.bpe import history_end
+from oscarkv.quant.codec import default_group
 
 
 @dataclass(frozen=True)
 class CapacityBench:
     shape: str = "qwen3-4b"
+    """Model shape (:data:`oscarkv.models.shapes.SHAPES`)."""
     kv_gib: float = 56.0
+    """KV pool budget, the same for every method."""
     context: int = 102400
+    """Prompt tokens per request."""
     requests: int = 32
+    """Requests in the throughput run."""
     new_tokens: int = 16
-    chunks: tuple[tuple[str, int], ...] = (("bf16", 2048), ("naive", 256))
+    """Greedy tokens decoded per request."""
+    methods: tuple[str, ...] = ("bf16", "naive")
+    """KV methods to run, in order; each needs a chunk in :attr:`chunks`, and ``bf16`` must be one."""
+    chunks: tuple[tuple[str, int], ...] = (("bf16", 2048), ("naive", 256), ("oscar", 256))
     """Prefill chunk per method for the throughput run; the token budget is ``chunk × seqs + seqs``
     so that every running sequence advances each step (a wave prefills, then decodes, together)."""
 
+    def __post_init__(self) -> None:
+        known = tuple(m for m, _ in self.chunks)
+        unknown = [m for m in self.methods if m not in known]
+        if unknown:
+            raise ValueError(f"CapacityBench.methods: unknown method(s) {unknown}; choose from {known}")
+        if "bf16" not in self.methods:
+            raise ValueError(f"CapacityBench.methods must include 'bf16' (the × BF16 columns), got {self.methods}")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"CapacityBench.methods has a repeated method: {self.methods}")
 
-def fits(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_seqs: int = 32) -> dict:
-    """Pool sizing of ``method`` in the budget, and the sequences of ``context + new_tokens`` that fit.
+
+def geometry(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_seqs: int = 32) -> PoolGeometry:
+    """The pools ``LLMEngine.from_paged`` allocates for ``method`` in the budget (bfloat16 model).
 
     ``chunk=None``: the engine's default scheduling budget (``EngineConfig`` defaults);
-    otherwise the throughput run's (``chunk × seqs + seqs`` tokens per step)."""
+    otherwise the throughput run's (``chunk × seqs + seqs`` tokens per step, as
+    :func:`oscarkv.bench.e2e.build_engine`). NOTE: the engine sizes pools with its codec's group,
+    ``default_group(head_dim, kv.group_size)`` for every method; an oscar artifact must match it
+    (``Artifact.codec`` raises otherwise), so no artifact is needed here."""
     s = SHAPES[cfg.shape]
     kv = KVConfig(method)
     step = dict(max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk) if chunk else {}
     ecfg = EngineConfig(kv, kv_memory_bytes=int(cfg.kv_gib * 2**30), max_num_seqs=max_num_seqs, **step)
-    geo = plan_pools(ecfg, s["num_hidden_layers"], s["num_key_value_heads"], s["head_dim"], min(s["head_dim"], 128),
-                     torch.bfloat16)
+    d = s["head_dim"]
+    return plan_pools(ecfg, s["num_hidden_layers"], s["num_key_value_heads"], d, default_group(d, kv.group_size),
+                      torch.bfloat16)
+
+
+def fits(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_seqs: int = 32) -> dict:
+    """Pool sizing of ``method`` in the budget (:func:`geometry`), and the sequences of
+    ``context + new_tokens`` that fit."""
+    geo, kv = geometry(cfg, method, chunk, max_num_seqs), KVConfig(method)
     t, P = cfg.context + cfg.new_tokens, kv.page_size
     if method == "bf16":
         seqs = (geo.bf16_pages - 1) // -(-t // P)
@@ -66,24 +102,22 @@ def fits(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_seqs
                 bytes_per_token=geo.bytes_per_token())
 
 
+def capacity_rows(cfg: CapacityBench) -> list[dict]:
+    """:func:`fits` of every method; the oscar row also says whether its pools equal naive's."""
+    rows = [fits(cfg, m) for m in cfg.methods]
+    for r in rows:
+        if r["method"] == "oscar":
+            r["pools_equal_naive"] = geometry(cfg, "oscar") == geometry(cfg, "naive")
+    return rows
+
+
 def run(cfg: CapacityBench, out: Path | None) -> str:
-    rows = [fits(cfg, m) for m, _ in cfg.chunks]
+    rows = capacity_rows(cfg)
     if torch.cuda.is_available():
         model = e2e.random_model(cfg.shape)
-        for r, (method, chunk) in zip(rows, cfg.chunks):
-            conc = max(1, min(32, fits(cfg, method, chunk)["seqs_fit"]))
-            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), conc, chunk)
-            for n in {conc, cfg.requests % conc or conc}:  # untimed: JIT compiles, graph captures of the batch buckets
-                e2e.add_prompts(engine, n, 2048, 3, seed=n + 1)
-                e2e.drive(engine)
-            e2e.add_prompts(engine, cfg.requests, cfg.context, cfg.new_tokens)
-            st = e2e.drive(engine)
-            r.update(concurrency=conc, model_s=st.model_s, fill_s=st.fill_s, model_steps=st.steps,
-                     mean_batch=sum(st.batch_sizes) / max(1, len(st.batch_sizes)),
-                     jobs_per_s=cfg.requests / st.model_s, tokens_per_s=cfg.requests * cfg.new_tokens / st.model_s)
+        for r in rows:
+            r.update(throughput(cfg, model, r["method"]))
             print(json.dumps(r), flush=True)
-            del engine
-            e2e.release()
     table = format_table(rows)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -92,12 +126,42 @@ def run(cfg: CapacityBench, out: Path | None) -> str:
     return table
 
 
+def throughput(cfg: CapacityBench, model, method: str) -> dict:
+    """The job-throughput run of ``method`` (see the module docstring) on the GPU."""
+    chunk = dict(cfg.chunks)[method]
+    conc = max(1, min(32, fits(cfg, method, chunk)["seqs_fit"]))
+    engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), conc, chunk)
+    if engine.runner.pools.geo != geometry(cfg, method, chunk, conc):
+        raise RuntimeError(f"capacity bench: the engine's {method} pools {engine.runner.pools.geo} are not the "
+                           f"sizing computed here {geometry(cfg, method, chunk, conc)}")
+    for n in {conc, cfg.requests % conc or conc}:  # untimed: JIT compiles, graph captures of the batch buckets
+        e2e.add_prompts(engine, n, 2048, 3, seed=n + 1)
+        e2e.drive(engine)
+    e2e.add_prompts(engine, cfg.requests, cfg.context, cfg.new_tokens)
+    st = e2e.drive(engine)
+    del engine
+    e2e.release()
+    return dict(concurrency=conc, model_s=st.model_s, fill_s=st.fill_s, model_steps=st.steps,
+                mean_batch=sum(st.batch_sizes) / max(1, len(st.batch_sizes)),
+                jobs_per_s=cfg.requests / st.model_s, tokens_per_s=cfg.requests * cfg.new_tokens / st.model_s)
+
+
 def format_table(rows: list[dict]) -> str:
-    b = rows[0]
-    lines = ["| kv | tokens in budget | × bf16 | seqs of context fit | concurrency | model s | fill s | jobs/s | × bf16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """Markdown table of every row, × BF16 relative to the bf16 row; then whether oscar's pools equal naive's."""
+    b = next((r for r in rows if r["method"] == "bf16"), None)
+    if b is None:
+        raise ValueError("capacity table: no bf16 row, the × BF16 columns are relative to it")
+    lines = ["| kv | tokens in budget | × bf16 | INT2 B/token | seqs of context fit | concurrency | model s | "
+             "fill s | jobs/s | × bf16 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         jobs = f"{r['jobs_per_s']:.3f} | {r['jobs_per_s'] / b['jobs_per_s']:.2f}x" if "jobs_per_s" in r else "- | -"
         run_ = f"{r['concurrency']} | {r['model_s']:.2f} | {r['fill_s']:.2f}" if "model_s" in r else "- | - | -"
-        lines.append(f"| {r['method']} | {r['tokens']} | {r['tokens'] / b['tokens']:.2f}x | {r['seqs_fit']} | {run_} | {jobs} |")
+        bpt = f"{r['bytes_per_token']['int2']:.0f}" if r["int2_tokens"] else "-"
+        lines.append(f"| {r['method']} | {r['tokens']} | {r['tokens'] / b['tokens']:.2f}x | {bpt} | "
+                     f"{r['seqs_fit']} | {run_} | {jobs} |")
+    for r in rows:
+        if "pools_equal_naive" in r:
+            same = "equal naive's (computed" if r["pools_equal_naive"] else "DIFFER from naive's (computed"
+            lines.append(f"\noscar pools {same}: pages per tier and bytes per token at this budget)")
     return "\n".join(lines)

@@ -41,10 +41,12 @@ def _setup_capacity(p: argparse.ArgumentParser) -> None:
 
     d = CapacityBench()
     p.add_argument("--shape", default=d.shape, help="model shape (oscarkv.models.shapes)")
-    p.add_argument("--kv-gib", type=float, default=d.kv_gib, help="KV pool budget (the same for both methods)")
+    p.add_argument("--kv-gib", type=float, default=d.kv_gib, help="KV pool budget (the same for every method)")
     p.add_argument("--context", type=int, default=d.context, help="prompt tokens per request")
     p.add_argument("--requests", type=int, default=d.requests)
     p.add_argument("--new-tokens", type=int, default=d.new_tokens, help="greedy tokens per request")
+    p.add_argument("--methods", nargs="+", default=list(d.methods), choices=[m for m, _ in d.chunks],
+                   help=f"KV methods, bf16 among them (oscar: a random artifact); default: {' '.join(d.methods)}")
     p.add_argument("--out", type=Path, default=Path("bench_capacity.json"), help="JSON file to write")
 
 
@@ -59,7 +61,11 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.bench == "capacity":
         from oscarkv.bench import capacity
 
-        cfg = capacity.CapacityBench(args.shape, args.kv_gib, args.context, args.requests, args.new_tokens)
+        try:
+            cfg = capacity.CapacityBench(args.shape, args.kv_gib, args.context, args.requests, args.new_tokens,
+                                         tuple(args.methods))
+        except ValueError as e:  # a bad --methods: the message, not a traceback
+            raise SystemExit(f"oscarkv bench capacity: {e}") from None
         print(capacity.run(cfg, args.out))
         return 0
     from oscarkv.bench import attention
