@@ -4,7 +4,7 @@
 # later graph launches), the INT2 decode-kernel sweep / table of oscarkv.bench.variants, the
 # BF16-kernel config sweep vs SDPA (bf16) and the BF16 kernel next to SDPA at every kernel-table
 # point (peer, oscarkv.bench.bf16_peer) (JSON and logs under $OUT).
-# Usage: bash oscarkv/bench/gpu_e2e.sh [tests|decode|capacity|profile|sweep|bf16|peer|round6|variants ...]  (default: the first four)
+# Usage: bash oscarkv/bench/gpu_e2e.sh [tests|decode|capacity|profile|sweep|bf16|peer|round6|round7|variants ...]  (default: the first four)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 parts="${*:-tests decode capacity profile}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
@@ -16,4 +16,5 @@ case " $parts " in *" sweep "*) timeout 150 python3 -m oscarkv.bench.variants $O
 case " $parts " in *" bf16 "*) timeout 330 python3 -m oscarkv.bench.variants $OUT bf16 2>&1 | tee $OUT/bf16.log | grep -v "^coarse\|^final";; esac
 case " $parts " in *" peer "*) timeout 200 python3 -m oscarkv.bench.bf16_peer $OUT 2>&1 | tee $OUT/peer.log | grep -v "^point";; esac
 case " $parts " in *" round6 "*) timeout 420 python3 -m oscarkv.bench.variants $OUT round6 2>&1 | tee $OUT/round6.log | grep -v "^point";; esac
+case " $parts " in *" round7 "*) timeout 420 python3 -m oscarkv.bench.variants $OUT round7 2>&1 | tee $OUT/round7.log | grep -v "^point";; esac
 case " $parts " in *" variants "*) timeout 300 python3 -m oscarkv.bench.variants $OUT 2>&1 | tee $OUT/variants.log | grep -v "^point";; esac

@@ -1,6 +1,6 @@
 """Decode-kernel variants on one GPU call: correctness at real shapes, then CUDA-graph timings.
 
-``python -m oscarkv.bench.variants OUT_DIR [sweep|bf16|round6]`` (needs CUDA). Each mode first
+``python -m oscarkv.bench.variants OUT_DIR [sweep|bf16|round6|round7]`` (needs CUDA). Each mode first
 measures the device-to-device copy bandwidth, runs, writes JSON under ``OUT_DIR`` and prints a
 table last:
 
@@ -11,7 +11,7 @@ table last:
 * ``bf16``   the BF16 kernel's config sweep vs SDPA (``oscarkv.bench.variants_bf16``) →
   ``bf16_sweep.json``;
 * ``round6`` round 6's transposed-tile INT2 kernel vs round 5 (``oscarkv.bench.variants_round6``)
-  → ``round6.json``.
+  → ``round6.json``; ``round7`` round 7's code conversion vs the round-6 kernel → ``round7.json``.
 
 Anything else after ``OUT_DIR`` runs the default. Times are CUDA-graph replays over enough
 rotated caches that the L2 cache (50 MB on an H100) cannot serve them
@@ -32,7 +32,7 @@ from oscarkv.bench.attention import AttentionBench, copy_bandwidth
 from oscarkv.bench.variants_bf16 import bf16_sweep, bf16_table
 from oscarkv.bench.variants_int2 import (INT2_VARIANTS, POINTS, check, dump_compiled, resources, sweep,
                                          table, time_point, time_prefill)
-from oscarkv.bench.variants_round6 import round6, round6_table
+from oscarkv.bench.variants_round6 import ROUND6, ROUND6_G64, ROUND7, ROUND7_G64, round6, round6_table
 
 
 def run_sweep(out: Path) -> None:
@@ -49,12 +49,12 @@ def run_sweep(out: Path) -> None:
                                                             round(r["us"], 1), round(r["pct_copy"])) for r in best])
 
 
-def run_round6(out: Path) -> None:
+def run_round6(out: Path, name: str = "round6", variants: dict = ROUND6, g64: tuple[str, ...] = ROUND6_G64) -> None:
     cfg = AttentionBench()
     copy_bandwidth(), copy_bandwidth()
     copy = copy_bandwidth()
-    res = round6(cfg, copy) | {"device": torch.cuda.get_device_name(), "copy_gbps": copy}
-    (out / "round6.json").write_text(json.dumps(res, indent=1))
+    res = round6(cfg, copy, variants, g64) | {"device": torch.cuda.get_device_name(), "copy_gbps": copy}
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1))
     print("\n".join(f"{r['kernel']} regs {r['regs']} spills {r['spills']} {r['key'][-90:]}" for r in res["resources"]))
     print(f"copy {copy:.0f} GB/s")
     print(round6_table(res))
@@ -84,7 +84,11 @@ def run_variants(out: Path) -> None:
     print(table(rows, copy))
 
 
-MODES = {"sweep": run_sweep, "round6": run_round6, "bf16": run_bf16}
+def run_round7(out: Path) -> None:
+    run_round6(out, "round7", ROUND7, ROUND7_G64)
+
+
+MODES = {"sweep": run_sweep, "round6": run_round6, "round7": run_round7, "bf16": run_bf16}
 
 
 def main(argv: list[str]) -> None:

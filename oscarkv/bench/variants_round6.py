@@ -1,16 +1,19 @@
-"""Round 6 of the INT2 decode kernel: transposed tiles vs the round-5 kernel (``... OUT_DIR round6``).
+"""Rounds 6 and 7 of the INT2 decode kernel against the kernels they replaced (``... OUT_DIR round6|round7``).
 
-Role: :func:`round6` checks every :data:`ROUND6` variant against the fp32 oracle (fresh inputs,
+Round 6: transposed tiles vs the round-5 kernel; round 7: the code conversion of all four slices
+in one PTX block (``decode_int2._slices``) vs the round-6 kernel.
+
+Role: :func:`round6` checks every variant (:data:`ROUND6`, :data:`ROUND7`) against the fp32 oracle (fresh inputs,
 G = 128 and 64, odd lengths), drops the ones that fail, and times the rest as CUDA-graph
 replays over rotated caches (:func:`~oscarkv.bench.variants_common.graph_us`) at
 :data:`ROUND6_POINTS`, with % of the measured copy bandwidth; it also reports registers and
 spills of every compiled INT2 kernel. The result dict is written as ``round6.json``;
 :func:`round6_table` prints it.
 
-The ``r5`` baseline is the round-5 kernel, run only where ``oscarkv/bench/int2_round5.py``
-exists (not committed; ``git show 449eb7b:oscarkv/kernels/decode_int2.py >
-oscarkv/bench/int2_round5.py``): :class:`_swap` puts it in place of the current kernel while a
-variant with ``r5`` runs.
+A variant with ``base=NAME`` runs the kernel of ``oscarkv/bench/NAME.py`` in place of the current
+one (:class:`_swap`), and only where that file exists (not committed): ``int2_round5`` =
+``git show 449eb7b:oscarkv/kernels/decode_int2.py``, ``int2_round6`` = ``git show
+c64b09d:oscarkv/kernels/decode_int2.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ ROUND6_POINTS = ((32768, 1), (102400, 1), (131072, 1), (32768, 8), (102400, 8), 
 ROUND6 = {  # INT2 kernel, round 6 (H100): transposed tiles (tokens x query rows) vs the round-5 kernel
     # baseline, run only where oscarkv/bench/int2_round5.py exists (not committed; make it with
     # `git show 449eb7b:oscarkv/kernels/decode_int2.py > oscarkv/bench/int2_round5.py`)
-    "r5": dict(REP_PAD=16, maxnreg=None, PER_SM=8, r5=True),
+    "r5": dict(REP_PAD=16, maxnreg=None, PER_SM=8, base="int2_round5"),
     "T": {},  # the default now: maxnreg 168, 12 programs per SM
     "T_n255_s8": dict(maxnreg=None, PER_SM=8),
     "T_n152_s13": dict(maxnreg=152, PER_SM=13),
@@ -34,38 +37,48 @@ ROUND6 = {  # INT2 kernel, round 6 (H100): transposed tiles (tokens x query rows
     "T_n128_s16": dict(maxnreg=128, PER_SM=16),
 }
 ROUND6_G64 = ("r5", "T", "T_n128_s16")
+ROUND7 = {  # INT2 kernel, round 7 (H100): four slices per PTX block vs the round-6 kernel
+    "r6": dict(base="int2_round6", CONV=2),
+    "S": {},  # the default: maxnreg 168, 12 programs per SM
+    "S_free": dict(maxnreg=None),  # ptxas picks (168 at G = 128, 255 at G = 64)
+    "S_n176_s11": dict(maxnreg=176, PER_SM=11),
+    "S_n152_s13": dict(maxnreg=152, PER_SM=13),
+    "S_n128_s16": dict(maxnreg=128, PER_SM=16),
+}
+ROUND7_G64 = ("r6", "S", "S_n128_s16")
 
 
 class _swap:
-    """Runs the round-5 INT2 kernel in place of the current one while active (``conf['r5']``)."""
+    """Runs the INT2 kernel of ``oscarkv.bench.<conf['base']>`` in place of the current one while active."""
 
     def __init__(self, conf: dict):
-        self.on, self.conf = conf.get("r5", False), {k: v for k, v in conf.items() if k != "r5"}
+        self.base, self.conf = conf.get("base"), {k: v for k, v in conf.items() if k != "base"}
 
     def __enter__(self):
+        import importlib
         import oscarkv.kernels.decode_int2 as cur
 
         self.cur, self.old = cur, cur._int2_decode_kernel
-        if self.on:
-            from oscarkv.bench.int2_round5 import _int2_decode_kernel
-
-            cur._int2_decode_kernel = _int2_decode_kernel
+        if self.base:
+            cur._int2_decode_kernel = importlib.import_module(f"oscarkv.bench.{self.base}")._int2_decode_kernel
         return self.conf
 
     def __exit__(self, *exc):
         self.cur._int2_decode_kernel = self.old
 
 
-def round6(cfg: AttentionBench, copy: float) -> dict:
-    """Checks (fresh inputs, fp32 oracle) and CUDA-graph times of every ``ROUND6`` variant at ``ROUND6_POINTS``."""
+def round6(cfg: AttentionBench, copy: float, variants: dict = ROUND6, g64: tuple[str, ...] = ROUND6_G64) -> dict:
+    """Checks (fresh inputs, fp32 oracle) and CUDA-graph times of ``variants`` at ``ROUND6_POINTS``
+    (at G = 64 only those named in ``g64``)."""
     from oscarkv.kernels.decode import decode_attention
     from oscarkv.kernels.synthetic import random_cache
 
     import importlib
     import importlib.util
 
-    have_r5 = importlib.util.find_spec("oscarkv.bench.int2_round5") is not None
-    variants = {k: v for k, v in ROUND6.items() if have_r5 or not v.get("r5")}
+    bases = {v["base"] for v in variants.values() if "base" in v}
+    have = {b for b in bases if importlib.util.find_spec(f"oscarkv.bench.{b}") is not None}
+    variants = {k: v for k, v in variants.items() if v.get("base", "") in have | {""}}
     scale, checks, rows = cfg.head_dim**-0.5, [], []
     for group, lens in ((128, [32768, 20011, 4095]), (64, [32768, 9000])):
         kv, tables = random_cache(lens, cfg.kv_heads, cfg.head_dim, page=cfg.page_size, group=group, sink=cfg.sink,
@@ -85,7 +98,7 @@ def round6(cfg: AttentionBench, copy: float) -> dict:
             nb = cache_bytes(cfg, ctx, bsz, True, group)
             caches = random_caches(cfg, ctx, bsz, True, group, max(2, -(-4 * L2_BYTES // nb)))
             for name, conf in variants.items():
-                if name in bad or (group == 64 and name not in ROUND6_G64):
+                if name in bad or (group == 64 and name not in g64):
                     continue
                 with _swap(conf) as c:
                     us = graph_us([lambda x=x, c=c: decode_attention(q, x[0], x[1], scale, config=c) for x in caches])
@@ -97,7 +110,7 @@ def round6(cfg: AttentionBench, copy: float) -> dict:
         print("point", json.dumps(row), flush=True)
     import oscarkv.kernels.decode_int2 as cur
 
-    mods = [importlib.import_module("oscarkv.bench.int2_round5")] if have_r5 else []
+    mods = [importlib.import_module(f"oscarkv.bench.{b}") for b in sorted(have)]
     res = [dict(kernel=m.__name__, regs=k.n_regs, spills=k.n_spills, key=str(key)[-200:])
            for m in mods + [cur] for cache in m._int2_decode_kernel.device_caches.values() for key, k in cache[0].items()]
     return dict(checks=checks, rows=rows, resources=res)

@@ -9,14 +9,18 @@ Algebra (per token t, group g; ``x̂ = m + s·c`` with codes ``c ∈ {0..3}``)::
     q·k̂_t  = Σ_g s_tg (q_g · c_tg) + Σ_g m_tg Σq_g          scale/zero applied after the dot
     Σ_t p_t v̂_t = Σ_t (p_t s_tg) c_tg  +  Σ_t p_t m_tg       (second term per channel group)
 
-so only the code → float conversion is per element. Codes 0..3 are exact in every float
-format; the conversion puts a masked code byte into the high byte of an fp16, which is the
-fp16 number ``c · 2^-16`` (an fp8-e5m2 → fp16 widening: two ``prmt`` per four codes in inline
-PTX, ``CONV = 2``, or Triton's own e5m2 cast, ``CONV = 1``); the factor ``2^16`` is folded
-into the key scale and the final output, exactly. Queries and ``p·s`` are fp16 for these
-dots (fp16 has 3 more mantissa bits than bf16; the range is ample for rotated queries and
-probabilities). The BF16 windows use bf16 dots with ``p · 2^-16`` so one accumulator serves
-both tiers.
+so only the code → float conversion is per element (``_slices``). Codes 0..3 are exact in
+every float format, and a code left *in place* in the low byte of an fp16 (exponent bits 0) is
+an fp16 subnormal: slice ``i`` of a byte (bits ``2i..2i+1``) masked out of it is the fp16 number
+``c · 4^i · 2^-24``. One inline-PTX block turns four code bytes into all four slices: two
+``prmt`` spread the bytes into the low bytes of two fp16 pairs, then one ``and`` per pair and
+slice (10 instructions per 16 codes; shifting each slice down and widening it cost 15,
+``docs/BENCHMARKS.md`` round 7). The slice units are folded in exactly (powers of two): q's
+slice ``i`` is pre-scaled by ``2^(3-2i)`` so every key dot yields ``(q·c) · 2^-21`` and ``2^21``
+goes into the key scale; value slice ``i`` accumulates in units of ``4^i · 2^-24``, undone at the
+store. Queries and ``p·s`` are fp16 for these dots (fp16 has 3 more mantissa bits than bf16; the
+range is ample for rotated queries, ``|q| < 8000``, and probabilities). The BF16 windows use
+bf16 dots with ``p`` in each slice's unit so one set of accumulators serves both tiers.
 
 Transposed tiles. Every product is computed with the tokens and channels on the tensor cores'
 M and K and the ``REP`` query rows of the KV head on N (``REP_PAD = max(8, REP)``, the mma's
@@ -37,8 +41,8 @@ split into ``4 · d/G`` tiles ``[LG, .]`` and nothing is permuted. Key codes are
 ``[LG, BLOCK_N]``, so both feed ``tl.dot`` without a ``tl.trans`` and Triton keeps the
 conversion in the dot-operand layout (no shared-memory round trip of converted values).
 NOTE: the value codes' A operand wants 4 consecutive tokens of one byte column per thread:
-Triton reads them from shared memory as single bytes (64 ``LDS.U8`` and ~300 ``PRMT`` of
-~1200 instructions per tile in the sm_90 SASS; the same in the round-5 layout).
+Triton reads them from shared memory as single bytes and packs them (64 ``LDS.U8`` and 48
+``PRMT`` of ~1000 instructions per tile of 64 tokens in the sm_90 SASS at G = 128).
 
 Pipelining. The INT2 history of a split is walked in full tiles of ``BLOCK_N`` tokens (INT2
 lengths are multiples of ``P``, ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned), so its
@@ -49,7 +53,8 @@ tile's copies ``num_stages - 1`` tiles ahead. (With one page-id load per tile in
 it waited for every copy at the top of each iteration: one tile in flight, H100 SASS,
 2026-11-22.)
 
-``CONV = 0`` is the interpreter path (fp32 arithmetic, same ``2^-16`` convention).
+``CONV = 0`` is the interpreter path (fp32 arithmetic, the same slice units); ``CONV = 2`` the
+inline PTX.
 """
 
 from __future__ import annotations
@@ -61,49 +66,47 @@ from oscarkv.kernels.decode import _split_range
 
 
 @triton.jit
-def _codes(c, i: tl.constexpr, CONV: tl.constexpr):
-    """Slice ``i`` of packed uint8 codes → ``code · 2^-16`` (fp16; fp32 in the interpreter)."""
+def _slices(c, CONV: tl.constexpr):
+    """The four 2-bit slices of packed uint8 codes ``c`` as ``code · 4^i · 2^-24``, i = 0..3 (fp16
+    subnormals; fp32 in the interpreter): four tensors shaped like ``c``."""
     if CONV == 0:
-        return ((c >> (2 * i)) & 3).to(tl.float32) * (1.0 / 65536.0)
-    elif CONV == 1:
-        return ((c >> (2 * i)) & 3).to(tl.float8e5, bitcast=True).to(tl.float16)
+        return ((c & 3).to(tl.float32) * 2.0**-24, ((c >> 2) & 3).to(tl.float32) * 2.0**-22,
+                ((c >> 4) & 3).to(tl.float32) * 2.0**-20, ((c >> 6) & 3).to(tl.float32) * 2.0**-18)
     else:
-        # NOTE: pack=4: $2 holds four code bytes, $0/$1 two fp16 each; prmt puts byte k of the
-        # masked word into the high byte of fp16 k (low byte 0), i.e. code_k · 2^-16.
-        if i == 0:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 t; and.b32 t, $2, 0x03030303; prmt.b32 $0, 0, t, 0x5140; prmt.b32 $1, 0, t, 0x7362; }",
-                "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
-        elif i == 1:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 t; shr.b32 t, $2, 2; and.b32 t, t, 0x03030303; prmt.b32 $0, 0, t, 0x5140; prmt.b32 $1, 0, t, 0x7362; }",
-                "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
-        elif i == 2:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 t; shr.b32 t, $2, 4; and.b32 t, t, 0x03030303; prmt.b32 $0, 0, t, 0x5140; prmt.b32 $1, 0, t, 0x7362; }",
-                "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
-        else:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 t; shr.b32 t, $2, 6; and.b32 t, t, 0x03030303; prmt.b32 $0, 0, t, 0x5140; prmt.b32 $1, 0, t, 0x7362; }",
-                "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
+        # NOTE: pack=4: $8 holds four code bytes e0..e3; the two prmt spread them into the low bytes
+        # of two fp16 pairs ([e0, 0, e1, 0] and [e2, 0, e3, 0]); slice i is then one and per pair:
+        # the bits 2i..2i+1 left in place are the fp16 subnormal code_i · 4^i · 2^-24. Results are
+        # grouped by output ($0,$1 slice 0 ... $6,$7 slice 3), each pair holding elements (0,1), (2,3).
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 lo, hi; prmt.b32 lo, $8, 0, 0x4140; prmt.b32 hi, $8, 0, 0x4342; "
+            "and.b32 $0, lo, 0x00030003; and.b32 $1, hi, 0x00030003; "
+            "and.b32 $2, lo, 0x000C000C; and.b32 $3, hi, 0x000C000C; "
+            "and.b32 $4, lo, 0x00300030; and.b32 $5, hi, 0x00300030; "
+            "and.b32 $6, lo, 0x00C000C0; and.b32 $7, hi, 0x00C000C0; }",
+            "=r,=r,=r,=r,=r,=r,=r,=r,r", [c], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=4)
 
 
 @triton.jit
 def _group_scores(ck, q0, q1, q2, q3, CONV: tl.constexpr):
-    """Σ_i c_i · q_i for one group: ``ck`` uint8 ``[N, LG]``, q_i ``[LG, R]`` → fp32 ``[N, R]`` (× 2^-16)."""
-    s = tl.dot(_codes(ck, 0, CONV), q0)
-    s = tl.dot(_codes(ck, 1, CONV), q1, s)
-    s = tl.dot(_codes(ck, 2, CONV), q2, s)
-    return tl.dot(_codes(ck, 3, CONV), q3, s)
+    """Σ_i c_i · q_i for one group: ``ck`` uint8 ``[N, LG]``, q_i ``[LG, R]`` pre-scaled by ``2^(3-2i)``
+    (``_group_q``) → fp32 ``[N, R]`` = ``(q · c) · 2^-21``."""
+    k0, k1, k2, k3 = _slices(ck, CONV)
+    s = tl.dot(k0, q0)
+    s = tl.dot(k1, q1, s)
+    s = tl.dot(k2, q2, s)
+    return tl.dot(k3, q3, s)
 
 
 @triton.jit
 def _group_values(cvT, ps, a0, a1, a2, a3, alpha, CONV: tl.constexpr):
-    """Rescale the slice accumulators ``[LG, R]`` of one group and add ``c_i^T @ ps`` (``cvT`` uint8 ``[LG, N]``)."""
-    a0 = tl.dot(_codes(cvT, 0, CONV), ps, a0 * alpha[None, :])
-    a1 = tl.dot(_codes(cvT, 1, CONV), ps, a1 * alpha[None, :])
-    a2 = tl.dot(_codes(cvT, 2, CONV), ps, a2 * alpha[None, :])
-    a3 = tl.dot(_codes(cvT, 3, CONV), ps, a3 * alpha[None, :])
+    """Rescale the slice accumulators ``[LG, R]`` of one group and add ``c_i^T @ ps`` (``cvT`` uint8
+    ``[LG, N]``); slice i accumulates in units of ``4^i · 2^-24`` (``_store`` undoes it)."""
+    v0, v1, v2, v3 = _slices(cvT, CONV)
+    a0 = tl.dot(v0, ps, a0 * alpha[None, :])
+    a1 = tl.dot(v1, ps, a1 * alpha[None, :])
+    a2 = tl.dot(v2, ps, a2 * alpha[None, :])
+    a3 = tl.dot(v3, ps, a3 * alpha[None, :])
     return a0, a1, a2, a3
 
 
@@ -161,13 +164,17 @@ def _bf16_scores(K, rows, mk, b0, b1, b2, b3, LG: tl.constexpr, s):
 
 
 @triton.jit
-def _bf16_values(V, rowsT, mkT, p, a0, a1, a2, a3, alpha, LG: tl.constexpr):
-    """Rescale the four slice accumulators ``[LG, R]`` and add ``v_i^T @ p`` (``rowsT [1, N]``)."""
+def _bf16_values(V, rowsT, mkT, p, a0, a1, a2, a3, alpha, LG: tl.constexpr, B16: tl.constexpr):
+    """Rescale the four slice accumulators ``[LG, R]`` and add ``v_i^T @ (p · 4^i · 2^-24)`` (``rowsT [1, N]``):
+    the units of the INT2 slices (``_group_values``)."""
     cols = tl.arange(0, LG)[:, None]
-    a0 = tl.dot(tl.load(V + rowsT + cols, mask=mkT, other=0.0).to(p.dtype), p, a0 * alpha[None, :])
-    a1 = tl.dot(tl.load(V + rowsT + LG + cols, mask=mkT, other=0.0).to(p.dtype), p, a1 * alpha[None, :])
-    a2 = tl.dot(tl.load(V + rowsT + 2 * LG + cols, mask=mkT, other=0.0).to(p.dtype), p, a2 * alpha[None, :])
-    a3 = tl.dot(tl.load(V + rowsT + 3 * LG + cols, mask=mkT, other=0.0).to(p.dtype), p, a3 * alpha[None, :])
+    a0 = tl.dot(tl.load(V + rowsT + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**-24).to(B16), a0 * alpha[None, :])
+    a1 = tl.dot(tl.load(V + rowsT + LG + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**-22).to(B16),
+                a1 * alpha[None, :])
+    a2 = tl.dot(tl.load(V + rowsT + 2 * LG + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**-20).to(B16),
+                a2 * alpha[None, :])
+    a3 = tl.dot(tl.load(V + rowsT + 3 * LG + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**-18).to(B16),
+                a3 * alpha[None, :])
     return a0, a1, a2, a3
 
 
@@ -182,22 +189,25 @@ def _load_q(qp, live, LG: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def _group_q(qp, live, LG: tl.constexpr, F16: tl.constexpr, B16: tl.constexpr):
-    """One group's q slices for the codes (fp16) and the windows (bf16), and ``Σ q`` over the group's
+    """One group's q slices for the codes (fp16, slice i scaled by ``2^(3-2i)`` against the slice's
+    ``4^i · 2^-24`` code unit: ``_group_scores``) and the windows (bf16), and ``Σ q`` over the group's
     channels per query row (the zero-point term of the scores)."""
     h0, h1, h2, h3 = _load_q(qp, live, LG, F16)
     b0, b1, b2, b3 = _load_q(qp, live, LG, B16)
-    qs = tl.sum(h0.to(tl.float32) + h1.to(tl.float32) + h2.to(tl.float32) + h3.to(tl.float32), 0)
-    return h0, h1, h2, h3, b0, b1, b2, b3, qs
+    h0, h1, h2, h3 = h0.to(tl.float32), h1.to(tl.float32), h2.to(tl.float32), h3.to(tl.float32)
+    qs = tl.sum(h0 + h1 + h2 + h3, 0)
+    return ((h0 * 8.0).to(F16), (h1 * 2.0).to(F16), (h2 * 0.5).to(F16), (h3 * 0.125).to(F16),
+            b0, b1, b2, b3, qs)
 
 
 @triton.jit
 def _store(op, live, a0, a1, a2, a3, acc_m, inv, LG: tl.constexpr):
-    """Output of one group: (acc · 2^16 + Σ p m) / l for its four slices ``[LG, R]``."""
+    """Output of one group: (acc_i · 2^24 / 4^i + Σ p m) / l for its four slices ``[LG, R]``."""
     cols = tl.arange(0, LG)[:, None]
-    tl.store(op + cols, (a0 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
-    tl.store(op + LG + cols, (a1 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
-    tl.store(op + 2 * LG + cols, (a2 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
-    tl.store(op + 3 * LG + cols, (a3 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + cols, (a0 * 2.0**24 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + LG + cols, (a1 * 2.0**22 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + 2 * LG + cols, (a2 * 2.0**20 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + 3 * LG + cols, (a3 * 2.0**18 + acc_m[None, :]) * inv[None, :], mask=live)
 
 
 @triton.jit
@@ -221,7 +231,7 @@ def _bf16_windows(Kb, Vb, table, length, split, NUM_SPLITS, h, qk_scale, stride_
                   B16: tl.constexpr, G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, P: tl.constexpr,
                   BLOCK_N: tl.constexpr, REP_PAD: tl.constexpr):
     """The split's share of the BF16 sink + recent tokens (masked tiles), for the online softmax: bf16 dots
-    with ``p · 2^-16`` so the INT2 phase's accumulators (kept × 2^-16) serve both tiers."""
+    with ``p`` in the INT2 slices' units (``_bf16_values``) so one set of accumulators serves both tiers."""
     n0, end = _split_range(length, split, NUM_SPLITS, BLOCK_N)
     while n0 < end:
         page, off, ok = _tile(table, n0, end, P, BLOCK_N)
@@ -231,11 +241,10 @@ def _bf16_windows(Kb, Vb, table, length, split, NUM_SPLITS, h, qk_scale, stride_
             s = _bf16_scores(Kb + G, r[:, None], ok[:, None], c0, c1, c2, c3, LG, s)
         s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
         p, alpha, m_i, l_i = _softmax_step_t(s, m_i, l_i)
-        pb = (p * (1.0 / 65536.0)).to(B16)
-        a0, a1, a2, a3 = _bf16_values(Vb, r[None, :], ok[None, :], pb, a0, a1, a2, a3, alpha, LG)
+        a0, a1, a2, a3 = _bf16_values(Vb, r[None, :], ok[None, :], p, a0, a1, a2, a3, alpha, LG, B16)
         acc_m = acc_m * alpha
         if NG == 2:
-            e0, e1, e2, e3 = _bf16_values(Vb + G, r[None, :], ok[None, :], pb, e0, e1, e2, e3, alpha, LG)
+            e0, e1, e2, e3 = _bf16_values(Vb + G, r[None, :], ok[None, :], p, e0, e1, e2, e3, alpha, LG, B16)
             acc_m1 = acc_m1 * alpha
         n0 += BLOCK_N
     return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
@@ -350,12 +359,12 @@ def _int2_step(page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
     srow = page * stride_sp + h * stride_sh + off * stride_st
     jb = tl.arange(0, LG)
     ck = tl.load(Kc + crow[:, None] + jb[None, :])  # [N, LG] tokens x bytes
-    sk = tl.load(Ks + srow).to(tl.float32) * 65536.0
+    sk = tl.load(Ks + srow).to(tl.float32) * 2.0**21
     zk = tl.load(Kz + srow).to(tl.float32)
     s = _group_scores(ck, h0, h1, h2, h3, CONV) * sk[:, None] + zk[:, None] * qs0[None, :]
     if NG == 2:
         ck1 = tl.load(Kc + LG + crow[:, None] + jb[None, :])
-        sk1 = tl.load(Ks + 1 + srow).to(tl.float32) * 65536.0
+        sk1 = tl.load(Ks + 1 + srow).to(tl.float32) * 2.0**21
         zk1 = tl.load(Kz + 1 + srow).to(tl.float32)
         s += _group_scores(ck1, g0, g1, g2, g3, CONV) * sk1[:, None] + zk1[:, None] * qs1[None, :]
     p, alpha, m_i, l_i = _softmax_step_t(s * qk_scale, m_i, l_i)
