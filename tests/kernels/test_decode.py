@@ -55,6 +55,8 @@ CPU_CASES = [  # (lens, Hq, H, d, group, int2, splits)
     ([0, 150], 4, 1, 32, None, True, None),  # a padding row next to a real one
     ([150, 99], 8, 2, 128, 64, True, 2),  # raw-code INT2 kernel with two groups per token
     ([403, 1], 8, 2, 128, None, True, 1),  # raw-code kernel, one split: several page-id chunks (CHUNK 4 here)
+    ([300, 45], 8, 2, 64, None, True, 7),  # raw-code kernel: splits holding tiles of both tiers
+    ([300], 4, 1, 64, None, True, 40),  # raw-code kernel: more splits than tiles (empty splits)
 ]
 
 
