@@ -12,6 +12,12 @@ Role: the seam between the model and the KV cache. A model layer hands its post-
    chunk sees its prefix as stored (the step's :class:`PageTables`) plus itself at full
    precision, causally — the rule of ``OscarCache`` (``oscarkv.cache.hf_cache``).
 
+On a decode step the model first offers its un-normed, un-roped qkv projection
+(:meth:`StepContext.attention_from_qkv` with a :class:`QKRope`, what the model would do to its q
+and k heads): a backend that fuses QK-norm + RoPE with the stored-domain maps
+(:meth:`AttentionBackend.decode_qk`, the Triton one for OSCAR keys) takes it from there;
+otherwise the model applies them itself and calls :meth:`StepContext.attention`.
+
 NOTE: with :class:`TorchAttention` every step, decode included, goes through ``extend``: the
 current token attends to itself at full precision, as in ``OscarCache``. A backend with
 ``decode_steps = True`` (the Triton one, ``oscarkv.engine.triton_backend``) gets the steps in
@@ -63,6 +69,12 @@ class AttentionBackend(ABC):
         """A decode step's ``(q @ R_K⁻ᵀ, k, v in the stored domain)``; identity codecs keep the model's
         dtype and the views of the qkv projection (no fp32 copy: bf16 -> fp32 -> bf16 stores the same bytes)."""
         return st.rotate_queries(q, keep_dtype=True), stored_domain(st.key, k), stored_domain(st.value, v)
+
+    def decode_qk(self, st: LayerStorage, x: torch.Tensor, rope: QKRope) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A decode step's ``(q @ R_K⁻ᵀ, k in the stored domain)`` (as :meth:`decode_inputs`) straight from
+        the un-roped q and k heads ``x [T, Hq + H, d]``, ``rope`` applied on the way; ``None`` (here): not
+        fused, the model applies ``rope`` and :meth:`decode_inputs` maps its q and k."""
+        return None
 
     @abstractmethod
     def extend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV,
@@ -131,6 +143,20 @@ class LayerStorage:
         return torch.einsum("thrd,hde->thre", qg, r.to(q.device)).reshape(T, Hq, d)
 
 
+@dataclass(frozen=True)
+class QKRope:
+    """What a model does to its q and k heads between the qkv projection and attention: the optional
+    RMS QK-norm over ``d`` (``q_weight`` on the first ``num_q`` heads, ``k_weight`` on the others; both
+    ``None`` without), then RoPE with ``cos, sin [T, d]`` (``oscarkv.kernels.fused.qk_norm_rope_``)."""
+
+    num_q: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q_weight: torch.Tensor | None = None
+    k_weight: torch.Tensor | None = None
+    eps: float = 0.0
+
+
 @dataclass
 class StepContext:
     """Everything attention needs for one step; built by the model runner, read by every layer.
@@ -155,16 +181,31 @@ class StepContext:
         """Write this step's K/V of ``layer``, demote, attend (see the module docstring)."""
         st, kv = self.storage[layer], self.pools.layer(layer)
         if self.decode:
-            q_r, k_s, v_s = self.backend.decode_inputs(st, q, k, v)
-            self.backend.write(kv, k_s, v_s, self.slots)
-            if self.demote_src.numel():
-                self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
-            return self.backend.decode(q_r, kv, self.tables, self.scale)
+            return self._decode(layer, *self.backend.decode_inputs(st, q, k, v))
         k_rot, v_rot = st.key.to_rotated(k), st.value.to_rotated(v)  # [T, H, d] fp32
         self.backend.write(kv, k_rot, v_rot, self.slots)
         if self.demote_src.numel():
             self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
         return self.backend.extend(st.rotate_queries(q), k_rot, v_rot, kv, self.tables, self.cu_seqlens, self.scale)
+
+    def attention_from_qkv(self, layer: int, qkv: torch.Tensor, rope: QKRope) -> torch.Tensor | None:
+        """:meth:`attention` of the un-normed, un-roped projection ``qkv [T, Hq + 2H, d]`` (q, k, v heads)
+        when the backend maps its q and k heads with ``rope`` in one pass (:meth:`AttentionBackend.decode_qk`:
+        decode steps only); ``None`` otherwise, nothing done: the caller applies ``rope`` and calls
+        :meth:`attention`. NOTE: ``qkv`` is only read (its q and k rows are not needed once mapped)."""
+        if not self.decode:
+            return None
+        st, nqk = self.storage[layer], (qkv.shape[1] + rope.num_q) // 2  # Hq + H
+        qk = self.backend.decode_qk(st, qkv[:, :nqk], rope)
+        return None if qk is None else self._decode(layer, *qk, stored_domain(st.value, qkv[:, nqk:]))
+
+    def _decode(self, layer: int, q_r: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor) -> torch.Tensor:
+        """Write the stored-domain ``k_s, v_s``, demote, attend with the mapped queries ``q_r``."""
+        st, kv = self.storage[layer], self.pools.layer(layer)
+        self.backend.write(kv, k_s, v_s, self.slots)
+        if self.demote_src.numel():
+            self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
+        return self.backend.decode(q_r, kv, self.tables, self.scale)
 
 
 def stored_domain(codec: TensorCodec, x: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,10 @@ PyTorch oracles these kernels are tested against).
 * ``decode`` — :func:`oscarkv.kernels.decode.decode_attention` (pure decode steps);
   ``decode_inputs`` — :func:`oscarkv.kernels.fused.qk_map`: an OSCAR layer's query map and key
   rotation (and centering) in one launch instead of ~10 PyTorch kernels (0.9 ms of a 6.6 ms
-  Qwen3-4B step at 100K on an H100, 2026-11-22, ``docs/BENCHMARKS.md``).
+  Qwen3-4B step at 100K on an H100, 2026-11-22, ``docs/BENCHMARKS.md``); ``decode_qk`` —
+  :func:`oscarkv.kernels.fused.qk_norm_rope_map`: the same maps fused with the model's QK-norm
+  and RoPE, one launch per layer where ``qk_norm_rope_`` then ``qk_map`` take two (what the
+  model's CUDA path uses; ``decode_inputs`` stays for callers that hand over roped q and k).
 
 ``decode_steps = True``: the model runner sends a step whose chunks are all one token long to
 ``decode`` over the cache *including* the token just written (its K/V as stored, BF16),
@@ -32,7 +35,7 @@ import torch
 
 from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import LayerKV, PageTables
-from oscarkv.engine.attention import AttentionBackend, LayerStorage, TorchAttention, stored_domain
+from oscarkv.engine.attention import AttentionBackend, LayerStorage, QKRope, TorchAttention, stored_domain
 from oscarkv.quant.codec import TensorCodec
 
 
@@ -66,6 +69,15 @@ class TritonAttention(AttentionBackend):
 
         q_r, k_s = qk_map(q, k, *maps, st.key.mean)
         return q_r, k_s, stored_domain(st.value, v)
+
+    def decode_qk(self, st: LayerStorage, x: torch.Tensor, rope: QKRope):
+        maps = st.decode_maps
+        if maps is None or not x.is_cuda:
+            return None
+        from oscarkv.kernels.fused import qk_norm_rope_map
+
+        return qk_norm_rope_map(x, rope.num_q, rope.q_weight, rope.k_weight, rope.cos, rope.sin, rope.eps,
+                                (*maps, st.key.mean))
 
     def extend(self, q, k_new, v_new, kv, tables: PageTables, cu_seqlens, scale):
         from oscarkv.kernels.extend import extend_attention

@@ -19,11 +19,19 @@ only the order of the fp32 sum of squares differs from the oracle:
 * ``qk_map``: a decode step's OSCAR maps in one launch (the engine's Triton backend): each query
   head row ``q @ R_K⁻ᵀ`` of its KV head, each key row ``(k - μ_K) @ R_K``, fp32 out — what
   ``LayerStorage.rotate_queries`` and ``TensorCodec.to_rotated`` compute with ~10 PyTorch kernels.
+* ``qk_norm_rope_map``: ``qk_norm_rope_`` then ``qk_map`` in one launch (an OSCAR decode step's
+  q and k heads straight from the qkv projection): the norm and RoPE are the same code
+  (``_norm_rope_inner``, same roundings to the activation dtype), so the result differs from the
+  two launches by the fp32 summation order of the map only. Out of place: the qkv rows are read,
+  never written — after the maps nothing reads the roped bf16 q and k (the decode step stores
+  ``k_s`` and attends with ``q_r``; v is read from the qkv view untouched).
 
 Memory layout: rows contiguous in their last dimension; one program per row (norms, RoPE: one
 ``(token, head)`` row each, its two halves as two ``[d/2]`` vectors), 1-D blocks for SiLU; for
-``qk_map`` one program per ``(token, q or k head, 32 output channels)``, reading its ``[32, d]``
-slice of the head's map, stored output-channel first so the rows are contiguous.
+``qk_map`` and ``qk_norm_rope_map`` one program per ``(token, q or k head, 32 output channels)``,
+reading its ``[32, d]`` slice of the head's map, stored output-channel first so the rows are
+contiguous (``qk_norm_rope_map``: as two ``[32, d/2]`` halves, against the row's two roped
+halves; every program of a row recomputes that row's norm and RoPE, ``d`` elements).
 """
 
 from __future__ import annotations
@@ -50,31 +58,40 @@ def _rms_norm_kernel(X, Y, W, Out, Res, eps, stride_x, stride_y, stride_o, strid
 
 
 @triton.jit
-def _qk_norm_rope_kernel(X, Wq, Wk, Cos, Sin, eps, stride_xt, stride_xh, stride_c,
-                         NH: tl.constexpr, NQ: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
-    t = tl.program_id(0) // NH
-    hd = tl.program_id(0) % NH
+def _norm_rope_inner(xp, W, Cos, Sin, eps, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    """The head row at ``xp`` after the optional RMS norm (weights ``W``) and RoPE (``Cos, Sin``: this
+    token's rows), as its two ``[d/2]`` halves in the row's dtype, rounded as transformers' ops are."""
     i = tl.arange(0, HALF)
-    xp = X + t * stride_xt + hd * stride_xh
     x1 = tl.load(xp + i)  # [d/2] first half
     x2 = tl.load(xp + HALF + i)
     DT: tl.constexpr = x1.dtype
     if HAS_NORM:
-        if hd < NQ:  # q heads first, then k heads
-            W = Wq
-        else:
-            W = Wk
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
         r = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / (2 * HALF) + eps)
         x1 = (tl.load(W + i).to(tl.float32) * (f1 * r).to(DT).to(tl.float32)).to(DT)
         x2 = (tl.load(W + HALF + i).to(tl.float32) * (f2 * r).to(DT).to(tl.float32)).to(DT)
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-    c1, c2 = tl.load(Cos + t * stride_c + i).to(tl.float32), tl.load(Cos + t * stride_c + HALF + i).to(tl.float32)
-    s1, s2 = tl.load(Sin + t * stride_c + i).to(tl.float32), tl.load(Sin + t * stride_c + HALF + i).to(tl.float32)
+    c1, c2 = tl.load(Cos + i).to(tl.float32), tl.load(Cos + HALF + i).to(tl.float32)
+    s1, s2 = tl.load(Sin + i).to(tl.float32), tl.load(Sin + HALF + i).to(tl.float32)
     o1 = (f1 * c1).to(DT).to(tl.float32) + (-f2 * s1).to(DT).to(tl.float32)
     o2 = (f2 * c2).to(DT).to(tl.float32) + (f1 * s2).to(DT).to(tl.float32)
-    tl.store(xp + i, o1.to(DT))  # in place: this program alone reads and writes its row
-    tl.store(xp + HALF + i, o2.to(DT))
+    return o1.to(DT), o2.to(DT)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(X, Wq, Wk, Cos, Sin, eps, stride_xt, stride_xh, stride_c,
+                         NH: tl.constexpr, NQ: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    t = tl.program_id(0) // NH
+    hd = tl.program_id(0) % NH
+    if hd < NQ:  # q heads first, then k heads (W is unused without a norm)
+        W = Wq
+    else:
+        W = Wk
+    xp = X + t * stride_xt + hd * stride_xh
+    o1, o2 = _norm_rope_inner(xp, W, Cos + t * stride_c, Sin + t * stride_c, eps, HALF, HAS_NORM)
+    i = tl.arange(0, HALF)
+    tl.store(xp + i, o1)  # in place: this program alone reads and writes its row
+    tl.store(xp + HALF + i, o2)
 
 
 @triton.jit
@@ -157,6 +174,66 @@ def qk_map(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tenso
                                         q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0),
                                         ko.stride(0), NQ=Hq, REP=Hq // H, D=d, BJ=bj,
                                         HAS_MEAN=k_mean is not None, num_warps=4)
+    return qo, ko
+
+
+@triton.jit
+def _qk_norm_rope_map_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, stride_xt, stride_xh, stride_c,
+                             stride_qot, stride_kot, NQ: tl.constexpr, REP: tl.constexpr, HALF: tl.constexpr,
+                             BJ: tl.constexpr, HAS_NORM: tl.constexpr, HAS_MEAN: tl.constexpr):
+    t = tl.program_id(0)
+    row = tl.program_id(1)  # q heads first, then k heads
+    j = tl.program_id(2) * BJ + tl.arange(0, BJ)  # this program's output channels
+    D: tl.constexpr = 2 * HALF
+    if row < NQ:
+        W, m_ptr, out = Wq, MQ + (row // REP) * D * D, QO + t * stride_qot + row * D
+    else:
+        W, m_ptr, out = Wk, MK + (row - NQ) * D * D, KO + t * stride_kot + (row - NQ) * D
+    # NOTE: every program of a row recomputes its norm and RoPE (d/BJ of them, a [d] row each)
+    x1, x2 = _norm_rope_inner(X + t * stride_xt + row * stride_xh, W, Cos + t * stride_c, Sin + t * stride_c, eps,
+                              HALF, HAS_NORM)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    i = tl.arange(0, HALF)
+    if HAS_MEAN:  # keys only: x 0 on q rows
+        keep = (row >= NQ).to(tl.float32)
+        f1 -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + i) * keep
+        f2 -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + HALF + i) * keep
+    m = m_ptr + j[:, None] * D + i[None, :]  # [BJ, d/2] of the map's rows j, first half of the columns
+    tl.store(out + j, tl.sum(tl.load(m) * f1[None, :], 1) + tl.sum(tl.load(m + HALF) * f2[None, :], 1))
+
+
+def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                     cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                     maps: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`qk_norm_rope_` then :func:`qk_map` in one launch: ``x [T, Hq + H, d]`` (q heads, then k
+    heads, un-normed and un-roped; rows may be strided) → fp32 ``(W_Q q, W_K (k - k_mean))``, ``[T, Hq, d]``
+    and ``[T, H, d]``. Norm/RoPE arguments as :func:`qk_norm_rope_`'s, ``maps = (w_q, w_k, k_mean)`` as
+    :func:`qk_map`'s. Out of place: ``x`` is only read (a decode step reads q and k in the stored domain only)."""
+    T, NH, d = x.shape
+    w_q, w_k, k_mean = maps
+    H = NH - num_q
+    assert x.stride(2) == 1 and d % 2 == 0 and (d // 2) & (d // 2 - 1) == 0, \
+        f"bad shape {tuple(x.shape)} / strides {x.stride()}: rows of a power-of-two head_dim, contiguous"
+    assert 0 < H and num_q % H == 0, f"{num_q} q heads over {H} k heads: not a GQA grouping"
+    assert cos.shape == sin.shape == (T, d) and cos.stride() == sin.stride() and cos.stride(1) == 1, \
+        f"bad cos/sin {tuple(cos.shape)} / strides {cos.stride()}, {sin.stride()}: want [{T}, {d}], rows contiguous"
+    assert (q_weight is None) == (k_weight is None), "QK-norm needs both weights or neither"
+    assert q_weight is None or (q_weight.shape == k_weight.shape == (d,) and q_weight.dtype == k_weight.dtype
+                                and q_weight.is_contiguous() and k_weight.is_contiguous()), "bad QK-norm weights"
+    assert w_q.shape == w_k.shape == (H, d, d) and w_q.dtype == w_k.dtype == torch.float32, \
+        f"maps {tuple(w_q.shape)} {w_q.dtype} / {tuple(w_k.shape)} {w_k.dtype}: want fp32 [{H}, {d}, {d}]"
+    assert w_q.is_contiguous() and w_k.is_contiguous(), "maps must be contiguous (output channel first)"
+    assert k_mean is None or (k_mean.shape == (H, d) and k_mean.dtype == torch.float32 and k_mean.is_contiguous()), \
+        "k_mean must be fp32 [H, d] contiguous"
+    qo = torch.empty(T, num_q, d, dtype=torch.float32, device=x.device)
+    ko = torch.empty(T, H, d, dtype=torch.float32, device=x.device)
+    bj = min(d, 32)
+    norm = q_weight is not None
+    _qk_norm_rope_map_kernel[(T, NH, d // bj)](
+        x, q_weight if norm else x, k_weight if norm else x, cos, sin, eps, w_q, w_k,
+        k_mean if k_mean is not None else ko, qo, ko, x.stride(0), x.stride(1), cos.stride(0), qo.stride(0),
+        ko.stride(0), NQ=num_q, REP=num_q // H, HALF=d // 2, BJ=bj, HAS_NORM=norm, HAS_MEAN=k_mean is not None,
+        num_warps=4)
     return qo, ko
 
 

@@ -22,9 +22,13 @@ a bias: zero unless the config has one, it receives the folded value mean
 
 On CUDA the elementwise work runs as the fused Triton kernels of :mod:`oscarkv.kernels.fused`
 (RMSNorm with the residual add folded in, QK-norm + RoPE of the q and k heads in place in the
-qkv output, SiLU·mul of the stacked gate/up output), one launch where PyTorch needs 5–10; the residual stream is carried vLLM style (``forward_fused``: each layer hands its
-MLP output and the un-added residual to the next norm). Every other device runs the PyTorch
-expressions below, which are those kernels' oracles.
+qkv output, SiLU·mul of the stacked gate/up output), one launch where PyTorch needs 5–10; the
+residual stream is carried vLLM style (``forward_fused``: each layer hands its MLP output and
+the un-added residual to the next norm). QK-norm + RoPE is first offered to the step context
+as a :class:`~oscarkv.engine.attention.QKRope` (``StepContext.attention_from_qkv``): an
+attention backend that fuses it with its own input maps (OSCAR decode steps) takes the
+un-roped qkv output instead. Every other device runs the PyTorch expressions below, which
+are those kernels' oracles.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from oscarkv.engine.attention import QKRope
 from oscarkv.models.loader import check_architecture
 
 
@@ -113,25 +118,34 @@ class Attention(nn.Module):
         T, d, Hq, H = x.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(T, Hq + 2 * H, d)  # [T, Hq + 2H, d]
         if x.is_cuda:
-            self._norm_rope_fused(qkv, cos, sin)
-            q, k, v = qkv.split((Hq, H, H), dim=1)  # views: the kernels take strides
+            o = self._attention_fused(qkv, self._qk_rope(cos, sin), step)
         else:
             q, k, v = qkv.split((Hq, H, H), dim=1)
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, d]
             q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        o = step.attention(self.layer_idx, q, k, v)  # [T, Hq, d] fp32 or x's dtype, rotated value domain
-        return self.o_proj(o.to(x.dtype).reshape(T, -1))
+            o = step.attention(self.layer_idx, q, k, v)
+        return self.o_proj(o.to(x.dtype).reshape(T, -1))  # o: [T, Hq, d] fp32 or x's dtype, rotated value domain
 
-    def _norm_rope_fused(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        """QK-norm (if any) and RoPE of the q and k heads of ``qkv [T, Hq + 2H, d]``, in place, one launch."""
+    def _qk_rope(self, cos: torch.Tensor, sin: torch.Tensor) -> QKRope:
+        """This layer's QK-norm (if any) and RoPE at ``cos, sin [T, d]``, for the step context or the kernel."""
+        norm = self.q_norm is not None
+        return QKRope(self.num_heads, cos, sin, self.q_norm.weight if norm else None,
+                      self.k_norm.weight if norm else None, self.q_norm.eps if norm else 0.0)
+
+    def _attention_fused(self, qkv: torch.Tensor, rope: QKRope, step) -> torch.Tensor:
+        """CUDA: the step context takes the un-roped ``qkv`` if its backend fuses ``rope`` into its own
+        input maps (OSCAR decode steps); else QK-norm + RoPE in place in ``qkv`` (one launch), then attention."""
+        o = step.attention_from_qkv(self.layer_idx, qkv, rope)
+        if o is not None:
+            return o
         from oscarkv.kernels.fused import qk_norm_rope_
 
-        norm = self.q_norm is not None
-        qkv_heads = qkv[:, : self.num_heads + self.num_kv_heads]
-        qk_norm_rope_(qkv_heads, self.num_heads, self.q_norm.weight if norm else None,
-                      self.k_norm.weight if norm else None, cos, sin, self.q_norm.eps if norm else 0.0)
+        Hq, H = self.num_heads, self.num_kv_heads
+        qk_norm_rope_(qkv[:, : Hq + H], rope.num_q, rope.q_weight, rope.k_weight, rope.cos, rope.sin, rope.eps)
+        q, k, v = qkv.split((Hq, H, H), dim=1)  # views: the kernels take strides
+        return step.attention(self.layer_idx, q, k, v)
 
 
 class MLP(nn.Module):

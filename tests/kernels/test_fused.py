@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from oscarkv.engine.attention import LayerStorage
-from oscarkv.kernels.fused import qk_map, qk_norm_rope_, rms_norm, silu_mul
+from oscarkv.kernels.fused import qk_map, qk_norm_rope_, qk_norm_rope_map, rms_norm, silu_mul
 from oscarkv.models.llama import RMSNorm, rotate_half
 
 CUDA = torch.cuda.is_available()
@@ -83,24 +83,66 @@ def test_silu_mul(t, inter):
     _close(out, F.silu(gu[:, :inter]) * gu[:, inter:])
 
 
+def _oscar_storage(h: int, d: int, centered: bool, seed: int) -> LayerStorage:
+    """A layer whose key codec is a scaled (non-orthogonal) OSCAR transform, optionally centred, on ``DEV``."""
+    from oscarkv.quant.artifact import scaled_transform
+    from oscarkv.quant.codec import TensorCodec
+    from oscarkv.quant.rotation import compose
+
+    g = torch.Generator().manual_seed(seed)
+    u = torch.linalg.qr(torch.randn(h, d, d, generator=g, dtype=torch.float64))[0]
+    fwd, inv = scaled_transform(u, torch.rand(h, d, generator=g) + 0.5, compose(u, "uhp"))
+    mean = torch.randn(h, d, generator=g) if centered else None
+    return LayerStorage(TensorCodec(2, d, fwd, mean, 0.9, inverse=inv), TensorCodec(2, d)).to(DEV)
+
+
 @pytest.mark.parametrize("t,hq,h,d,centered", [(1, 32, 8, 128, True), (3, 9, 3, 64, False), (2, 4, 4, 32, True)])
 def test_qk_map_matches_the_codec_maps(t, hq, h, d, centered):
     """One launch = ``LayerStorage.rotate_queries`` (q @ R⁻ᵀ) and ``TensorCodec.to_rotated`` (centre,
     then R) of a scaled OSCAR key codec, with the maps ``LayerStorage.decode_maps`` builds; q and k are
     strided views of a qkv projection in bf16, as the engine hands them over."""
-    from oscarkv.quant.artifact import scaled_transform
-    from oscarkv.quant.codec import TensorCodec
-    from oscarkv.quant.rotation import compose
-
-    g = torch.Generator().manual_seed(t + d)
-    u = torch.linalg.qr(torch.randn(h, d, d, generator=g, dtype=torch.float64))[0]
-    fwd, inv = scaled_transform(u, torch.rand(h, d, generator=g) + 0.5, compose(u, "uhp"))
-    mean = torch.randn(h, d, generator=g) if centered else None
-    key = TensorCodec(2, d, fwd, mean, 0.9, inverse=inv)
-    st = LayerStorage(key, TensorCodec(2, d)).to(DEV)
-    qkv = (torch.randn(t, hq + 2 * h, d, generator=g) * 2).bfloat16().to(DEV)
+    st = _oscar_storage(h, d, centered, seed=t + d)
+    qkv = (torch.randn(t, hq + 2 * h, d, generator=torch.Generator().manual_seed(t)) * 2).bfloat16().to(DEV)
     q, k = qkv[:, :hq], qkv[:, hq:hq + h]
     q_r, k_r = qk_map(q, k, *st.decode_maps, st.key.mean)
     assert q_r.dtype == k_r.dtype == torch.float32
     torch.testing.assert_close(q_r, st.rotate_queries(q), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(k_r, st.key.to_rotated(k), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("t,h,rep,d", [(1, 8, 4, 128), (3, 4, 1, 64), (2, 2, 4, 64), (5, 3, 1, 128)])
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("centered", [True, False])
+def test_qk_norm_rope_map_matches_two_launches(t, h, rep, d, norm, centered):
+    """One launch = ``qk_norm_rope_`` then ``qk_map`` (same device: identical up to the map's fp32
+    summation order) and ≈ the PyTorch composition (RMSNorm, RoPE, ``rotate_queries``, ``to_rotated``:
+    within the bf16 roundings of the roped q and k); the qkv rows are only read.
+    NOTE: on CUDA the two kernels may sum a row's squares in different orders (other layouts); the
+    last-bit change of the norm can flip a bf16 rounding of one element, which the map spreads over
+    the row: with QK-norm, a few rows (≤ 5%) are only held to one bf16 step of the output."""
+    hq, seed = h * rep, t * 1000 + h * 10 + rep + d
+    g = torch.Generator().manual_seed(seed)
+    st = _oscar_storage(h, d, centered, seed)
+    qkv = (torch.randn(t, hq + 2 * h, d, generator=g) * 2).bfloat16()
+    ang = torch.rand(t, d // 2, generator=g) * 100
+    emb = torch.cat((ang, ang), -1)
+    cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+    mq, mk = (_norm(d, 1e-6, seed=seed + i) if norm else None for i in range(2))
+    args = (hq, mq.weight.to(DEV) if norm else None, mk.weight.to(DEV) if norm else None, cos.to(DEV), sin.to(DEV),
+            mq.eps if norm else 0.0)
+    x = qkv.to(DEV, copy=True)  # NOTE: qk_norm_rope_ below works in place
+    q_r, k_s = qk_norm_rope_map(x[:, :hq + h], *args, (*st.decode_maps, st.key.mean))
+    assert torch.equal(x.cpu(), qkv), "wrote to the qkv projection"
+    assert q_r.shape == (t, hq, d) and k_s.shape == (t, h, d) and q_r.dtype == k_s.dtype == torch.float32
+    roped = qk_norm_rope_(x[:, :hq + h], *args)
+    two_q, two_k = qk_map(roped[:, :hq], roped[:, hq:], *st.decode_maps, st.key.mean)
+    for out, two in ((q_r, two_q), (k_s, two_k)):
+        scale = two.abs().max().item()
+        torch.testing.assert_close(out, two, rtol=0, atol=2 ** -8 * scale)
+        exact_rows = ((out - two).abs().amax(-1) <= 1e-5 * scale).float().mean().item()
+        assert exact_rows >= (0.95 if norm and CUDA else 1.0), exact_rows
+    q, k = qkv[:, :hq], qkv[:, hq:hq + h]
+    ref_q = _rope(mq(q) if norm else q, cos, sin)  # CPU oracle (the maps follow their input's device)
+    ref_k = _rope(mk(k) if norm else k, cos, sin)
+    _close(q_r, st.rotate_queries(ref_q), identical=0)
+    _close(k_s, st.key.to_rotated(ref_k), identical=0)
