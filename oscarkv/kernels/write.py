@@ -128,11 +128,13 @@ def _store_kv_kernel(K, V, Kp, Vp, Slots, T, stride_kt, stride_kh, stride_vt, st
     ok = (t < T) & (dst >= 0)
     drow = (dst // P).to(tl.int64) * stride_p + h * stride_h + (dst % P) * stride_t
     if tl.program_id(2) == 0:  # grid axis 2: K, then V
-        x = tl.load(K + (t.to(tl.int64) * stride_kt + h * stride_kh)[:, None] + cols[None, :], mask=ok[:, None])
-        tl.store(Kp + drow[:, None] + cols[None, :], x.to(Kp.dtype.element_ty), mask=ok[:, None])
+        # NOTE: distinct names per branch: K and V may differ in dtype (an OSCAR decode step passes fp32
+        # rotated keys and the bf16 values of the projection), and Triton merges a name set in both branches
+        xk = tl.load(K + (t.to(tl.int64) * stride_kt + h * stride_kh)[:, None] + cols[None, :], mask=ok[:, None])
+        tl.store(Kp + drow[:, None] + cols[None, :], xk.to(Kp.dtype.element_ty), mask=ok[:, None])
     else:
-        x = tl.load(V + (t.to(tl.int64) * stride_vt + h * stride_vh)[:, None] + cols[None, :], mask=ok[:, None])
-        tl.store(Vp + drow[:, None] + cols[None, :], x.to(Vp.dtype.element_ty), mask=ok[:, None])
+        xv = tl.load(V + (t.to(tl.int64) * stride_vt + h * stride_vh)[:, None] + cols[None, :], mask=ok[:, None])
+        tl.store(Vp + drow[:, None] + cols[None, :], xv.to(Vp.dtype.element_ty), mask=ok[:, None])
 
 
 def _launch(x, src_slots, src_page: int, codec: TensorCodec, rotate: bool, bf16_pool, bf16_slots, int2_pool, int2_slots):
@@ -214,7 +216,7 @@ def demote_layers(bf16_pools: torch.Tensor, src_pages: torch.Tensor, int2_pools:
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, bf16_k: torch.Tensor, bf16_v: torch.Tensor, slots: torch.Tensor) -> None:
-    """Stored-domain ``k, v [T, H, d]`` (any float dtype; rows may be strided) → BF16
+    """Stored-domain ``k, v [T, H, d]`` (any float dtypes, not necessarily the same; rows may be strided) → BF16
     pools ``[N, H, P, d]`` at flat slots ``int32 [T]`` (``< 0``: skipped), rounded to nearest even."""
     t, h, d = k.shape
     assert v.shape == k.shape and k.stride(2) == v.stride(2) == 1, f"k {tuple(k.shape)} {k.stride()}, v {v.stride()}"

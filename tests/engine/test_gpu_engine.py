@@ -14,6 +14,7 @@ import torch
 from oscarkv.engine.attention import TorchAttention
 from oscarkv.engine.cuda_graphs import StagedTable
 from oscarkv.engine.engine import LLMEngine
+from oscarkv.quant.artifact import Artifact
 from tests.engine.conftest import engine_config, prompts, run, tiny_model
 
 CUDA = torch.cuda.is_available()
@@ -60,8 +61,14 @@ def cuda_model():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("method", ["bf16", "naive", "oscar"])
+@pytest.mark.parametrize("method", ["bf16", "naive", "oscar", "oscar_keys_centered"])
 def test_triton_engine_matches_oracle_gpu(cuda_model, artifact, method):
+    """``oscar_keys_centered``: values uncentered (all-zero mean), as the recipe's artifacts: the decode
+    step then stores fp32 rotated keys next to the bf16 values of the projection."""
+    if method == "oscar_keys_centered":
+        zero = torch.zeros_like(artifact.tensors["value.mean"])
+        artifact = Artifact(artifact.manifest, {**artifact.tensors, "value.mean": zero})
+        method = "oscar"
     ps = prompts(5, 61)  # batch 5: bucket 8 with three padding rows
     triton_engine = _engine(cuda_model, method, artifact)
     assert type(triton_engine.runner.backend).__name__ == "TritonAttention" and triton_engine.runner.graphs

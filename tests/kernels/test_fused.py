@@ -119,7 +119,8 @@ def test_qk_norm_rope_map_matches_two_launches(t, h, rep, d, norm, centered):
     within the bf16 roundings of the roped q and k); the qkv rows are only read.
     NOTE: on CUDA the two kernels may sum a row's squares in different orders (other layouts); the
     last-bit change of the norm can flip a bf16 rounding of one element, which the map spreads over
-    the row: with QK-norm, a few rows (≤ 5%) are only held to one bf16 step of the output."""
+    the row: with QK-norm, a few rows (≤ 5%, at least one allowed) are only held to one bf16 step of the
+    output (H100: 1 of 15 rows in two of the 16 cases, 2026-11-23)."""
     hq, seed = h * rep, t * 1000 + h * 10 + rep + d
     g = torch.Generator().manual_seed(seed)
     st = _oscar_storage(h, d, centered, seed)
@@ -139,8 +140,8 @@ def test_qk_norm_rope_map_matches_two_launches(t, h, rep, d, norm, centered):
     for out, two in ((q_r, two_q), (k_s, two_k)):
         scale = two.abs().max().item()
         torch.testing.assert_close(out, two, rtol=0, atol=2 ** -8 * scale)
-        exact_rows = ((out - two).abs().amax(-1) <= 1e-5 * scale).float().mean().item()
-        assert exact_rows >= (0.95 if norm and CUDA else 1.0), exact_rows
+        off_rows = int(((out - two).abs().amax(-1) > 1e-5 * scale).sum())
+        assert off_rows <= (max(1, out.shape[0] * out.shape[1] // 20) if norm and CUDA else 0), off_rows
     q, k = qkv[:, :hq], qkv[:, hq:hq + h]
     ref_q = _rope(mq(q) if norm else q, cos, sin)  # CPU oracle (the maps follow their input's device)
     ref_k = _rope(mk(k) if norm else k, cos, sin)

@@ -98,15 +98,19 @@ def test_demote_layers_bit_identical(clips):
         assert torch.isnan(mine.scale[layer, [0, 3, 4, 6]]).all(), "wrote pages it was not asked to"
 
 
-@pytest.mark.parametrize("separate", [False, True])
+@pytest.mark.parametrize("separate", [False, True, "mixed"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32] if CUDA else [torch.bfloat16])
 def test_store_kv_matches_scatter(dtype, separate):
-    """K and V as strided views of a fused qkv row, or with different layouts; slot -1 is skipped.
-    (fp32 inputs on CUDA only: the interpreter truncates fp32 → bf16.)"""
+    """K and V as strided views of a fused qkv row, or with different layouts, or (``mixed``, an OSCAR
+    decode step with uncentered values) fp32 keys next to the bf16 values of the projection; slot -1 is
+    skipped. (fp32 inputs on CUDA only: the interpreter truncates fp32 → bf16; the mixed keys hold
+    bf16 values.)"""
     t, hq, h, d, p = 5, 8, 2, 64, 4
     qkv = torch.randn(t, hq + 2 * h, d, device=DEV, dtype=dtype)
     k, v = qkv[:, hq:hq + h], qkv[:, hq + h:]
-    if separate:  # the oscar route: k rotated by an einsum (its own layout), v a new tensor
+    if separate == "mixed":
+        k = k.bfloat16().float()
+    elif separate:  # the oscar route: k rotated by an einsum (its own layout), v a new tensor
         k, v = k.transpose(0, 1).contiguous().transpose(0, 1), v.contiguous()
     slots = torch.tensor([9, 4, -1, 22, 5], dtype=torch.int32, device=DEV)
     pools = [torch.full((7, h, p, d), float("nan"), device=DEV).bfloat16() for _ in range(4)]

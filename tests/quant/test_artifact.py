@@ -47,6 +47,18 @@ def test_roundtrip_and_codec(tmp_path):
     assert torch.allclose(layer.from_rotated(layer.to_rotated(x)), x, atol=1e-5)
 
 
+def test_zero_mean_is_no_mean():
+    """An uncentered kind (all-zero mean, as the recipe's values) gets no mean: same numbers, and the
+    engine keeps such values in the model's dtype (``stored_domain``) instead of subtracting zeros."""
+    art = make_artifact(tiny_config())
+    art.tensors["value.mean"] = torch.zeros(L, H, D)
+    codec = build_codec(KVConfig("oscar"), L, H, D, art)
+    assert all(c.value.mean is None and c.key.mean is not None for c in codec.layers)
+    x = torch.randn(5, H, D)
+    with_zeros = torch.einsum("thd,hde->the", x - 0.0, codec.layers[0].value.rotation)
+    assert torch.equal(codec.layers[0].value.to_rotated(x), with_zeros)
+
+
 def test_oscar_without_artifact_is_an_error():
     with pytest.raises(ValueError, match="artifact"):
         build_codec(KVConfig("oscar"), L, H, D, None)
