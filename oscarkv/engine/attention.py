@@ -82,9 +82,11 @@ class AttentionBackend(ABC):
         """Rotated ``q [T, Hq, d]`` over each sequence's cached prefix plus its chunk → fp32 ``[T, Hq, d]``."""
 
     @abstractmethod
-    def decode(self, q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float) -> torch.Tensor:
+    def decode(self, q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """One rotated query per sequence ``[B, Hq, d]`` (fp32 or bf16) over its whole cache →
-        ``[B, Hq, d]`` (fp32, or q's dtype)."""
+        ``[B, Hq, d]`` (``out_dtype``, default fp32 or q's dtype: the decode step asks for the model's
+        dtype, which the output is cast to anyway)."""
 
 
 class TorchAttention(AttentionBackend):
@@ -106,8 +108,9 @@ class TorchAttention(AttentionBackend):
     def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale):
         return ref.extend_attention_ref(q, k_new, v_new, kv, tables, cu_seqlens, scale)
 
-    def decode(self, q, kv, tables, scale):
-        return ref.decode_attention_ref(q, kv, tables, scale)
+    def decode(self, q, kv, tables, scale, out_dtype=None):
+        out = ref.decode_attention_ref(q, kv, tables, scale)
+        return out if out_dtype is None else out.to(out_dtype)
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,7 @@ class StepContext:
         """Write this step's K/V of ``layer``, demote, attend (see the module docstring)."""
         st, kv = self.storage[layer], self.pools.layer(layer)
         if self.decode:
-            return self._decode(layer, *self.backend.decode_inputs(st, q, k, v))
+            return self._decode(layer, *self.backend.decode_inputs(st, q, k, v), q.dtype)
         k_rot, v_rot = st.key.to_rotated(k), st.value.to_rotated(v)  # [T, H, d] fp32
         self.backend.write(kv, k_rot, v_rot, self.slots)
         if self.demote_src.numel():
@@ -197,15 +200,16 @@ class StepContext:
             return None
         st, nqk = self.storage[layer], (qkv.shape[1] + rope.num_q) // 2  # Hq + H
         qk = self.backend.decode_qk(st, qkv[:, :nqk], rope)
-        return None if qk is None else self._decode(layer, *qk, stored_domain(st.value, qkv[:, nqk:]))
+        return None if qk is None else self._decode(layer, *qk, stored_domain(st.value, qkv[:, nqk:]), qkv.dtype)
 
-    def _decode(self, layer: int, q_r: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor) -> torch.Tensor:
+    def _decode(self, layer: int, q_r: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
+                out_dtype: torch.dtype) -> torch.Tensor:
         """Write the stored-domain ``k_s, v_s``, demote, attend with the mapped queries ``q_r``."""
         st, kv = self.storage[layer], self.pools.layer(layer)
         self.backend.write(kv, k_s, v_s, self.slots)
         if self.demote_src.numel():
             self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
-        return self.backend.decode(q_r, kv, self.tables, self.scale)
+        return self.backend.decode(q_r, kv, self.tables, self.scale, out_dtype)
 
 
 def stored_domain(codec: TensorCodec, x: torch.Tensor) -> torch.Tensor:

@@ -290,11 +290,13 @@ def default_splits(batch: int, kv_heads: int, device: torch.device, per_sm: int 
 
 
 def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float, *,
-                     num_splits: int | None = None, config: dict | None = None) -> torch.Tensor:
+                     num_splits: int | None = None, config: dict | None = None,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Attention of one query token per sequence over its mixed paged cache.
 
-    ``q [B, Hq, d]`` rotated queries (bf16 or fp32) → ``[B, Hq, d]`` in ``q``'s dtype. ``config``
-    overrides the tile table (``BLOCK_N``, ``num_warps``, ``num_stages``; benchmarks only)."""
+    ``q [B, Hq, d]`` rotated queries (bf16 or fp32) → ``[B, Hq, d]`` in ``out_dtype`` (default ``q``'s
+    dtype; the merge rounds to it). ``config`` overrides the tile table (``BLOCK_N``, ``num_warps``,
+    ``num_stages``; benchmarks only)."""
     bsz, hq, d = q.shape
     _, h, p, dk = kv.bf16_k.shape
     int2 = kv.int2_k is not None
@@ -322,7 +324,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     rep = hq // h
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)
     mid_l = torch.empty(bsz, hq, splits, dtype=torch.float32, device=q.device)
-    out = torch.empty(bsz, hq, d, dtype=q.dtype, device=q.device)  # contiguous even for strided q rows
+    out = torch.empty(bsz, hq, d, dtype=out_dtype or q.dtype, device=q.device)  # contiguous even for strided q rows
     if raw:
         from oscarkv.kernels.decode_int2 import _int2_decode_kernel as kernel
 

@@ -82,3 +82,18 @@ def test_decode_real_shape_gpu():
     """Qwen3-8B attention shape, 32K context, batch 4, G = 64 and G = 128."""
     for group in (64, 128):
         _check([32768, 32001, 16385, 9000], 32, 8, 128, group=group, page=64, sink=64, recent=256, device="cuda")
+
+
+def test_out_dtype_is_the_rounded_output():
+    """``out_dtype=bf16`` with fp32 queries (an OSCAR step's mapped q) = the fp32 output rounded: the merge
+    rounds in-kernel (nearest even on CUDA; the CPU interpreter truncates, so one bf16 ulp there)."""
+    dev = "cuda" if CUDA else "cpu"
+    kv, tables = random_cache([150, 40], 2, 64, page=16, group=None, sink=32, recent=64, device=dev, seed=3)
+    q = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(4)).to(dev)
+    full = decode_attention(q, kv, tables, 0.125, num_splits=2)
+    half = decode_attention(q, kv, tables, 0.125, num_splits=2, out_dtype=torch.bfloat16)
+    assert full.dtype == torch.float32 and half.dtype == torch.bfloat16
+    if CUDA:
+        assert torch.equal(half, full.bfloat16())
+    else:
+        torch.testing.assert_close(half.float(), full, rtol=2**-7, atol=1e-6)
