@@ -35,6 +35,9 @@ class DecodeBench:
     warmup: int = 4
     steps: int = 24
     kv_gib: float = 16.0
+    batch: int = 1
+    """Sequences decoding together, each at the row's context (the job-throughput runs of ``bench capacity``
+    decode 26 × 100K at once: ``--batch 26 --kv-gib 56`` times one such step)."""
     profile: bool = False
     """Also profile the graph of each row at the longest context (torch.profiler). NOTE: CUPTI stays
     attached after a profile and slows later graph launches (seen on an H100, 2026-11-22: 21 µs
@@ -151,20 +154,28 @@ def host_phases(engine, steps: int) -> dict[str, float]:
 
 
 def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -> dict:
-    e2e.add_prompts(engine, 1, ctx, cfg.warmup + 3 * cfg.steps + 2, seed=ctx)
-    e2e.drive(engine, max_steps=cfg.warmup)  # fill, first token, graph capture
-    seq = engine.scheduler.running[0]
+    e2e.add_prompts(engine, cfg.batch, ctx, 4 * cfg.batch + cfg.warmup + 3 * cfg.steps + 2, seed=ctx)
+    for _ in range(4 * cfg.batch):  # fill and first tokens: the scheduler admits a batch's prompts over several steps
+        e2e.drive(engine, max_steps=1)
+        if len(engine.scheduler.running) == cfg.batch and all(s.output_ids for s in engine.scheduler.running):
+            break
+    e2e.drive(engine, max_steps=cfg.warmup)  # graph capture
+    seqs = list(engine.scheduler.running)
+    if len(seqs) != cfg.batch:
+        raise RuntimeError(f"decode bench: {len(seqs)} of {cfg.batch} sequences running (KV budget --kv-gib?)")
+    seq = seqs[0]
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(cfg.steps):
         engine.step()
     torch.cuda.synchronize()
     step_us = 1e6 * (time.perf_counter() - t) / cfg.steps
-    if getattr(seq, "error", None) or seq not in engine.scheduler.running:  # a failed step finishes its requests
-        raise RuntimeError(f"decode bench: the request stopped early ({getattr(seq, 'error', None)})")
+    for s in seqs:
+        if getattr(s, "error", None) or s not in engine.scheduler.running:  # a failed step finishes its requests
+            raise RuntimeError(f"decode bench: a request stopped early ({getattr(s, 'error', None)})")
     phases = host_phases(engine, cfg.steps)
-    kv = e2e.kv_read_bytes(engine, [seq])
-    graph = engine.runner.graphs.graphs[1].graph
+    kv = e2e.kv_read_bytes(engine, seqs)
+    graph = engine.runner.graphs.graphs[engine.runner.graphs.bucket(cfg.batch)].graph
     fwd_us = _events_us(graph.replay)
     phases["launch_us"] = launch_us(graph)
     if cfg.profile and ctx == max(cfg.contexts):
@@ -174,9 +185,10 @@ def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -
         except Exception as e:  # the profile is a diagnosis; the timings stand without it
             phases["kernels"] = [dict(name=f"profile failed: {e!r}"[:90], us=0.0, count=0)]
     tiers = list(engine.manager.tier_tokens(seq))
-    engine.abort(seq.request_id)
+    for s in seqs:
+        engine.abort(s.request_id)
     floor_us = (wbytes + kv) / copy_gbps / 1e3
-    return dict(context=ctx, step_us=step_us, tokens_per_s=1e6 / step_us, graph_us=fwd_us,
+    return dict(context=ctx, batch=cfg.batch, step_us=step_us, tokens_per_s=cfg.batch * 1e6 / step_us, graph_us=fwd_us,
                 weight_bytes=wbytes, kv_bytes=kv, floor_us=floor_us, step_over_floor=step_us / floor_us,
                 tiers=tiers, **phases)
 
@@ -191,7 +203,10 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
         model = e2e.random_model(shape)
         wbytes = e2e.weight_bytes(model)
         for method in cfg.methods:
-            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), 1)
+            # NOTE: the step budget (chunk x seqs) sizes the BF16 pool; a batch uses bench capacity's small
+            # INT2 chunk so that its sequences fit the KV budget
+            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), cfg.batch,
+                                      8192 if cfg.batch == 1 else 256)
             w_us, d_us = write_path_us(engine)
             for ctx in cfg.contexts:
                 row = dict(shape=shape, method=method, write_us=w_us, demote_us=d_us,
