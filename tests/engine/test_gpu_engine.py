@@ -69,7 +69,7 @@ def test_triton_engine_matches_oracle_gpu(cuda_model, artifact, method):
         zero = torch.zeros_like(artifact.tensors["value.mean"])
         artifact = Artifact(artifact.manifest, {**artifact.tensors, "value.mean": zero})
         method = "oscar"
-    ps = prompts(5, 61)  # batch 5: bucket 8 with three padding rows
+    ps = prompts(5, 61)  # batch 5: bucket 6 with a padding row
     triton_engine = _engine(cuda_model, method, artifact)
     assert type(triton_engine.runner.backend).__name__ == "TritonAttention" and triton_engine.runner.graphs
     out = run(triton_engine, ps)
