@@ -33,18 +33,12 @@ SPLITS = (8, 16, 33, 66, 132, 198, 264, 396)
 
 
 def _merge_us(cfg: AttentionBench, splits: int) -> float:
-    from oscarkv.kernels.decode import _reduce_kernel
+    from oscarkv.kernels.decode import merge_splits
 
-    n = 8
     mids = [(torch.randn(1, cfg.q_heads, splits, cfg.head_dim, device="cuda"),
-             torch.randn(1, cfg.q_heads, splits, device="cuda")) for _ in range(n)]
+             torch.randn(1, cfg.q_heads, splits, device="cuda")) for _ in range(8)]
     out = torch.empty(1, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
-
-    def merge(o, l):
-        _reduce_kernel[(cfg.q_heads,)](o, l, out, splits, o.stride(0), o.stride(1), o.stride(2), l.stride(0),
-                                       l.stride(1), out.stride(0), out.stride(1), HQ=cfg.q_heads, D=cfg.head_dim,
-                                       SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()), num_warps=4)
-    return graph_us([lambda o=o, l=l: merge(o, l) for o, l in mids])
+    return graph_us([lambda o=o, l=l: merge_splits(o, l, out) for o, l in mids])
 
 
 def _copy_us(nbytes: int) -> float:

@@ -344,8 +344,15 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         H=h, REP=rep, REP_PAD=cfg.get("REP_PAD", max(8 if raw else 16, triton.next_power_of_2(rep))), D=d, P=p, **extra,
         BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
+    merge_splits(mid_o, mid_l, out, cfg.get("REDUCE_WARPS", 4))
+    return out
+
+
+def merge_splits(mid_o: torch.Tensor, mid_l: torch.Tensor, out: torch.Tensor, num_warps: int = 4) -> None:
+    """The split-K merge (``_reduce_kernel``): per-split outputs ``mid_o [B, Hq, S, d]`` fp32 and log2-sum-exps
+    ``mid_l [B, Hq, S]`` → ``out [B, Hq, d]`` (its dtype)."""
+    bsz, hq, splits, d = mid_o.shape
     _reduce_kernel[(bsz * hq,)](
         mid_o, mid_l, out, splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
         out.stride(0), out.stride(1), HQ=hq, D=d, SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
-        num_warps=cfg.get("REDUCE_WARPS", 4))
-    return out
+        num_warps=num_warps)
