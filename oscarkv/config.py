@@ -208,6 +208,10 @@ class EngineConfig:
     """Share full pages between requests by content hash (per prefix and tier)."""
     seed: int = 0
     """Sampling seed of requests that do not set their own."""
+    overlap: bool | None = None
+    """Plan and launch the next decode step while the current one runs, so the host's work
+    (scheduling, tables, sampling, detokenizing) hides behind the device's (``LLMEngine.step``);
+    ``None``: on when the model runs on CUDA. Outputs are the same either way."""
 
     def __post_init__(self) -> None:
         kv, p = self.kv, self.kv.page_size

@@ -19,9 +19,11 @@ Job throughput (on a GPU): ``requests`` requests of ``context`` prompt tokens, e
 concurrency that fits (capped at 32; pools sized for that run's step budget, see
 :attr:`CapacityBench.chunks`; the built engine's pools are checked against that sizing). Prompts
 are filled fast through the write path (:mod:`oscarkv.bench.e2e`; the fill is timed apart and
-excluded); the time is the sum of the model steps (each request's first token and its decode
-steps: CUDA-graph decode, logits, sampling), after an untimed warm-up run at 2K context (Triton
-JIT, graph capture of the buckets used). jobs/s = requests / that time.
+excluded); the time is the wall time of the engine steps that run the model (each request's first
+token and its decode steps: scheduling, tables, CUDA-graph decode, logits, sampling, with the
+engine's overlap of host and device work), after an untimed warm-up run at 2K context (Triton
+JIT, graph capture of the buckets used). jobs/s = requests / that time. (Until 2026-11-23 the
+time excluded scheduling and the engine ran its steps without overlap.)
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Role: build an engine around a random-weight model at a real shape
 (:func:`oscarkv.models.shapes.shape_config`, bf16 weights, Triton backend, CUDA graphs), and
 **fill long prompts fast**: :func:`drive` runs requests to completion through the engine's own
-scheduler and cache manager, but a prefill chunk that samples nothing is not run through the
-model — random K/V (standard normal, stored domain) are written into its slots through the
+scheduler, cache manager and ``step()`` (overlap included), but a prefill chunk that samples
+nothing is not run through the model — random K/V (standard normal, stored domain) are written into its slots through the
 backend's write path (``TritonAttention.write``, the Triton write kernel) and its demotions
 through ``TritonAttention.demote_all`` (the Triton encoder, every layer at once). Each prompt's last
 chunk is one token (``chunk_ends = (n - 1,)``), so the first sampled token and every later one
@@ -23,7 +23,8 @@ import torch
 import oscarkv
 from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
-from oscarkv.engine.scheduler import ScheduledChunk, SchedulerOutput
+from oscarkv.engine.model_runner import RunnerOutput
+from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.shapes import shape_config
 from oscarkv.quant.artifact import FORMAT_VERSION, Artifact, ModelFingerprint
@@ -122,31 +123,61 @@ def fill(engine: LLMEngine, chunks: list[ScheduledChunk]) -> None:
 
 @dataclass
 class DriveStats:
-    model_s: float = 0.0  # model steps (decode), run + commit + sample, synchronized
-    fill_s: float = 0.0
-    steps: int = 0
+    model_s: float = 0.0  # engine steps that ran the model only (decode): host and device, wall time
+    fill_s: float = 0.0  # engine steps that filled prompt chunks, synchronized
+    steps: int = 0  # model launches (steps launched ahead included)
     batch_sizes: list[int] = field(default_factory=list)
 
 
-def drive(engine: LLMEngine, max_steps: int | None = None) -> DriveStats:
-    """Run the engine's requests (see the module docstring); time the model steps apart from the fills."""
-    st = DriveStats()
-    while engine.has_unfinished() and (max_steps is None or st.steps < max_steps):
-        out = engine.scheduler.schedule()
-        filled = [c for c in out.chunks if not c.samples]
-        model = [c for c in out.chunks if c.samples]
-        t = time.perf_counter()
+class _FillingRunner:
+    """The engine's runner while :func:`drive` runs: chunks that sample nothing are filled (:func:`fill`),
+    the others run the model (the real runner)."""
+
+    def __init__(self, engine: LLMEngine, stats: DriveStats) -> None:
+        self.engine, self.runner, self.stats = engine, engine.runner, stats
+        self.filled = 0  # fill calls so far
+
+    def __getattr__(self, name: str):
+        return getattr(self.runner, name)
+
+    def run(self, chunks: list[ScheduledChunk], pending=None) -> RunnerOutput:
+        filled = [c for c in chunks if not c.samples]
         if filled:
-            fill(engine, filled)
-            torch.cuda.synchronize()
-        st.fill_s += time.perf_counter() - t
+            fill(self.engine, filled)
+            self.filled += 1
+        model = [c for c in chunks if c.samples]
+        if not model:
+            return RunnerOutput(torch.zeros(0, self.runner.model.config.vocab_size, device=self.runner.device), {})
+        self.stats.steps += 1
+        self.stats.batch_sizes.append(len(model))
+        return self.runner.run(model, pending)
+
+
+def drive(engine: LLMEngine, max_steps: int | None = None) -> DriveStats:
+    """Run the engine's requests through ``LLMEngine.step`` (see the module docstring); a step that fills
+    prompt chunks is timed, whole and synchronized, into ``fill_s``, every other one into ``model_s``.
+    NOTE: with overlap a step may return before the device is done; the next step waits for it, and
+    the loop ends synchronized, so ``model_s`` is the wall time of the model steps."""
+    st = DriveStats()
+    runner = engine.runner = _FillingRunner(engine, st)
+    try:
+        _sync()
+        while engine.has_unfinished() and (max_steps is None or st.steps < max_steps):
+            n, t = runner.filled, time.perf_counter()
+            engine.step()
+            if runner.filled > n:
+                _sync()
+                st.fill_s += time.perf_counter() - t
+            else:
+                st.model_s += time.perf_counter() - t
         t = time.perf_counter()
-        res = engine.runner.run(model) if model else None
-        engine.scheduler.commit(out)
-        if model:
-            engine._sample(SchedulerOutput(model), res)
-            torch.cuda.synchronize()
-            st.model_s += time.perf_counter() - t
-            st.steps += 1
-            st.batch_sizes.append(len(model))
+        _sync()
+        st.model_s += time.perf_counter() - t
+    finally:
+        engine.runner = runner.runner
     return st
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()

@@ -103,13 +103,28 @@ class KVCacheManager:
         return -(-min(t1, S0) // P) + recent
 
     # ------------------------------------------------------------------------- a step
-    def plan(self, seq: CachedSequence, t1: int) -> WritePlan | None:
-        """Allocate for tokens ``[num_tokens, t1)``; ``None`` (nothing changed) when the pools are short."""
-        s, P, S0 = seq.kv, self.P, self.kv.sink
-        t0, h0, h1 = s.num_tokens, S0 + len(s.history) * P, self.hist_end(t1)  # h0: recent page 0 starts here
+    def _new_pages(self, s: SeqKV, t1: int) -> tuple[int, int, int]:
+        """(sink, recent, demoted) pages that extending ``s`` to ``t1`` tokens allocates."""
+        P, S0 = self.P, self.kv.sink
+        h0 = S0 + len(s.history) * P  # recent page 0 starts here
         n_sink = -(-min(t1, S0) // P) - len(s.sink)
         n_recent = max(0, -(-(t1 - h0) // P) - len(s.recent)) if t1 > S0 else 0
-        n_demote = (h1 - h0) // P
+        return n_sink, n_recent, (self.hist_end(t1) - h0) // P
+
+    def fits(self, seqs: list[CachedSequence], t1s: list[int]) -> bool:
+        """Whether :meth:`plan` of every ``seqs[i]`` to ``t1s[i]`` together would succeed (nothing changes).
+        NOTE: counts every demotion as a new INT2 page (a prefix-cache hit only needs fewer)."""
+        bf16 = int2 = 0
+        for seq, t1 in zip(seqs, t1s):
+            n_sink, n_recent, n_demote = self._new_pages(seq.kv, t1)
+            bf16, int2 = bf16 + n_sink + n_recent, int2 + n_demote
+        return bf16 <= self.bf16.num_available and (not int2 or int2 <= self.int2.num_available)
+
+    def plan(self, seq: CachedSequence, t1: int) -> WritePlan | None:
+        """Allocate for tokens ``[num_tokens, t1)``; ``None`` (nothing changed) when the pools are short."""
+        s, P = seq.kv, self.P
+        t0, h0, h1 = s.num_tokens, self.kv.sink + len(s.history) * P, self.hist_end(t1)  # h0: recent page 0 starts here
+        n_sink, n_recent, n_demote = self._new_pages(s, t1)
         if self.bf16.num_available < n_sink + n_recent or (n_demote and self.int2.num_available < n_demote):
             return None
         s.sink += [self.bf16.allocate() for _ in range(n_sink)]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oscarkv.cache.paged_layout import PageTables
+from oscarkv.cache.paged_layout import PageTables, device_ints
 from oscarkv.engine.attention import StepContext
 
 DEFAULT_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
@@ -157,8 +157,10 @@ class _Graph:
 
         self.graph, (self.hidden, self.logits) = _capture(forward, runner.device, pool)
 
-    def replay(self, x: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay(self, x: DecodeInputs, pending=None) -> tuple[torch.Tensor, torch.Tensor]:
         self.inputs.stage(x)
+        if pending is not None:  # a model_runner.PendingIds: ids still on the device, written after the staging copy
+            pending.write(self.inputs.small[self.inputs.IDS])
         self.graph.replay()
         b = len(x.ids)
         return self.hidden[:b], self.logits[:b]
@@ -176,14 +178,15 @@ class DecodeGraphs:
         """The smallest bucket holding ``batch`` rows (``None``: run eagerly)."""
         return next((b for b in self.buckets if b >= batch), None)
 
-    def run(self, x: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, x: DecodeInputs, pending=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Demote eagerly, then replay the bucket's graph: views ``hidden [B, D]``, ``logits [B, V]``
-        of its static outputs (valid until the next replay)."""
+        of its static outputs (valid until the next replay). ``pending``: a
+        :class:`~oscarkv.engine.model_runner.PendingIds` for ids that ``x`` holds as ``PENDING``."""
         r = self.runner
         if x.demote_src:
-            src, dst = (torch.tensor(p, dtype=torch.int32, device=r.device) for p in (x.demote_src, x.demote_dst))
+            src, dst = (device_ints(p, r.device) for p in (x.demote_src, x.demote_dst))
             r.backend.demote_all(r.pools, r.storage, src, dst)
         bp = self.bucket(len(x.ids))
         if bp not in self.graphs:
             self.graphs[bp] = _Graph(r, bp, self.pool)
-        return self.graphs[bp].replay(x)
+        return self.graphs[bp].replay(x, pending)

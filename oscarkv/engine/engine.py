@@ -2,8 +2,17 @@
 
 Role: :class:`LLMEngine` owns the scheduler, the model runner and the tokenizer. ``step()``
 = schedule → run → commit pages → sample → detokenize and check stops → outputs. It is
-synchronous and single-threaded; :class:`~oscarkv.engine.llm.LLM` loops over it offline and
+single-threaded; :class:`~oscarkv.engine.llm.LLM` loops over it offline and
 :class:`~oscarkv.engine.async_engine.AsyncEngine` drives it from a thread for servers.
+
+Overlap (``EngineConfig.overlap``, on for CUDA): a greedy decode step's tokens stay on the
+device (:class:`~oscarkv.engine.sampler.DeviceTokens`), and before waiting for them ``step()``
+plans and launches the next decode step (:meth:`Scheduler.schedule_ahead`), which reads them
+there (:class:`~oscarkv.engine.model_runner.PendingIds`). The host's work for one step then
+runs while the device computes the next, and each ``step()`` still returns one step's outputs.
+A sequence that stops in a step (EOS, a stop string) has a row in the step launched ahead of
+it; the row is discarded and the sequence's pages are freed as usual (the plan of that step
+is abandoned): the outputs equal those of an engine without overlap.
 
 Construction (:meth:`LLMEngine.from_hf`): the transformers model's weights are copied into a
 :class:`~oscarkv.models.llama.PagedLM`, the KV codec is built from the
@@ -15,6 +24,7 @@ from the memory budget. The start-up report gives capacity per tier and the BPE.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +36,7 @@ from oscarkv.config import EngineConfig
 from oscarkv.engine import sampler
 from oscarkv.engine.attention import AttentionBackend, LayerStorage
 from oscarkv.engine.cuda_graphs import DEFAULT_BUCKETS
-from oscarkv.engine.model_runner import ModelRunner, RunnerOutput
+from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.engine.scheduler import Scheduler, SchedulerOutput
 from oscarkv.engine.sequence import Sequence, Status
@@ -38,6 +48,17 @@ from oscarkv.quant.artifact import ModelFingerprint
 from oscarkv.quant.codec import KVCodec, build_codec
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Step:
+    """A launched step: its schedule, the runner's output (``None`` if the launch raised ``error``)
+    and, when all its sampling rows are greedy, their tokens on the device."""
+
+    out: SchedulerOutput
+    res: RunnerOutput | None = None
+    tokens: sampler.DeviceTokens | None = None
+    error: Exception | None = None
 
 
 class LLMEngine:
@@ -55,6 +76,9 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
         self.num_prompt_tokens = 0  # statistics: prompt tokens of added requests ...
         self.num_generated_tokens = 0  # ... and tokens sampled
+        self.overlap = cfg.overlap if cfg.overlap is not None else runner.device.type == "cuda"
+        self._ahead: _Step | None = None  # the step launched ahead (overlap), finished by the next step()
+        self.num_ahead_steps = 0  # statistics: steps launched ahead
         log.info("oscarkv engine: %s", self.describe())
 
     @classmethod
@@ -152,49 +176,103 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now (its pages are freed); returns its final output."""
-        seq = self.seqs.pop(request_id, None)
+        seq = self.seqs.get(request_id)
         if seq is None:
             return None
-        self.scheduler.finish(seq, "abort")
+        self._finish_seq(seq, "abort")
         return seq.output()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._ahead is not None
+
+    def _finish_seq(self, seq: Sequence, reason: str) -> None:
+        """Finish ``seq`` and free its pages, those its row in the step launched ahead took included."""
+        for c in self._ahead.out.chunks if self._ahead is not None else ():
+            if c.seq is seq:
+                self.manager.abandon(c.plan)
+        self.scheduler.finish(seq, reason)
+        self.seqs.pop(seq.request_id, None)
 
     # ------------------------------------------------------------------------- the step
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Run one step; outputs of the requests that got a token (or finished) in it.
+        """Run one step; outputs of the requests that got a token (or finished) in it. With overlap
+        (module docstring) the step finished here may have been launched by the previous call, and
+        the next one may be launched before this returns.
 
         If the model or the sampler raises, every request of this step finishes with reason
         ``error`` (its output's ``error`` says why; the traceback is logged) and its pages are
         freed; other requests and later steps are unaffected. An exception from the scheduler
         itself is a bug and propagates."""
-        out = self.scheduler.schedule()
-        if not out.chunks:
-            return []
-        try:
-            res = self.runner.run(out.chunks)
-        except Exception as e:
-            return self._fail(out, e, committed=False)
-        self.scheduler.commit(out)
-        try:
-            self._record_prompt_logprobs(out, res)
-            return self._sample(out, res)
-        except Exception as e:
-            return self._fail(out, e, committed=True)
+        cur, self._ahead = self._ahead, None
+        if cur is None:
+            out = self.scheduler.schedule()
+            if not out.chunks:
+                return []
+            cur = self._launch(out)
+        if self.overlap and cur.error is None:
+            self._ahead = self._launch_ahead(cur)
+        return self._complete(cur)
 
-    def _fail(self, out: SchedulerOutput, exc: Exception, committed: bool) -> list[RequestOutput]:
-        """Finish the step's requests with reason ``error`` (see :meth:`step`)."""
-        log.exception("engine step failed; failing its %d requests", len(out.chunks))
+    @torch.inference_mode()
+    def drain(self) -> list[RequestOutput]:
+        """Finish the step launched ahead, if any, without launching another; its outputs (the next
+        ``step()`` schedules afresh)."""
+        cur, self._ahead = self._ahead, None
+        return [] if cur is None else self._complete(cur)
+
+    def _launch(self, out: SchedulerOutput, pending: PendingIds | None = None) -> _Step:
+        """Run the model for ``out`` (asynchronously on a GPU); greedy rows are sampled on the device."""
+        step = _Step(out)
+        try:
+            step.res = self.runner.run(out.chunks, pending)
+            params = [c.seq.params for c in out.chunks if c.samples]
+            if params and all(p.greedy for p in params):
+                step.tokens = sampler.DeviceTokens(step.res.sample_logits)
+        except Exception as e:
+            step.error = e
+        return step
+
+    def _launch_ahead(self, cur: _Step) -> _Step | None:
+        """The decode step after ``cur``, launched before ``cur``'s tokens reach the host; ``None`` if
+        ``cur`` is not a greedy decode step or the scheduler declines (``Scheduler.schedule_ahead``)."""
+        chunks = cur.out.chunks
+        if cur.tokens is None or not all(c.samples and c.plan.t1 - c.plan.t0 == 1 for c in chunks):
+            return None
+        continuing = [c.seq for c in chunks if c.seq.status is Status.RUNNING
+                      and len(c.seq.output_ids) + 1 < c.seq.params.max_tokens]
+        out = self.scheduler.schedule_ahead(cur.out, continuing) if continuing else None
+        if out is None:
+            return None
+        row = {id(c.seq): i for i, c in enumerate(chunks)}
+        self.num_ahead_steps += 1
+        return self._launch(out, PendingIds(cur.tokens.tokens, [row[id(c.seq)] for c in out.chunks]))
+
+    def _complete(self, cur: _Step) -> list[RequestOutput]:
+        """Commit ``cur``'s pages, sample (or collect its device tokens), check stops: its outputs."""
+        gone = {id(c.seq) for c in cur.out.chunks if c.seq.status is Status.FINISHED}  # since it was launched ahead
+        if cur.error is not None:
+            return self._fail(cur.out, cur.error, False, gone)
+        self.scheduler.commit(cur.out)
+        try:
+            self._record_prompt_logprobs(cur.out, cur.res)
+            return self._sample(cur)
+        except Exception as e:
+            return self._fail(cur.out, e, True, gone)
+
+    def _fail(self, out: SchedulerOutput, exc: Exception, committed: bool, gone: set[int]) -> list[RequestOutput]:
+        """Finish the step's requests with reason ``error`` (see :meth:`step`), except those in ``gone``
+        (ids of sequences that finished before the step completed: their pages and outputs are done)."""
+        log.error("engine step failed; failing its %d requests", len(out.chunks) - len(gone), exc_info=exc)
         outputs = []
         for c in out.chunks:
+            if id(c.seq) in gone:
+                continue
             if not committed:
                 self.manager.abandon(c.plan)
             if c.seq.status is not Status.FINISHED:  # else it finished earlier in this step
                 c.seq.error = f"{type(exc).__name__}: {exc}"
-                self.scheduler.finish(c.seq, "error")
-                self.seqs.pop(c.seq.request_id, None)
+                self._finish_seq(c.seq, "error")
             outputs.append(c.seq.output())
         return outputs
 
@@ -208,20 +286,29 @@ class LLMEngine:
                 targets = seq.token_ids[t0 + lo + 1:t0 + lo + 1 + logits.shape[0]]
                 seq.prompt_logprobs += sampler.prompt_logprobs(logits, targets, seq.params.prompt_logprobs)
 
-    def _sample(self, out: SchedulerOutput, res: RunnerOutput) -> list[RequestOutput]:
-        seqs = [c.seq for c in out.chunks if c.samples]
-        if not seqs:
+    def _sample(self, cur: _Step) -> list[RequestOutput]:
+        chunks = [c for c in cur.out.chunks if c.samples]
+        if not chunks:
             return []
-        tokens, logps = sampler.sample(res.sample_logits, [s.params for s in seqs], [s.generator for s in seqs])
+        if cur.tokens is not None:
+            tokens, logps = cur.tokens.result()
+        else:
+            tokens, logps = sampler.sample(cur.res.sample_logits, [c.seq.params for c in chunks],
+                                           [c.seq.generator for c in chunks])
         outputs = []
-        self.num_generated_tokens += len(tokens)
-        for seq, tok, lp in zip(seqs, tokens, logps):
-            seq.token_ids.append(tok)
+        for c, tok, lp in zip(chunks, tokens, logps):
+            seq = c.seq
+            if seq.status is Status.FINISHED:  # aborted, or stopped in the step before this one ran ahead
+                continue
+            if len(seq.token_ids) > c.plan.t1:
+                seq.token_ids[c.plan.t1] = tok  # the PENDING input of the step launched ahead
+            else:
+                seq.token_ids.append(tok)
             seq.logprobs.append(lp)
+            self.num_generated_tokens += 1
             reason = self._check_stop(seq, tok)
             if reason is not None:
-                self.scheduler.finish(seq, reason)
-                self.seqs.pop(seq.request_id, None)
+                self._finish_seq(seq, reason)
             outputs.append(seq.output(self._holdback(seq)))
         return outputs
 

@@ -15,6 +15,10 @@ as a CUDA graph replay (:mod:`oscarkv.engine.cuda_graphs`) of the forward and th
 from host lists (:meth:`ModelRunner.decode_inputs`) with no per-step tensor building and no
 host sync. Everything else — and every step of a backend without ``decode_steps`` (the CPU
 oracles) — runs eagerly through ``extend``.
+
+A step planned ahead (``LLMEngine.step``, overlap) has input tokens that are still on the device
+(:data:`~oscarkv.engine.sequence.PENDING` on the host): :class:`PendingIds` writes them into the
+step's token ids on the device, after the host lists are staged and before the forward.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from oscarkv.cache.kv_pools import KVPools
-from oscarkv.cache.paged_layout import PageTables
+from oscarkv.cache.paged_layout import PageTables, device_ints
 from oscarkv.cache.manager import WritePlan
 from oscarkv.engine.attention import AttentionBackend, LayerStorage, StepContext
 from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs
@@ -34,8 +38,25 @@ from oscarkv.models.llama import PagedLM
 
 @dataclass
 class RunnerOutput:
-    sample_logits: torch.Tensor  # [n_sampling_chunks, V] fp32, in chunk order
+    sample_logits: torch.Tensor  # [n_sampling_chunks, V] fp32, in chunk order (decode graphs: valid until the next step)
     prompt_hidden: dict[int, torch.Tensor]  # chunk index -> [rows, D] final hidden states of prompt positions
+
+
+@dataclass
+class PendingIds:
+    """Input tokens still on the device: chunk ``i`` of a decode step reads ``tokens[rows[i]]`` (the
+    previous step's samples, :class:`~oscarkv.engine.sampler.DeviceTokens`)."""
+
+    tokens: torch.Tensor  # [N] int64, device
+    rows: list[int]  # [B] a row of tokens per chunk
+
+    def write(self, ids: torch.Tensor) -> None:
+        """Overwrite ``ids[:B]`` (device, one id per chunk) with the pending tokens (asynchronous)."""
+        b = len(self.rows)
+        if self.rows == list(range(b)):  # the usual step: the same sequences in the same order
+            ids[:b].copy_(self.tokens[:b])
+        else:
+            ids[:b].copy_(self.tokens[device_ints(self.rows, self.tokens.device)])
 
 
 def _table(rows: list[list[int]], device) -> torch.Tensor:
@@ -95,24 +116,31 @@ class ModelRunner:
                            _ints([s for p in plans for s in p.demote_dst], dev), self.scale, decode)
 
     @torch.inference_mode()
-    def run(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
+    def run(self, chunks: list[ScheduledChunk], pending: PendingIds | None = None) -> RunnerOutput:
+        """Run one step; ``pending``: its input tokens are on the device (a one-token chunk each)."""
         cu = [0]
         for c in chunks:
             cu.append(cu[-1] + c.plan.t1 - c.plan.t0)
+        assert pending is None or cu[-1] == len(pending.rows) == len(chunks), "pending ids: one token per chunk"
         sample = [i for i, c in enumerate(chunks) if c.samples]
         decode = self.is_decode(chunks)
         if decode and self.graphs is not None and self.graphs.bucket(len(chunks)) is not None:
-            hidden, logits = self.graphs.run(self.decode_inputs(chunks))  # views of the graph's outputs
-            logits = logits.clone() if len(sample) == len(chunks) else logits[sample]
+            # NOTE: views of the graph's outputs, valid until its next replay; the engine samples a step
+            # (or launches its device sampling) before it launches the next one
+            hidden, logits = self.graphs.run(self.decode_inputs(chunks), pending)
+            logits = logits if len(sample) == len(chunks) else logits[sample]
         else:
-            hidden = self._forward(chunks, cu, decode)
+            hidden = self._forward(chunks, cu, decode, pending)
             logits = self.model.compute_logits(hidden[[cu[i + 1] - 1 for i in sample]])
         return RunnerOutput(logits, self._prompt_hidden(chunks, hidden, cu))
 
-    def _forward(self, chunks: list[ScheduledChunk], cu: list[int], decode: bool) -> torch.Tensor:
+    def _forward(self, chunks: list[ScheduledChunk], cu: list[int], decode: bool,
+                 pending: PendingIds | None) -> torch.Tensor:
         ids = [t for c in chunks for t in c.seq.token_ids[c.plan.t0:c.plan.t1]]
         pos = [p for c in chunks for p in range(c.plan.t0, c.plan.t1)]
         ids_t, pos_t = torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device)
+        if pending is not None:
+            pending.write(ids_t)
         return self.model(ids_t, pos_t, self.context(chunks, cu, decode))
 
     @staticmethod

@@ -5,6 +5,10 @@ step) into token ids and their log-probabilities. Greedy rows take the argmax (t
 lowest id, as ``torch.argmax``); other rows draw from the tempered, top-k/top-p filtered
 distribution with the sequence's own ``torch.Generator`` — so a seeded request gives the same
 tokens in any batch. Log-probabilities are those of the model's distribution (raw logits).
+
+A step whose rows are all greedy can be sampled without waiting for it (:class:`DeviceTokens`):
+the tokens stay on the device, where the engine's next step reads them as its inputs, while
+their copy to the host completes in the background.
 """
 
 from __future__ import annotations
@@ -28,17 +32,48 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return x
 
 
+def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The argmax of each row of ``logits [N, V]`` fp32 and its log-probability: ``[N]`` int64 and
+    ``[N]`` fp32, on the logits' device (nothing waits for the device)."""
+    tokens = logits.argmax(-1)
+    return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
     """Tokens and their log-probabilities for ``logits [N, V]`` fp32."""
+    if all(p.greedy for p in params):
+        return DeviceTokens(logits).result()
     logp = torch.log_softmax(logits, dim=-1)
     tokens = logits.argmax(-1).tolist()
     for i, (p, gen) in enumerate(zip(params, generators)):
         if not p.greedy:
             probs = filter_logits(logits[i], p).softmax(-1)
             tokens[i] = int(torch.multinomial(probs.cpu(), 1, generator=gen))
-    chosen = [float(logp[i, t]) for i, t in enumerate(tokens)]
-    return tokens, chosen
+    chosen = logp.gather(1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0]
+    return tokens, chosen.tolist()
+
+
+class DeviceTokens:
+    """The greedy tokens of one step (:func:`greedy`), kept on the device and copied to the host
+    in the background (pinned memory and an event on CUDA); :meth:`result` waits for the copy."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.tokens, logprobs = greedy(logits)  # tokens: [N] int64 on the device (the next step's inputs)
+        cuda = logits.device.type == "cuda"
+        self._host = (torch.empty(self.tokens.shape, dtype=torch.int64, pin_memory=cuda),
+                      torch.empty(logprobs.shape, dtype=torch.float32, pin_memory=cuda))
+        self._host[0].copy_(self.tokens, non_blocking=cuda)
+        self._host[1].copy_(logprobs, non_blocking=cuda)
+        self._copied = torch.cuda.Event() if cuda else None
+        if self._copied is not None:
+            self._copied.record()
+
+    def result(self) -> tuple[list[int], list[float]]:
+        """Tokens and log-probabilities as host lists (waits for this step's copy only)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._host[0].tolist(), self._host[1].tolist()
 
 
 def prompt_logprobs(logits: torch.Tensor, targets: list[int], k: int) -> list[dict[int, float]]:

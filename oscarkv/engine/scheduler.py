@@ -17,6 +17,11 @@ Policy (vLLM v1's, first come first served):
 3. then waiting sequences, in order, up to ``max_num_seqs`` running: prefix-cache match, then
    their first chunk.
 
+Overlap (:meth:`Scheduler.schedule_ahead`): while a decode step runs on the device, the engine may
+plan the next one before its tokens are known, when that changes nothing the policy above would
+decide: every running sequence was in the step, none of them needs a preemption, and no waiting
+sequence could be admitted (``max_num_seqs`` reached, or nothing waits).
+
 NOTE: no request is lost or duplicated: a sequence is in exactly one of ``waiting``,
 ``running`` or finished, and the cache manager's reference counts are released exactly once.
 """
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 
 from oscarkv.cache.manager import KVCacheManager, WritePlan
 from oscarkv.config import EngineConfig
-from oscarkv.engine.sequence import Sequence, Status
+from oscarkv.engine.sequence import PENDING, Sequence, Status
 
 
 @dataclass
@@ -37,11 +42,12 @@ class ScheduledChunk:
 
     seq: Sequence
     plan: WritePlan
+    samples: bool = field(init=False)
+    """Whether the chunk reaches the last token of the sequence when scheduled (so a new token is
+    sampled). NOTE: fixed here; a step planned ahead appends to ``token_ids`` while this one runs."""
 
-    @property
-    def samples(self) -> bool:
-        """Whether the chunk reaches the last known token (so a new token is sampled)."""
-        return self.plan.t1 == len(self.seq.token_ids)
+    def __post_init__(self) -> None:
+        self.samples = self.plan.t1 == len(self.seq.token_ids)
 
 
 @dataclass
@@ -85,9 +91,29 @@ class Scheduler:
             budget = self._admit(out, budget)
         return out
 
+    def schedule_ahead(self, current: SchedulerOutput, continuing: list[Sequence]) -> SchedulerOutput | None:
+        """The decode step after ``current`` (a decode step still running) for ``continuing`` (those of its
+        sequences that did not reach ``max_tokens``), planned now, each with a :data:`PENDING` input
+        token; ``None`` (nothing changed) unless :meth:`schedule` after ``current`` would plan exactly
+        this or, should a sequence stop early, a subset of it (see the module docstring)."""
+        in_step = {id(c.seq) for c in current.chunks if c.seq.status is Status.RUNNING}
+        if len(in_step) != len(self.running) or any(id(s) not in in_step for s in self.running):
+            return None  # a running sequence waits for budget, or was admitted since
+        if self.waiting and len(continuing) < self.cfg.max_num_seqs:
+            return None  # the policy might admit it once this step's finished sequences leave
+        t1s = [s.num_computed + 1 for s in continuing]
+        if len(continuing) > self.cfg.max_num_batched_tokens or not self.manager.fits(continuing, t1s):
+            return None
+        out = SchedulerOutput()
+        for seq, t1 in zip(continuing, t1s):
+            seq.token_ids.append(PENDING)
+            out.chunks.append(ScheduledChunk(seq, self.manager.plan(seq, t1)))
+        return out
+
     def _plan_or_preempt(self, seq: Sequence, t1: int, out: SchedulerOutput) -> WritePlan | None:
-        scheduled = {id(c.seq) for c in out.chunks}
+        scheduled = None  # built on the first shortage only: a per-sequence set costs O(batch²) per step
         while (plan := self.manager.plan(seq, t1)) is None:
+            scheduled = scheduled or {id(c.seq) for c in out.chunks}
             victims = [s for s in self.running if id(s) not in scheduled]
             victim = victims[-1]  # seq itself is always a candidate
             if victim is seq and len(self.running) == 1 and not out.chunks:
@@ -126,9 +152,11 @@ class Scheduler:
         return budget
 
     def commit(self, out: SchedulerOutput) -> None:
-        """After the runner: let the cache manager key and release this step's pages."""
+        """After the runner: let the cache manager key and release this step's pages (not those of a
+        sequence that finished meanwhile: its pages were freed, see ``LLMEngine.abort``)."""
         for c in out.chunks:
-            self.manager.commit(c.seq, c.plan)
+            if c.seq.status is not Status.FINISHED:
+                self.manager.commit(c.seq, c.plan)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Remove ``seq`` from wherever it is and free its pages."""

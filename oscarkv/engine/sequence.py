@@ -10,6 +10,10 @@ stored in the cache (the cache manager advances it). A step computes the chunk
 the step samples a new one. After a preemption ``num_computed`` is 0 again and the chunks
 replay exactly as they ran (prompt chunks, then one generated token per step, without
 sampling), so the resumed request continues with the same cache bytes and the same RNG state.
+
+While the engine runs a step ahead (``LLMEngine.step``, overlap), the token being sampled on the
+device sits in ``token_ids`` as :data:`PENDING` from the moment the next step is planned until
+the current one is finished; ``step()`` never returns with a ``PENDING`` in place.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from oscarkv.cache.seq_kv import ChunkSchedule, SeqKV
 from oscarkv.engine.request import RequestOutput, SamplingParams
 
 _arrivals = itertools.count()
+
+PENDING = -1
+"""A token id not yet on the host: the device holds it (see the module docstring)."""
 
 
 class Status(Enum):

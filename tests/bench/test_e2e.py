@@ -20,12 +20,14 @@ def test_random_artifact_at_a_real_shape():
     assert art.tensors["value.mean"].abs().max() == 0 < art.tensors["key.mean"].abs().max()  # keys centered only
 
 
+CONFIG = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=32, vocab_size=128, max_position_embeddings=512,
+                     architectures=["Qwen3ForCausalLM"])
+
+
 def test_oscar_engine_on_a_random_model_decodes():
     """``bench decode --methods oscar`` builds its engine this way (here on the CPU, tiny shape)."""
-    config = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=32, vocab_size=128, max_position_embeddings=512,
-                         architectures=["Qwen3ForCausalLM"])
-    engine = e2e.build_engine(PagedLM.random(config), "oscar", kv_bytes=1 << 22, max_num_seqs=1, chunk=64)
+    engine = e2e.build_engine(PagedLM.random(CONFIG), "oscar", kv_bytes=1 << 22, max_num_seqs=1, chunk=64)
     assert engine.codec.quantized
     engine.add_request("r", torch.randint(0, 128, (400,)).tolist(), SamplingParams(max_tokens=4, temperature=0,
                                                                                   ignore_eos=True))
@@ -33,3 +35,18 @@ def test_oscar_engine_on_a_random_model_decodes():
     while engine.has_unfinished():
         out = engine.step() or out
     assert len(out[0].token_ids) == 4
+
+
+def test_drive_fills_prompts_and_times_the_model_steps():
+    """``e2e.drive`` (the job-throughput run): prompts filled through the write path, every sampled token
+    from a model step (overlap on, as on a GPU), fill and model time apart, the real runner restored."""
+    engine = e2e.build_engine(PagedLM.random(CONFIG), "naive", kv_bytes=1 << 22, max_num_seqs=2, chunk=64)
+    engine.overlap = True
+    runner = engine.runner
+    e2e.add_prompts(engine, 3, 200, 5)  # 3 requests, 2 seats: two waves
+    st = e2e.drive(engine)
+    assert engine.runner is runner and not engine.has_unfinished() and engine.manager.bf16.num_used == 0
+    assert engine.num_generated_tokens == 15 and engine.num_ahead_steps > 0
+    # model launches: per wave its first tokens, then decode steps launched ahead or not
+    assert st.steps == len(st.batch_sizes) == 10 and sorted(set(st.batch_sizes)) == [1, 2]
+    assert st.fill_s > 0 and st.model_s > 0

@@ -14,6 +14,7 @@ import torch
 from oscarkv.engine.attention import TorchAttention
 from oscarkv.engine.cuda_graphs import StagedTable
 from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.request import SamplingParams
 from oscarkv.quant.artifact import Artifact
 from tests.engine.conftest import engine_config, prompts, run, tiny_model
 
@@ -89,6 +90,28 @@ def test_cuda_graph_matches_eager_gpu(cuda_model, artifact, method):
     assert graph.runner.graphs.graphs, "no decode step replayed a graph"
     ref = run(_engine(cuda_model, method, artifact, cuda_graphs=False), ps)
     _compare(ref, out, 1e-2)  # buckets pad the batch, which changes the decode split count only
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_overlap_matches_sequential_gpu(cuda_model, artifact, method):
+    """Steps launched ahead (the token ids read on the device, CUDA graphs) give the tokens and log-probs
+    of steps run one after the other: exactly while no request stops early (the same batches run);
+    with a stop token, up to a near-tie (the stopped request's row is kept in one step ahead, so the
+    others may run in a larger bucket, with another decode split count)."""
+    ps = prompts(3, 50)
+    params = [SamplingParams(max_tokens=8 + 6 * i, temperature=0, logprobs=True, ignore_eos=True) for i in range(3)]
+    engines = [LLMEngine.from_hf(cuda_model, engine_config(method, overlap=o), artifact if method == "oscar" else None)
+               for o in (False, True)]
+    ref, out = (run(e, ps, params) for e in engines)
+    assert engines[1].num_ahead_steps > 10 and engines[0].num_ahead_steps == 0
+    _compare(ref, out, 1e-9)
+    stop = [SamplingParams(max_tokens=20, temperature=0, logprobs=True, ignore_eos=True,
+                           stop_token_ids=(ref[1].token_ids[4],) if i == 1 else ()) for i in range(3)]
+    ref, out = (run(e, ps, stop) for e in engines)
+    assert ref[1].finish_reason == "stop" and len(ref[1].token_ids) <= 5
+    _compare_prefix(ref, out, 0.25)
 
 
 def test_staged_table_uploads_changed_tails():
