@@ -144,7 +144,8 @@ def throughput(cfg: CapacityBench, model, method: str) -> dict:
     del engine
     e2e.release()
     return dict(concurrency=conc, model_s=st.model_s, fill_s=st.fill_s, model_steps=st.steps,
-                mean_batch=sum(st.batch_sizes) / max(1, len(st.batch_sizes)),
+                mean_batch=sum(st.batch_sizes) / max(1, len(st.batch_sizes)), batch_sizes=st.batch_sizes,
+                model_call_ms=[round(1e3 * t, 3) for t in st.model_calls_s],
                 jobs_per_s=cfg.requests / st.model_s, tokens_per_s=cfg.requests * cfg.new_tokens / st.model_s)
 
 

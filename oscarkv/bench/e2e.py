@@ -127,6 +127,7 @@ class DriveStats:
     fill_s: float = 0.0  # engine steps that filled prompt chunks, synchronized
     steps: int = 0  # model launches (steps launched ahead included)
     batch_sizes: list[int] = field(default_factory=list)
+    model_calls_s: list[float] = field(default_factory=list)  # each model step's ``step()`` call
 
 
 class _FillingRunner:
@@ -169,7 +170,8 @@ def drive(engine: LLMEngine, max_steps: int | None = None) -> DriveStats:
                 _sync()
                 st.fill_s += time.perf_counter() - t
             else:
-                st.model_s += time.perf_counter() - t
+                st.model_calls_s.append(time.perf_counter() - t)
+                st.model_s += st.model_calls_s[-1]
         t = time.perf_counter()
         _sync()
         st.model_s += time.perf_counter() - t

@@ -194,10 +194,9 @@ class KVCacheManager:
     def free(self, seq: CachedSequence) -> None:
         """Release every page of ``seq`` (finished or preempted); keyed pages stay cached."""
         s = seq.kv
-        for page in s.sink + s.recent:
-            self.bf16.release(page)
-        for page in s.history:
-            self.int2.release(page)
+        self.bf16.release_all(s.sink + s.recent)
+        if s.history:
+            self.int2.release_all(s.history)
         s.reset()
 
     def match_prefix(self, seq: CachedSequence) -> int:

@@ -91,6 +91,21 @@ class PagePool:
             else:
                 self._free.append(page)
 
+    def release_all(self, pages: list[int]) -> None:
+        """:meth:`release` of every page in ``pages``, in order. NOTE: one loop with no method call per
+        page: a 100K-token sequence holds ~1 600 INT2 pages, freed when it finishes."""
+        ref, keyed, free, cached = self._ref, self._key_of, self._free, self._evictable
+        for page in pages:
+            r = ref[page] - 1
+            if r < 0 or page <= 0:
+                raise AssertionError(f"double free of page {page}")
+            ref[page] = r
+            if not r:
+                if page in keyed:
+                    cached[page] = None
+                else:
+                    free.append(page)
+
     def check(self) -> None:
         """Assert the state invariants (used by tests): every page in exactly one state."""
         free, cached = set(self._free), set(self._evictable)

@@ -176,3 +176,20 @@ def test_pages_needed_is_the_peak_of_a_run_alone(method, sink_pages, recent, pag
         peak_b, peak_i = max(peak_b, mgr.bf16.num_used), max(peak_i, mgr.int2.num_used if mgr.int2 else 0)
         mgr.commit(seq, plan)
     assert mgr.pages_needed(seq.schedule, prompt + gen) == (peak_b, peak_i)
+
+
+def test_release_all_is_release_in_order():
+    pools = [PagePool(12), PagePool(12)]
+    for pool in pools:
+        pages = [pool.allocate() for _ in range(8)]
+        for p in pages[::3]:
+            pool.register(p, bytes([p]))
+        pool.lookup(bytes([pages[3]]))  # a second reference: stays used
+    pools[0].release_all(pages)
+    for p in pages:
+        pools[1].release(p)
+    for a, b in zip(vars(pools[0]).values(), vars(pools[1]).values()):
+        assert a == b
+    pools[0].check()
+    with pytest.raises(AssertionError, match="double free"):
+        pools[0].release_all([pages[0]])
