@@ -34,6 +34,7 @@ def _setup_decode(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-gib", type=float, default=d.kv_gib, help="KV pool budget")
     p.add_argument("--profile", action="store_true", help="per-kernel profile at the longest context (slows later rows)")
     p.add_argument("--batch", type=int, default=d.batch, help="sequences decoding together, each at the context")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature (0: greedy)")
     p.add_argument("--out", type=Path, default=Path("bench_decode.json"), help="JSON file to write")
 
 
@@ -56,7 +57,8 @@ def run_bench(args: argparse.Namespace) -> int:
         from oscarkv.bench import decode
 
         cfg = decode.DecodeBench(tuple(args.shapes), tuple(args.contexts), tuple(args.methods), steps=args.steps,
-                                 kv_gib=args.kv_gib, batch=args.batch, profile=args.profile)
+                                 kv_gib=args.kv_gib, batch=args.batch, temperature=args.temperature,
+                                 profile=args.profile)
         print(decode.run(cfg, args.out))
         return 0
     if args.bench == "capacity":

@@ -38,6 +38,8 @@ class DecodeBench:
     batch: int = 1
     """Sequences decoding together, each at the row's context (the job-throughput runs of ``bench capacity``
     decode 26 × 100K at once: ``--batch 26 --kv-gib 56`` times one such step)."""
+    temperature: float = 0.0
+    """Sampling temperature of the timed requests (0: greedy); drawn tokens are chosen on the GPU too."""
     profile: bool = False
     """Also profile the graph of each row at the longest context (torch.profiler). NOTE: CUPTI stays
     attached after a profile and slows later graph launches (seen on an H100, 2026-11-22: 21 µs
@@ -168,7 +170,8 @@ def timed_steps(engine, steps: int) -> float:
 
 
 def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -> dict:
-    e2e.add_prompts(engine, cfg.batch, ctx, 4 * cfg.batch + cfg.warmup + 4 * cfg.steps + 6, seed=ctx)
+    e2e.add_prompts(engine, cfg.batch, ctx, 4 * cfg.batch + cfg.warmup + 4 * cfg.steps + 6, seed=ctx,
+                    temperature=cfg.temperature)
     for _ in range(4 * cfg.batch):  # fill and first tokens: the scheduler admits a batch's prompts over several steps
         e2e.drive(engine, max_steps=1)
         if len(engine.scheduler.running) == cfg.batch and all(s.output_ids for s in engine.scheduler.running):

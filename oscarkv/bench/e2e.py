@@ -94,11 +94,14 @@ def kv_read_bytes(engine: LLMEngine, seqs) -> int:
     return 2 * geo.num_layers * geo.num_kv_heads * n
 
 
-def add_prompts(engine: LLMEngine, n: int, length: int, new_tokens: int, seed: int = 0) -> None:
+def add_prompts(engine: LLMEngine, n: int, length: int, new_tokens: int, seed: int = 0,
+                temperature: float = 0.0) -> None:
+    """``n`` random prompts of ``length`` tokens, each generating ``new_tokens`` (greedy, or drawn at
+    ``temperature`` with a per-request seed), with the fill's chunk ends (see the module docstring)."""
     from oscarkv.engine.request import SamplingParams
 
     g = torch.Generator().manual_seed(seed)
-    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=new_tokens, temperature=temperature, ignore_eos=True)
     vocab, c = engine.runner.model.config.vocab_size, engine.cfg.prefill_chunk
     ends = (*range(c, length - 1, c), length - 1)  # explicit ends replace the default ones
     for i in range(n):

@@ -5,7 +5,7 @@ Role: :class:`LLMEngine` owns the scheduler, the model runner and the tokenizer.
 single-threaded; :class:`~oscarkv.engine.llm.LLM` loops over it offline and
 :class:`~oscarkv.engine.async_engine.AsyncEngine` drives it from a thread for servers.
 
-Overlap (``EngineConfig.overlap``, on for CUDA): a greedy decode step's tokens stay on the
+Overlap (``EngineConfig.overlap``, on for CUDA): a decode step's tokens stay on the
 device (:class:`~oscarkv.engine.sampler.DeviceTokens`), and before waiting for them ``step()``
 plans and launches the next decode step (:meth:`Scheduler.schedule_ahead`), which reads them
 there (:class:`~oscarkv.engine.model_runner.PendingIds`). The host's work for one step then
@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Step:
-    """A launched step: its schedule, the runner's output (``None`` if the launch raised ``error``)
-    and, when all its sampling rows are greedy, their tokens on the device."""
+    """A launched step: its schedule, the runner's output and its tokens on the device (``None`` if
+    the launch raised ``error``, or nothing samples)."""
 
     out: SchedulerOutput
     res: RunnerOutput | None = None
@@ -131,7 +131,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
         schedule = self.check_request(request_id, ids, params, chunk_ends)
-        seq = Sequence(request_id, ids, params, schedule, self.cfg.seed)
+        seq = Sequence(request_id, ids, params, schedule, self.cfg.seed, self.runner.device)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         self.num_prompt_tokens += len(ids)
@@ -222,20 +222,21 @@ class LLMEngine:
         return [] if cur is None else self._complete(cur)
 
     def _launch(self, out: SchedulerOutput, pending: PendingIds | None = None) -> _Step:
-        """Run the model for ``out`` (asynchronously on a GPU); greedy rows are sampled on the device."""
+        """Run the model for ``out`` and choose its tokens, on the device (asynchronously on a GPU)."""
         step = _Step(out)
         try:
             step.res = self.runner.run(out.chunks, pending)
-            params = [c.seq.params for c in out.chunks if c.samples]
-            if params and all(p.greedy for p in params):
-                step.tokens = sampler.DeviceTokens(step.res.sample_logits)
+            seqs = [c.seq for c in out.chunks if c.samples]
+            if seqs:
+                step.tokens = sampler.DeviceTokens(step.res.sample_logits, [s.params for s in seqs],
+                                                   [s.generator for s in seqs])
         except Exception as e:
             step.error = e
         return step
 
     def _launch_ahead(self, cur: _Step) -> _Step | None:
         """The decode step after ``cur``, launched before ``cur``'s tokens reach the host; ``None`` if
-        ``cur`` is not a greedy decode step or the scheduler declines (``Scheduler.schedule_ahead``)."""
+        ``cur`` is not a decode step or the scheduler declines (``Scheduler.schedule_ahead``)."""
         chunks = cur.out.chunks
         if cur.tokens is None or not all(c.samples and c.plan.t1 - c.plan.t0 == 1 for c in chunks):
             return None
@@ -290,11 +291,7 @@ class LLMEngine:
         chunks = [c for c in cur.out.chunks if c.samples]
         if not chunks:
             return []
-        if cur.tokens is not None:
-            tokens, logps = cur.tokens.result()
-        else:
-            tokens, logps = sampler.sample(cur.res.sample_logits, [c.seq.params for c in chunks],
-                                           [c.seq.generator for c in chunks])
+        tokens, logps = cur.tokens.result()
         outputs = []
         for c, tok, lp in zip(chunks, tokens, logps):
             seq = c.seq

@@ -6,8 +6,8 @@ lowest id, as ``torch.argmax``); other rows draw from the tempered, top-k/top-p 
 distribution with the sequence's own ``torch.Generator`` — so a seeded request gives the same
 tokens in any batch. Log-probabilities are those of the model's distribution (raw logits).
 
-A step whose rows are all greedy can be sampled without waiting for it (:class:`DeviceTokens`):
-the tokens stay on the device, where the engine's next step reads them as its inputs, while
+Tokens are chosen on the logits' device (:class:`DeviceTokens`; each request's generator lives
+there): they stay on the device, where the engine's next step reads them as its inputs, while
 their copy to the host completes in the background.
 """
 
@@ -32,38 +32,33 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return x
 
 
-def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The argmax of each row of ``logits [N, V]`` fp32 and its log-probability: ``[N]`` int64 and
-    ``[N]`` fp32, on the logits' device (nothing waits for the device)."""
-    tokens = logits.argmax(-1)
-    return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-
-
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
-    """Tokens and their log-probabilities for ``logits [N, V]`` fp32."""
-    if all(p.greedy for p in params):
-        return DeviceTokens(logits).result()
-    logp = torch.log_softmax(logits, dim=-1)
-    tokens = logits.argmax(-1).tolist()
-    for i, (p, gen) in enumerate(zip(params, generators)):
-        if not p.greedy:
-            probs = filter_logits(logits[i], p).softmax(-1)
-            tokens[i] = int(torch.multinomial(probs.cpu(), 1, generator=gen))
-    chosen = logp.gather(1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0]
-    return tokens, chosen.tolist()
+    """Tokens and their log-probabilities for ``logits [N, V]`` fp32 (waits for the device)."""
+    return DeviceTokens(logits, params, generators).result()
 
 
 class DeviceTokens:
-    """The greedy tokens of one step (:func:`greedy`), kept on the device and copied to the host
-    in the background (pinned memory and an event on CUDA); :meth:`result` waits for the copy."""
+    """One step's tokens and their log-probabilities, chosen on the logits' device and copied to
+    the host in the background (pinned memory and an event on CUDA); :meth:`result` waits for the
+    copy. Greedy rows take the argmax; the others draw with their request's generator, which lives
+    on the same device (``Sequence``), so nothing waits for the device here."""
 
-    def __init__(self, logits: torch.Tensor) -> None:
-        self.tokens, logprobs = greedy(logits)  # tokens: [N] int64 on the device (the next step's inputs)
+    def __init__(self, logits: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator | None]) -> None:
+        tokens = logits.argmax(-1)  # [N] int64 on the device: the next step's inputs
+        for i, (p, gen) in enumerate(zip(params, generators)):
+            if not p.greedy:
+                probs = filter_logits(logits[i], p).softmax(-1)
+                if gen is not None and gen.device != probs.device:  # a host generator: draw there (a sync)
+                    probs = probs.cpu()
+                tokens[i] = torch.multinomial(probs, 1, generator=gen)[0].to(tokens.device)
+        self.tokens = tokens
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
         cuda = logits.device.type == "cuda"
-        self._host = (torch.empty(self.tokens.shape, dtype=torch.int64, pin_memory=cuda),
+        self._host = (torch.empty(tokens.shape, dtype=torch.int64, pin_memory=cuda),
                       torch.empty(logprobs.shape, dtype=torch.float32, pin_memory=cuda))
-        self._host[0].copy_(self.tokens, non_blocking=cuda)
+        self._host[0].copy_(tokens, non_blocking=cuda)
         self._host[1].copy_(logprobs, non_blocking=cuda)
         self._copied = torch.cuda.Event() if cuda else None
         if self._copied is not None:

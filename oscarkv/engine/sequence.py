@@ -42,7 +42,7 @@ class Sequence:
     """One request's engine state (see the module docstring)."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 schedule: ChunkSchedule, default_seed: int) -> None:
+                 schedule: ChunkSchedule, default_seed: int, device: torch.device | str = "cpu") -> None:
         if not prompt_ids:
             raise ValueError(f"request {request_id}: empty prompt")
         self.request_id, self.params, self.schedule = request_id, params, schedule
@@ -57,7 +57,8 @@ class Sequence:
         self.logprobs: list[float] = []
         self.prompt_logprobs: list[dict[int, float] | None] = [None]
         seed = params.seed if params.seed is not None else default_seed + self.arrival
-        self.generator = None if params.greedy else torch.Generator().manual_seed(seed)
+        # NOTE: on the model's device, so that sampling never waits for it (``sampler.DeviceTokens``)
+        self.generator = None if params.greedy else torch.Generator(device=device).manual_seed(seed)
         self.text, self.sent_text_len, self.sent_tokens = "", 0, 0
 
     @property

@@ -97,7 +97,7 @@ def test_cuda_graph_matches_eager_gpu(cuda_model, artifact, method):
 @pytest.mark.parametrize("method", ["bf16", "oscar"])
 def test_overlap_matches_sequential_gpu(cuda_model, artifact, method):
     """Steps launched ahead (the token ids read on the device, CUDA graphs) give the tokens and log-probs
-    of steps run one after the other: exactly while no request stops early (the same batches run);
+    of steps run one after the other, greedy or drawn: exactly while no request stops early (the same batches run);
     with a stop token, up to a near-tie (the stopped request's row is kept in one step ahead, so the
     others may run in a larger bucket, with another decode split count)."""
     ps = prompts(3, 50)
@@ -112,6 +112,12 @@ def test_overlap_matches_sequential_gpu(cuda_model, artifact, method):
     ref, out = (run(e, ps, stop) for e in engines)
     assert ref[1].finish_reason == "stop" and len(ref[1].token_ids) <= 5
     _compare_prefix(ref, out, 0.25)
+    drawn = [SamplingParams(max_tokens=8 + 6 * i, temperature=0.8, top_k=20, seed=i, logprobs=True, ignore_eos=True)
+             for i in range(3)]  # each request's generator on the GPU: drawn there, steps still launched ahead
+    ahead = engines[1].num_ahead_steps
+    ref, out = (run(e, ps, drawn) for e in engines)
+    assert engines[1].num_ahead_steps > ahead + 10
+    _compare(ref, out, 1e-9)
 
 
 def test_staged_table_uploads_changed_tails():

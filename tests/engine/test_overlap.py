@@ -13,9 +13,11 @@ from tests.engine.test_robustness import idle
 
 
 def _params(n: int, stops: dict[int, int] = {}) -> list[SamplingParams]:
-    """Greedy with log-probs; request ``i`` stops after ``6 + 3i`` tokens, or at token ``stops[i]``."""
-    return [SamplingParams(max_tokens=6 + 3 * i, temperature=0, logprobs=True, ignore_eos=True,
-                           stop_token_ids=(stops[i],) if i in stops else ()) for i in range(n)]
+    """With log-probs; requests 2 and 3 draw (seeded, temperature 0.8, top-p 0.9), the others are
+    greedy; request ``i`` stops after ``6 + 3i`` tokens, or at token ``stops[i]``."""
+    return [SamplingParams(max_tokens=6 + 3 * i, temperature=0.8 if i in (2, 3) else 0, top_p=0.9, seed=i,
+                           logprobs=True, ignore_eos=True, stop_token_ids=(stops[i],) if i in stops else ())
+            for i in range(n)]
 
 
 def _same(a, b) -> None:
@@ -37,9 +39,9 @@ def _clean(engine) -> None:
 @pytest.mark.parametrize("method", ["bf16", "oscar"])
 @pytest.mark.parametrize("seats", [8, 3])
 def test_overlap_gives_the_outputs_of_sequential_steps(llama, artifact, method, seats):
-    """Five requests of different lengths (crossing sink, window and history pages), two of them
-    stopped by a token they sample mid-way; with 3 seats, requests wait and are admitted as others
-    finish."""
+    """Five requests of different lengths (crossing sink, window and history pages), greedy and
+    sampled, two of them stopped by a token they sample mid-way; with 3 seats, requests wait and
+    are admitted as others finish."""
     ps = prompts(5, 29, seed=11)
     free = run(make_engine(llama, method, artifact, overlap=False), ps, _params(5))
     stops = {1: free[1].token_ids[4], 3: free[3].token_ids[2]}  # stop tokens first sampled there or earlier

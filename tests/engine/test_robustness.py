@@ -81,7 +81,7 @@ def test_failed_step_fails_its_requests_only(llama, artifact, monkeypatch, where
         engine.add_request(str(i), p, SP)
     for _ in range(3):  # prefill (64 + 6 tokens each), decode: request 0 holds 72 tokens next step
         engine.step()
-    target = (engine.runner, "run") if where == "runner" else (sampler.DeviceTokens, "result")  # greedy: device tokens
+    target = (engine.runner, "run") if where == "runner" else (sampler.DeviceTokens, "result")
     seen = fail_once(monkeypatch, *target)
     failed = engine.step()
     if where == "runner":
