@@ -89,13 +89,13 @@ class PageTables:
     int2_lens: torch.Tensor  # int32 [B], multiples of P
 
 
-def device_ints(values: list[int], device: torch.device) -> torch.Tensor:
-    """``values`` as an int32 device tensor without waiting for the device.
+def device_tensor(values: list, device: torch.device, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """``values`` as a ``dtype`` device tensor without waiting for the device.
 
     NOTE: ``torch.tensor(values, device=cuda)`` synchronizes the stream after its copy, which
     would wait for a step still running (the engine overlaps steps, ``LLMEngine.step``); a pinned
     tensor from PyTorch's caching host allocator is not reused before its copy has read it."""
-    t = torch.tensor(values, dtype=torch.int32)
+    t = torch.tensor(values, dtype=dtype)
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oscarkv.cache.paged_layout import PageTables, device_ints
+from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.engine.attention import StepContext
 
 DEFAULT_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
@@ -184,7 +184,7 @@ class DecodeGraphs:
         :class:`~oscarkv.engine.model_runner.PendingIds` for ids that ``x`` holds as ``PENDING``."""
         r = self.runner
         if x.demote_src:
-            src, dst = (device_ints(p, r.device) for p in (x.demote_src, x.demote_dst))
+            src, dst = (device_tensor(p, r.device) for p in (x.demote_src, x.demote_dst))
             r.backend.demote_all(r.pools, r.storage, src, dst)
         bp = self.bucket(len(x.ids))
         if bp not in self.graphs:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from oscarkv.cache.kv_pools import KVPools
-from oscarkv.cache.paged_layout import PageTables, device_ints
+from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.cache.manager import WritePlan
 from oscarkv.engine.attention import AttentionBackend, LayerStorage, StepContext
 from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs
@@ -56,7 +56,7 @@ class PendingIds:
         if self.rows == list(range(b)):  # the usual step: the same sequences in the same order
             ids[:b].copy_(self.tokens[:b])
         else:
-            ids[:b].copy_(self.tokens[device_ints(self.rows, self.tokens.device)])
+            ids[:b].copy_(self.tokens[device_tensor(self.rows, self.tokens.device)])
 
 
 def _table(rows: list[list[int]], device) -> torch.Tensor:
@@ -128,10 +128,11 @@ class ModelRunner:
             # NOTE: views of the graph's outputs, valid until its next replay; the engine samples a step
             # (or launches its device sampling) before it launches the next one
             hidden, logits = self.graphs.run(self.decode_inputs(chunks), pending)
-            logits = logits if len(sample) == len(chunks) else logits[sample]
+            logits = logits if len(sample) == len(chunks) else logits.index_select(0, device_tensor(sample, self.device))
         else:
             hidden = self._forward(chunks, cu, decode, pending)
-            logits = self.model.compute_logits(hidden[[cu[i + 1] - 1 for i in sample]])
+            last = device_tensor([cu[i + 1] - 1 for i in sample], self.device)  # NOTE: a host-list index would sync
+            logits = self.model.compute_logits(hidden.index_select(0, last))
         return RunnerOutput(logits, self._prompt_hidden(chunks, hidden, cu))
 
     def _forward(self, chunks: list[ScheduledChunk], cu: list[int], decode: bool,

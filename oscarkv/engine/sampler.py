@@ -15,21 +15,26 @@ from __future__ import annotations
 
 import torch
 
+from oscarkv.cache.paged_layout import device_tensor
 from oscarkv.engine.request import SamplingParams
 
 
-def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, then top-p on one row ``[V]`` (removed entries → -inf)."""
-    x = (logits - logits.max()) / params.temperature  # shifted first: a tiny temperature must not overflow to inf
-    if params.top_k and params.top_k < x.numel():
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_x, idx = torch.sort(x, descending=True)
-        cum = sorted_x.softmax(-1).cumsum(-1)
-        drop = cum - sorted_x.softmax(-1) >= params.top_p  # tokens after the mass reached top_p
-        x = x.masked_fill(torch.zeros_like(drop).scatter(0, idx, drop), float("-inf"))
-    return x
+def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, row ``i`` of ``logits [n, V]`` by ``params[i]`` (removed
+    entries → -inf). One sort for all rows, and only if a row asks for top-k or top-p."""
+    dev, V = logits.device, logits.shape[-1]
+    temp = device_tensor([p.temperature for p in params], dev, torch.float32)[:, None]
+    x = (logits - logits.amax(-1, keepdim=True)) / temp  # shifted first: a tiny temperature must not overflow to inf
+    if all((not p.top_k or p.top_k >= V) and p.top_p >= 1.0 for p in params):
+        return x
+    ks = [p.top_k if p.top_k and p.top_k < V else V for p in params]
+    top_p = device_tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], dev, torch.float32)[:, None]
+    sorted_x, idx = torch.sort(x, dim=-1, descending=True)
+    kth = sorted_x.gather(1, device_tensor([k - 1 for k in ks], dev, torch.int64)[:, None])
+    sorted_x = sorted_x.masked_fill(sorted_x < kth, float("-inf"))  # top-k (ties with the k-th stay)
+    probs = sorted_x.softmax(-1)
+    drop = (probs.cumsum(-1) - probs >= top_p) | (sorted_x == float("-inf"))  # after the mass reached top_p
+    return x.masked_fill(torch.zeros_like(drop).scatter(1, idx, drop), float("-inf"))
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
@@ -47,12 +52,18 @@ class DeviceTokens:
     def __init__(self, logits: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None]) -> None:
         tokens = logits.argmax(-1)  # [N] int64 on the device: the next step's inputs
-        for i, (p, gen) in enumerate(zip(params, generators)):
-            if not p.greedy:
-                probs = filter_logits(logits[i], p).softmax(-1)
-                if gen is not None and gen.device != probs.device:  # a host generator: draw there (a sync)
-                    probs = probs.cpu()
-                tokens[i] = torch.multinomial(probs, 1, generator=gen)[0].to(tokens.device)
+        drawn = [i for i, p in enumerate(params) if not p.greedy]
+        if drawn:
+            # NOTE: rows picked by a device index: indexing a CUDA tensor with a host list waits for the device
+            rows = device_tensor(drawn, logits.device, torch.int64)
+            probs = filter_logits(logits.index_select(0, rows), [params[i] for i in drawn]).softmax(-1)  # [n, V]
+            picks = []
+            for row, i in zip(probs, drawn):  # each request's own generator: the same tokens in any batch
+                gen = generators[i]
+                if gen is not None and gen.device.type != row.device.type:  # a host generator: draw there (a sync)
+                    row = row.cpu()
+                picks.append(torch.multinomial(row, 1, generator=gen).to(tokens.device))
+            tokens[rows] = torch.cat(picks)
         self.tokens = tokens
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
         cuda = logits.device.type == "cuda"

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from oscarkv.cache.paged_layout import Int2Pages, device_ints
+from oscarkv.cache.paged_layout import Int2Pages, device_tensor
 from oscarkv.quant.clip import clip_rank
 from oscarkv.quant.codec import TensorCodec
 
@@ -208,7 +208,7 @@ def demote_layers(bf16_pools: torch.Tensor, src_pages: torch.Tensor, int2_pools:
         by_rank.setdefault(clip_rank(c.clip, c.group) if c.clip is not None else c.group, []).append(i)
     for layers in by_rank.values():
         ls = (torch.arange(L, dtype=torch.int32, device=dev) if len(layers) == L
-              else device_ints(layers, dev))[:, None, None]  # [l, 1, 1]
+              else device_tensor(layers, dev))[:, None, None]  # [l, 1, 1]
         src = ((ls * n + src_pages[None, :, None]) * p + offs).reshape(-1)  # flat slots of [L N, H, P, d]
         dst = ((ls * n_int2 + dst_pages[None, :, None]) * p + offs).reshape(-1)
         _launch(bf16_pools.flatten(0, 1), src, p, codecs[layers[0]], False, bf16_pools.flatten(0, 1), None,

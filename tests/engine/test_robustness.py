@@ -120,3 +120,36 @@ def test_tiny_temperature_samples_the_argmax():
     params = [SamplingParams(temperature=1e-40, seed=i) for i in range(3)]
     tokens, _ = sampler.sample(logits, params, [torch.Generator().manual_seed(i) for i in range(3)])
     assert tokens == logits.argmax(-1).tolist()
+
+
+def _filter_one(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Reference for one row: tempered logits, keep the ``top_k`` largest, then the most likely of
+    those until their probability reaches ``top_p``; the rest -inf."""
+    x = (logits - logits.max()) / p.temperature
+    order = torch.argsort(x, descending=True).tolist()
+    kept = order[:p.top_k] if p.top_k else order
+    probs = x[kept].softmax(-1).tolist()
+    mass, keep = 0.0, []
+    for i, pr in zip(kept, probs):
+        if p.top_p < 1 and mass >= p.top_p:
+            break
+        keep.append(i)
+        mass += pr
+    out = torch.full_like(x, float("-inf"))
+    out[keep] = x[keep]
+    return out
+
+
+def test_filter_logits_rows_as_one_at_a_time():
+    """The batched filter gives each row what that row alone gives, and what the reference keeps."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, 40, generator=g) * 3
+    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=5),
+              SamplingParams(temperature=1.0, top_p=0.6), SamplingParams(temperature=0.5, top_k=8, top_p=0.9),
+              SamplingParams(temperature=2.0, top_k=40)]
+    batched = sampler.filter_logits(logits, params)
+    for i, p in enumerate(params):
+        assert torch.equal(batched[i], sampler.filter_logits(logits[i:i + 1], [p])[0])
+        ref = _filter_one(logits[i], p)
+        assert torch.equal(batched[i].isinf(), ref.isinf()), i
+        torch.testing.assert_close(batched[i][~ref.isinf()], ref[~ref.isinf()])
