@@ -39,7 +39,7 @@ def add_fields(parser: argparse.ArgumentParser, cls, names: list[str]) -> None:
             continue
         flag, default = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
         doc = field_docs(cls).get(f.name, "")
-        if isinstance(default, bool):
+        if isinstance(default, bool) or f.type in (bool | None, "bool | None"):  # None: decided at run time
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=doc)
         elif isinstance(default, tuple):
             kind = type(default[0]) if default else str

@@ -25,7 +25,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    "(default model: its cached calibration)")
     add_fields(p, KVConfig, ["sink", "recent", "page_size"])
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
-                                 "enable_prefix_caching"])
+                                 "enable_prefix_caching", "overlap"])
 
 
 def _engine_config(args) -> EngineConfig:

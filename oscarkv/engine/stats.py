@@ -53,6 +53,8 @@ class EngineStats:
     preemptions: int
     waiting: int
     running: int
+    steps_ahead: int = 0
+    """Decode steps launched before the previous step's tokens reached the host (overlap)."""
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -79,4 +81,5 @@ def engine_stats(engine: LLMEngine) -> EngineStats:
                                   geo.int2_page_bytes())
     return EngineStats(tiers, 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim,
                        engine.describe()["bpe_at_capacity"], manager.hit_tokens, engine.num_prompt_tokens,
-                       engine.num_generated_tokens, sched.num_preemptions, len(sched.waiting), len(sched.running))
+                       engine.num_generated_tokens, sched.num_preemptions, len(sched.waiting), len(sched.running),
+                       engine.num_ahead_steps)

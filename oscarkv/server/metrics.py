@@ -7,7 +7,7 @@ updated as requests run (HTTP responses by the middleware of ``oscarkv.server.ap
 by :class:`EngineCollector` from ``LLMEngine.stats()`` (:mod:`oscarkv.engine.stats`, safe to
 read from the event-loop thread): pages used and total per tier, capacity in tokens per tier,
 BPE at capacity and over the pages in use, prefix-cache hit tokens and hit rate, preemptions,
-queue depth and running sequences. ``GET /metrics`` renders the registry in the text
+decode steps launched ahead (overlap), queue depth and running sequences. ``GET /metrics`` renders the registry in the text
 exposition format.
 """
 
@@ -50,6 +50,8 @@ class EngineCollector:
                                 value=s.prefix_hit_rate)
         yield CounterMetricFamily("oscarkv_preemptions", "Sequences preempted (by recompute) for KV pages",
                                   value=s.preemptions)
+        yield CounterMetricFamily("oscarkv_decode_steps_ahead", "Decode steps launched before the previous "
+                                  "step's tokens reached the host (engine overlap)", value=s.steps_ahead)
         yield GaugeMetricFamily("oscarkv_queue_depth", "Requests waiting to be scheduled", value=s.waiting)
         yield GaugeMetricFamily("oscarkv_running_requests", "Requests in the running batch", value=s.running)
 

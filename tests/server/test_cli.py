@@ -25,10 +25,11 @@ def model_dir(tmp_path_factory, model, tok):
 def test_oscar_serves_with_artifact_and_logs(model_dir, model, tmp_path, caplog):
     art = make_artifact(model.config).save(tmp_path / "rot")
     args = build_parser().parse_args(["serve", "--model", str(model_dir), "--kv", "oscar", "--rotations", str(art),
-                                      "--served-model-name", "tiny-oscar", *SMALL])
+                                      "--served-model-name", "tiny-oscar", "--overlap", *SMALL])
     with caplog.at_level(logging.INFO, logger="oscarkv.serve"):
         built = build_server(args)
     try:
+        assert built.engine.engine.overlap  # steps launched ahead, as on a GPU (default there; off on a CPU)
         log = caplog.text
         assert "KV capacity bf16=" in log and "int2=" in log and "BPE at capacity" in log
         assert "rotation artifact manifest" in log and '"format_version"' in log
@@ -40,6 +41,8 @@ def test_oscar_serves_with_artifact_and_logs(model_dir, model, tmp_path, caplog)
             assert r.json()["usage"]["prompt_tokens"] > 64  # past sink + window: INT2 history pages are written
             metrics = httpx.get(url + "/metrics").text
             assert 'oscarkv_kv_pages_total{tier="int2"}' in metrics
+            ahead = next(line for line in metrics.splitlines() if line.startswith("oscarkv_decode_steps_ahead_total"))
+            assert float(ahead.split()[-1]) > 0  # 6 tokens: the decode steps after the first run ahead
             assert httpx.get(url + "/v1/models").json()["data"][0]["kv"] == "oscar"
     finally:
         built.engine.close()
