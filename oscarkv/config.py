@@ -211,7 +211,9 @@ class EngineConfig:
     overlap: bool | None = None
     """Plan and launch the next decode step while the current one runs, so the host's work
     (scheduling, tables, sampling, detokenizing) hides behind the device's (``LLMEngine.step``);
-    ``None``: on when the model runs on CUDA. Outputs are the same either way."""
+    ``None``: on when the model runs on CUDA. The outputs are those of sequential steps (the row
+    of a request that stopped is kept in the step launched ahead of it: its batch-mates' rounding
+    may differ, as in a larger batch)."""
 
     def __post_init__(self) -> None:
         kv, p = self.kv, self.kv.page_size

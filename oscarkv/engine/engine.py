@@ -12,7 +12,8 @@ there (:class:`~oscarkv.engine.model_runner.PendingIds`). The host's work for on
 runs while the device computes the next, and each ``step()`` still returns one step's outputs.
 A sequence that stops in a step (EOS, a stop string) has a row in the step launched ahead of
 it; the row is discarded and the sequence's pages are freed as usual (the plan of that step
-is abandoned): the outputs equal those of an engine without overlap.
+is abandoned). The outputs are those of an engine without overlap, except that such a kept
+row can change the batch the other rows' matmuls run in (rounding, not what they compute).
 
 Construction (:meth:`LLMEngine.from_hf`): the transformers model's weights are copied into a
 :class:`~oscarkv.models.llama.PagedLM`, the KV codec is built from the
@@ -250,7 +251,7 @@ class LLMEngine:
         return self._launch(out, PendingIds(cur.tokens.tokens, [row[id(c.seq)] for c in out.chunks]))
 
     def _complete(self, cur: _Step) -> list[RequestOutput]:
-        """Commit ``cur``'s pages, sample (or collect its device tokens), check stops: its outputs."""
+        """Commit ``cur``'s pages, collect its tokens from the device, check stops: its outputs."""
         gone = {id(c.seq) for c in cur.out.chunks if c.seq.status is Status.FINISHED}  # since it was launched ahead
         if cur.error is not None:
             return self._fail(cur.out, cur.error, False, gone)
