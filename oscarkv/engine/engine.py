@@ -40,7 +40,7 @@ from oscarkv.engine.cuda_graphs import DEFAULT_BUCKETS
 from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.engine.scheduler import Scheduler, SchedulerOutput
-from oscarkv.engine.sequence import Sequence, Status
+from oscarkv.engine.sequence import PENDING, Sequence, Status
 from oscarkv.engine.stats import EngineStats, engine_stats
 from oscarkv.engine.triton_backend import default_backend
 from oscarkv.models.folding import fold_values
@@ -187,10 +187,13 @@ class LLMEngine:
         return self.scheduler.has_work() or self._ahead is not None
 
     def _finish_seq(self, seq: Sequence, reason: str) -> None:
-        """Finish ``seq`` and free its pages, those its row in the step launched ahead took included."""
+        """Finish ``seq`` and free its pages, those its row in the step launched ahead took included
+        (and the ``PENDING`` input of that row, if this step failed before its token arrived)."""
         for c in self._ahead.out.chunks if self._ahead is not None else ():
             if c.seq is seq:
                 self.manager.abandon(c.plan)
+                if seq.token_ids[-1] == PENDING:
+                    seq.token_ids.pop()
         self.scheduler.finish(seq, reason)
         self.seqs.pop(seq.request_id, None)
 

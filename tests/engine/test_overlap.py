@@ -7,6 +7,7 @@ as on a GPU (the CUDA-graph path: ``test_gpu_engine.py``)."""
 
 import pytest
 
+from oscarkv.engine import sampler
 from oscarkv.engine.request import SamplingParams
 from tests.engine.conftest import fail_once, make_engine, prompts, run
 from tests.engine.test_robustness import idle
@@ -104,4 +105,23 @@ def test_failed_step_launched_ahead_fails_its_requests_only(llama, artifact, mon
     assert all(o.finish_reason == "error" and "injected failure" in o.error for o in failed)
     _clean(engine)
     _same(run(engine, ps, sp), ref)
+    _clean(engine)
+
+
+def test_failed_sampling_while_a_step_runs_ahead(llama, artifact, monkeypatch):
+    """Collecting a step's tokens raises after the next step was launched: the step's requests fail
+    (no placeholder token in their outputs), the step ahead of them is dropped, every page comes back."""
+    ps = prompts(2, 30, seed=15)
+    sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    engine = make_engine(llama, "oscar", artifact, overlap=True)
+    for i, p in enumerate(ps):
+        engine.add_request(str(i), p, sp)
+    while engine._ahead is None:
+        engine.step()
+    fail_once(monkeypatch, sampler.DeviceTokens, "result")
+    failed = engine.step()
+    assert sorted(o.request_id for o in failed) == ["0", "1"]
+    assert all(o.finish_reason == "error" and -1 not in o.token_ids for o in failed)
+    while engine.has_unfinished():
+        assert engine.step() == []
     _clean(engine)
