@@ -57,13 +57,17 @@ class DeviceTokens:
             # NOTE: rows picked by a device index: indexing a CUDA tensor with a host list waits for the device
             rows = device_tensor(drawn, logits.device, torch.int64)
             probs = filter_logits(logits.index_select(0, rows), [params[i] for i in drawn]).softmax(-1)  # [n, V]
-            picks = []
-            for row, i in zip(probs, drawn):  # each request's own generator: the same tokens in any batch
+            # a draw from p is argmax(p / E) with E ~ Exp(1) i.i.d. (the exponential race; torch.multinomial
+            # does the same per call): one noise row per request from its own generator — the same tokens
+            # in any batch — and one division and argmax for all rows
+            noise = torch.empty_like(probs)
+            for row, i in zip(noise, drawn):
                 gen = generators[i]
                 if gen is not None and gen.device.type != row.device.type:  # a host generator: draw there (a sync)
-                    row = row.cpu()
-                picks.append(torch.multinomial(row, 1, generator=gen).to(tokens.device))
-            tokens[rows] = torch.cat(picks)
+                    row.copy_(torch.empty(row.shape).exponential_(generator=gen))
+                else:
+                    row.exponential_(generator=gen)
+            tokens[rows] = (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(-1)
         self.tokens = tokens
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
         cuda = logits.device.type == "cuda"

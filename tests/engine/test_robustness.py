@@ -153,3 +153,15 @@ def test_filter_logits_rows_as_one_at_a_time():
         ref = _filter_one(logits[i], p)
         assert torch.equal(batched[i].isinf(), ref.isinf()), i
         torch.testing.assert_close(batched[i][~ref.isinf()], ref[~ref.isinf()])
+
+
+def test_draws_follow_the_filtered_distribution():
+    """4 000 requests, each with its own generator, draw once from softmax(logits / T) restricted by
+    top-k: frequencies within 0.03 of the probabilities, and a removed token never drawn."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0]).repeat(4000, 1)
+    p = SamplingParams(temperature=0.8, top_k=4, seed=0)
+    tokens, logps = sampler.sample(logits, [p] * 4000, [torch.Generator().manual_seed(i) for i in range(4000)])
+    want = (logits[0, :4] / 0.8).softmax(-1)
+    got = torch.bincount(torch.tensor(tokens), minlength=5) / 4000
+    assert got[4] == 0 and torch.allclose(got[:4], want, atol=0.03), (got, want)
+    assert logps[0] == pytest.approx(float(torch.log_softmax(logits[0], -1)[tokens[0]]))  # the model's log-prob
