@@ -19,8 +19,9 @@ Policy (vLLM v1's, first come first served):
 
 Overlap (:meth:`Scheduler.schedule_ahead`): while a decode step runs on the device, the engine may
 plan the next one before its tokens are known, when that changes nothing the policy above would
-decide: every running sequence was in the step, none of them needs a preemption, and no waiting
-sequence could be admitted (``max_num_seqs`` reached, or nothing waits).
+decide: every running sequence was in the step and none of them needs a preemption. While a
+waiting sequence could take a seat, at most every other step is planned ahead, so that one the
+policy would admit is admitted at most one step later than without overlap.
 
 NOTE: no request is lost or duplicated: a sequence is in exactly one of ``waiting``,
 ``running`` or finished, and the cache manager's reference counts are released exactly once.
@@ -54,6 +55,7 @@ class ScheduledChunk:
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    ahead: bool = False  # planned by schedule_ahead (before the previous step's tokens were known)
 
     @property
     def num_tokens(self) -> int:
@@ -94,17 +96,18 @@ class Scheduler:
     def schedule_ahead(self, current: SchedulerOutput, continuing: list[Sequence]) -> SchedulerOutput | None:
         """The decode step after ``current`` (a decode step still running) for ``continuing`` (those of its
         sequences that did not reach ``max_tokens``), planned now, each with a :data:`PENDING` input
-        token; ``None`` (nothing changed) unless :meth:`schedule` after ``current`` would plan exactly
-        this or, should a sequence stop early, a subset of it (see the module docstring)."""
+        token; ``None`` (nothing changed) unless :meth:`schedule` after ``current`` would plan this or,
+        should a sequence stop early, a subset of it — or, while a sequence waits for a seat, would admit
+        it too, which then happens one step later (see the module docstring)."""
         in_step = {id(c.seq) for c in current.chunks if c.seq.status is Status.RUNNING}
         if len(in_step) != len(self.running) or any(id(s) not in in_step for s in self.running):
             return None  # a running sequence waits for budget, or was admitted since
-        if self.waiting and len(continuing) < self.cfg.max_num_seqs:
-            return None  # the policy might admit it once this step's finished sequences leave
+        if self.waiting and len(continuing) < self.cfg.max_num_seqs and current.ahead:
+            return None  # the policy might admit one: every other step is planned after the tokens, admitting
         t1s = [s.num_computed + 1 for s in continuing]
         if len(continuing) > self.cfg.max_num_batched_tokens or not self.manager.fits(continuing, t1s):
             return None
-        out = SchedulerOutput()
+        out = SchedulerOutput(ahead=True)
         for seq, t1 in zip(continuing, t1s):
             seq.token_ids.append(PENDING)
             out.chunks.append(ScheduledChunk(seq, self.manager.plan(seq, t1)))
