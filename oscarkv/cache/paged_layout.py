@@ -96,6 +96,6 @@ def device_tensor(values: list, device: torch.device, dtype: torch.dtype = torch
     would wait for a step still running (the engine overlaps steps, ``LLMEngine.step``); a pinned
     tensor from PyTorch's caching host allocator is not reused before its copy has read it."""
     t = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
+    if device.type != "cuda" or not t.numel():  # nothing to copy: no wait either
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)

@@ -62,11 +62,7 @@ class PendingIds:
 def _table(rows: list[list[int]], device) -> torch.Tensor:
     width = max([1, *map(len, rows)])
     # NOTE: one host tensor from padded lists (a per-row torch.tensor costs ~10 µs per row and step)
-    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32).to(device)
-
-
-def _ints(values: list[int], device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int32, device=device)
+    return device_tensor([r + [0] * (width - len(r)) for r in rows], device)
 
 
 class ModelRunner:
@@ -107,13 +103,13 @@ class ModelRunner:
         views = [self.decode_view(p) if decode else (p.view_bf16, p.view_bf16_len) for p in plans]
         tables = PageTables(
             bf16_table=_table([v[0] for v in views], dev),
-            bf16_lens=_ints([v[1] for v in views], dev),
+            bf16_lens=device_tensor([v[1] for v in views], dev),
             int2_table=_table([p.view_int2 for p in plans], dev),
-            int2_lens=_ints([len(p.view_int2) * self.pools.geo.page_size for p in plans], dev))
-        return StepContext(self.backend, self.pools, self.storage, tables, _ints(cu, dev),
-                           _ints([s for p in plans for s in p.slots], dev),
-                           _ints([s for p in plans for s in p.demote_src], dev),
-                           _ints([s for p in plans for s in p.demote_dst], dev), self.scale, decode)
+            int2_lens=device_tensor([len(p.view_int2) * self.pools.geo.page_size for p in plans], dev))
+        return StepContext(self.backend, self.pools, self.storage, tables, device_tensor(cu, dev),
+                           device_tensor([s for p in plans for s in p.slots], dev),
+                           device_tensor([s for p in plans for s in p.demote_src], dev),
+                           device_tensor([s for p in plans for s in p.demote_dst], dev), self.scale, decode)
 
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk], pending: PendingIds | None = None) -> RunnerOutput:
@@ -139,7 +135,7 @@ class ModelRunner:
                  pending: PendingIds | None) -> torch.Tensor:
         ids = [t for c in chunks for t in c.seq.token_ids[c.plan.t0:c.plan.t1]]
         pos = [p for c in chunks for p in range(c.plan.t0, c.plan.t1)]
-        ids_t, pos_t = torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device)
+        ids_t, pos_t = (device_tensor(v, self.device, torch.int64) for v in (ids, pos))
         if pending is not None:
             pending.write(ids_t)
         return self.model(ids_t, pos_t, self.context(chunks, cu, decode))
