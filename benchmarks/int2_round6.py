@@ -1,0 +1,373 @@
+"""Decode attention over a mixed cache with INT2 history, codes fed raw to the tensor cores.
+
+The kernel of :func:`oscarkv.kernels.decode.decode_attention` for an INT2 cache whose groups
+are at least 64 channels wide (``G >= 64``, ``d / G <= 2``: every Qwen/Llama shape at the
+default ``G = min(d, 128)``). Same grid, split-K and merge as the generic kernel there.
+
+Algebra (per token t, group g; ``x̂ = m + s·c`` with codes ``c ∈ {0..3}``)::
+
+    q·k̂_t  = Σ_g s_tg (q_g · c_tg) + Σ_g m_tg Σq_g          scale/zero applied after the dot
+    Σ_t p_t v̂_t = Σ_t (p_t s_tg) c_tg  +  Σ_t p_t m_tg       (second term per channel group)
+
+so only the code → float conversion is per element. Codes 0..3 are exact in every float
+format; the conversion puts a masked code byte into the high byte of an fp16, which is the
+fp16 number ``c · 2^-16`` (an fp8-e5m2 → fp16 widening: two ``prmt`` per four codes in inline
+PTX, ``CONV = 2``, or Triton's own e5m2 cast, ``CONV = 1``); the factor ``2^16`` is folded
+into the key scale and the final output, exactly. Queries and ``p·s`` are fp16 for these
+dots (fp16 has 3 more mantissa bits than bf16; the range is ample for rotated queries and
+probabilities). The BF16 windows use bf16 dots with ``p · 2^-16`` so one accumulator serves
+both tiers.
+
+Transposed tiles. Every product is computed with the tokens and channels on the tensor cores'
+M and K and the ``REP`` query rows of the KV head on N (``REP_PAD = max(8, REP)``, the mma's
+``n = 8``): scores ``[BLOCK_N, R] = codes [BLOCK_N, LG] @ q_i [LG, R]``, outputs
+``[LG, R] += codes^T [LG, BLOCK_N] @ (p s) [BLOCK_N, R]``. With 4 query rows per KV head
+(Qwen3) an ``M = 16`` tile of query rows was 3/4 padding; on N it is 1/2, which halves the
+mma count and the fp32 accumulators (``[LG, 8]`` slices: 8 registers each, was 16), and q
+becomes the dot's B operand. The kernel then fits in 168 registers without spills (it used
+255 with spills), so ``decode._config`` runs 12 one-warp programs per SM instead of 8
+(H100, 2026-11-22, ``docs/BENCHMARKS.md`` round 6). Online-softmax statistics are per column
+(``_softmax_step_t`` reduces over axis 0).
+
+Column order. Byte ``j`` of a token holds, in bits ``2i..2i+1``, element
+``(j // LG) G + i LG + j % LG`` (``LG = G / 4``; ``oscarkv.quant.int2``), so slice ``i`` of group
+``g`` is a contiguous run of ``LG`` channels: q, the BF16 windows and the accumulators are
+split into ``4 · d/G`` tiles ``[LG, .]`` and nothing is permuted. Key codes are loaded as
+``[BLOCK_N, LG]`` (tokens × bytes, the A operand with K = bytes, contiguous) and value codes as
+``[LG, BLOCK_N]``, so both feed ``tl.dot`` without a ``tl.trans`` and Triton keeps the
+conversion in the dot-operand layout (no shared-memory round trip of converted values).
+NOTE: the value codes' A operand wants 4 consecutive tokens of one byte column per thread:
+Triton reads them from shared memory as single bytes (64 ``LDS.U8`` and ~300 ``PRMT`` of
+~1200 instructions per tile in the sm_90 SASS; the same in the round-5 layout).
+
+Pipelining. The INT2 history of a split is walked in full tiles of ``BLOCK_N`` tokens (INT2
+lengths are multiples of ``P``, ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned), so its
+loads carry no masks and every one — codes, scales and zeros — is a vector copy. The page ids
+are read ``CHUNK`` tiles at a time before the tile loop (``_chunk_pages``) and picked out of
+registers inside it (``_pick``): no load in the loop feeds an address, so Triton issues each
+tile's copies ``num_stages - 1`` tiles ahead. (With one page-id load per tile inside the loop
+it waited for every copy at the top of each iteration: one tile in flight, H100 SASS,
+2026-11-22.)
+
+``CONV = 0`` is the interpreter path (fp32 arithmetic, same ``2^-16`` convention).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from oscarkv.kernels.decode import _split_range
+
+
+@triton.jit
+def _codes(c, i: tl.constexpr, CONV: tl.constexpr):
+    """Slice ``i`` of packed uint8 codes → ``code · 2^-16`` (fp16; fp32 in the interpreter)."""
+    if CONV == 0:
+        return ((c >> (2 * i)) & 3).to(tl.float32) * (1.0 / 65536.0)
+    elif CONV == 1:
+        return ((c >> (2 * i)) & 3).to(tl.float8e5, bitcast=True).to(tl.float16)
+    else:
+        # NOTE: pack=4: $2 holds four code bytes, $0/$1 two fp16 each; prmt puts byte k of the
+        # masked word into the high byte of fp16 k (low byte 0), i.e. code_k · 2^-16.
+        if i == 0:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t; and.b32 t, $2, 0x03030303; prmt.b32 $0, 0, t, 0x5140; prmt.b32 $1, 0, t, 0x7362; }",
+                "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
+        elif i == 1:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t; shr.b32 t, $2, 2; and.b32 t, t, 0x03030303; prmt.b32 $0, 0, t, 0x5140; prmt.b32 $1, 0, t, 0x7362; }",
+                "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
+        elif i == 2:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t; shr.b32 t, $2, 4; and.b32 t, t, 0x03030303; prmt.b32 $0, 0, t, 0x5140; prmt.b32 $1, 0, t, 0x7362; }",
+                "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t; shr.b32 t, $2, 6; and.b32 t, t, 0x03030303; prmt.b32 $0, 0, t, 0x5140; prmt.b32 $1, 0, t, 0x7362; }",
+                "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _group_scores(ck, q0, q1, q2, q3, CONV: tl.constexpr):
+    """Σ_i c_i · q_i for one group: ``ck`` uint8 ``[N, LG]``, q_i ``[LG, R]`` → fp32 ``[N, R]`` (× 2^-16)."""
+    s = tl.dot(_codes(ck, 0, CONV), q0)
+    s = tl.dot(_codes(ck, 1, CONV), q1, s)
+    s = tl.dot(_codes(ck, 2, CONV), q2, s)
+    return tl.dot(_codes(ck, 3, CONV), q3, s)
+
+
+@triton.jit
+def _group_values(cvT, ps, a0, a1, a2, a3, alpha, CONV: tl.constexpr):
+    """Rescale the slice accumulators ``[LG, R]`` of one group and add ``c_i^T @ ps`` (``cvT`` uint8 ``[LG, N]``)."""
+    a0 = tl.dot(_codes(cvT, 0, CONV), ps, a0 * alpha[None, :])
+    a1 = tl.dot(_codes(cvT, 1, CONV), ps, a1 * alpha[None, :])
+    a2 = tl.dot(_codes(cvT, 2, CONV), ps, a2 * alpha[None, :])
+    a3 = tl.dot(_codes(cvT, 3, CONV), ps, a3 * alpha[None, :])
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _softmax_step_t(qkT, m_i, l_i):
+    """One online-softmax step on transposed log2-domain logits ``qkT [N, R]`` (tokens x query rows)."""
+    m_new = tl.maximum(m_i, tl.max(qkT, 0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qkT - m_new[None, :])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 0)
+
+
+@triton.jit
+def _tile(table, n0, end, P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Page id(s), in-page offsets ``[BLOCK_N]`` and validity of the tile of tokens ``n0 + [0, BLOCK_N)``.
+
+    NOTE: tiles start at multiples of ``BLOCK_N`` (split shares are ``BLOCK_N``-aligned), so with
+    ``P % BLOCK_N == 0`` a tile lies in one page: one scalar page-id load instead of a gather, and
+    offsets ``n0 % P + arange`` (a multiple of ``BLOCK_N`` plus a range) that Triton sees as
+    contiguous and aligned (vector loads, no address chain through a per-token page id)."""
+    toks = n0 + tl.arange(0, BLOCK_N)
+    ok = toks < end
+    if P % BLOCK_N == 0:
+        page = tl.load(table + n0 // P).to(tl.int64)
+        off = tl.multiple_of(n0 % P, BLOCK_N) + tl.arange(0, BLOCK_N)
+    else:
+        page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
+        off = toks % P
+    return page, off, ok
+
+
+@triton.jit
+def _chunk_pages(table, c0, c_end, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
+    """Page ids ``[CHUNK]`` of the tiles starting at ``c0, c0 + BLOCK_N, ...`` below ``c_end`` (one vector load)."""
+    toks = c0 + tl.arange(0, CHUNK) * BLOCK_N
+    return tl.load(table + toks // P, mask=toks < c_end, other=0)
+
+
+@triton.jit
+def _pick(pages, c0, n0, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
+    """Page id and in-page offsets ``[BLOCK_N]`` of the tile at ``n0`` from its chunk's ``pages``: no load,
+    so the tile's addresses are a function of the loop index and Triton can issue its copies stages ahead."""
+    page = tl.sum(tl.where(tl.arange(0, CHUNK) == (n0 - c0) // BLOCK_N, pages, 0), 0).to(tl.int64)
+    return page, tl.multiple_of(n0 % P, BLOCK_N) + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
+def _bf16_scores(K, rows, mk, b0, b1, b2, b3, LG: tl.constexpr, s):
+    """Add Σ_i k_i · q_i of one group's four slices (``rows [N, 1]`` already point at the group)."""
+    cols = tl.arange(0, LG)[None, :]
+    s = tl.dot(tl.load(K + rows + cols, mask=mk, other=0.0).to(b0.dtype), b0, s)
+    s = tl.dot(tl.load(K + rows + LG + cols, mask=mk, other=0.0).to(b0.dtype), b1, s)
+    s = tl.dot(tl.load(K + rows + 2 * LG + cols, mask=mk, other=0.0).to(b0.dtype), b2, s)
+    return tl.dot(tl.load(K + rows + 3 * LG + cols, mask=mk, other=0.0).to(b0.dtype), b3, s)
+
+
+@triton.jit
+def _bf16_values(V, rowsT, mkT, p, a0, a1, a2, a3, alpha, LG: tl.constexpr):
+    """Rescale the four slice accumulators ``[LG, R]`` and add ``v_i^T @ p`` (``rowsT [1, N]``)."""
+    cols = tl.arange(0, LG)[:, None]
+    a0 = tl.dot(tl.load(V + rowsT + cols, mask=mkT, other=0.0).to(p.dtype), p, a0 * alpha[None, :])
+    a1 = tl.dot(tl.load(V + rowsT + LG + cols, mask=mkT, other=0.0).to(p.dtype), p, a1 * alpha[None, :])
+    a2 = tl.dot(tl.load(V + rowsT + 2 * LG + cols, mask=mkT, other=0.0).to(p.dtype), p, a2 * alpha[None, :])
+    a3 = tl.dot(tl.load(V + rowsT + 3 * LG + cols, mask=mkT, other=0.0).to(p.dtype), p, a3 * alpha[None, :])
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _load_q(qp, live, LG: tl.constexpr, DT: tl.constexpr):
+    """The four slices ``[LG, R]`` (channels x query rows) of one group of q (``qp [1, R]``)."""
+    cols = tl.arange(0, LG)[:, None]
+    return (tl.load(qp + cols, mask=live, other=0.0).to(DT), tl.load(qp + LG + cols, mask=live, other=0.0).to(DT),
+            tl.load(qp + 2 * LG + cols, mask=live, other=0.0).to(DT),
+            tl.load(qp + 3 * LG + cols, mask=live, other=0.0).to(DT))
+
+
+@triton.jit
+def _group_q(qp, live, LG: tl.constexpr, F16: tl.constexpr, B16: tl.constexpr):
+    """One group's q slices for the codes (fp16) and the windows (bf16), and ``Σ q`` over the group's
+    channels per query row (the zero-point term of the scores)."""
+    h0, h1, h2, h3 = _load_q(qp, live, LG, F16)
+    b0, b1, b2, b3 = _load_q(qp, live, LG, B16)
+    qs = tl.sum(h0.to(tl.float32) + h1.to(tl.float32) + h2.to(tl.float32) + h3.to(tl.float32), 0)
+    return h0, h1, h2, h3, b0, b1, b2, b3, qs
+
+
+@triton.jit
+def _store(op, live, a0, a1, a2, a3, acc_m, inv, LG: tl.constexpr):
+    """Output of one group: (acc · 2^16 + Σ p m) / l for its four slices ``[LG, R]``."""
+    cols = tl.arange(0, LG)[:, None]
+    tl.store(op + cols, (a0 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + LG + cols, (a1 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + 2 * LG + cols, (a2 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + 3 * LG + cols, (a3 * 65536.0 + acc_m[None, :]) * inv[None, :], mask=live)
+
+
+@triton.jit
+def _store_partial(op, lp, live, live_rows, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+                   G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr):
+    """The split's normalized output (``op [1, R]`` row pointers) and its log2-sum-exp (``lp [R]``) for
+    the merge; a split that saw no token writes zeros and ``-inf``. ``live [1, R]`` and ``live_rows [R]``
+    mark the real query rows."""
+    seen = l_i > 0
+    inv = 1.0 / tl.where(seen, l_i, 1.0)
+    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    _store(op, live, a0, a1, a2, a3, acc_m, inv, LG)
+    if NG == 2:
+        _store(op + G, live, e0, e1, e2, e3, acc_m1, inv, LG)
+    tl.store(lp, lse, mask=live_rows)
+
+
+@triton.jit
+def _bf16_windows(Kb, Vb, table, length, split, NUM_SPLITS, h, qk_scale, stride_bp, stride_bh, stride_bt,
+                  b0, b1, b2, b3, c0, c1, c2, c3, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+                  B16: tl.constexpr, G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, P: tl.constexpr,
+                  BLOCK_N: tl.constexpr, REP_PAD: tl.constexpr):
+    """The split's share of the BF16 sink + recent tokens (masked tiles), for the online softmax: bf16 dots
+    with ``p · 2^-16`` so the INT2 phase's accumulators (kept × 2^-16) serve both tiers."""
+    n0, end = _split_range(length, split, NUM_SPLITS, BLOCK_N)
+    while n0 < end:
+        page, off, ok = _tile(table, n0, end, P, BLOCK_N)
+        r = page * stride_bp + h * stride_bh + off * stride_bt
+        s = _bf16_scores(Kb, r[:, None], ok[:, None], b0, b1, b2, b3, LG, tl.zeros([BLOCK_N, REP_PAD], tl.float32))
+        if NG == 2:
+            s = _bf16_scores(Kb + G, r[:, None], ok[:, None], c0, c1, c2, c3, LG, s)
+        s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
+        p, alpha, m_i, l_i = _softmax_step_t(s, m_i, l_i)
+        pb = (p * (1.0 / 65536.0)).to(B16)
+        a0, a1, a2, a3 = _bf16_values(Vb, r[None, :], ok[None, :], pb, a0, a1, a2, a3, alpha, LG)
+        acc_m = acc_m * alpha
+        if NG == 2:
+            e0, e1, e2, e3 = _bf16_values(Vb + G, r[None, :], ok[None, :], pb, e0, e1, e2, e3, alpha, LG)
+            acc_m1 = acc_m1 * alpha
+        n0 += BLOCK_N
+    return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
+
+
+@triton.jit
+def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, InLens, MidO, MidL,
+                        qk_scale, NUM_SPLITS,
+                        stride_qb, stride_qh,
+                        stride_bp, stride_bh, stride_bt,
+                        stride_cp, stride_ch, stride_ct,
+                        stride_sp, stride_sh, stride_st,
+                        stride_bfb, stride_inb,
+                        stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                        H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
+                        G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, CONV: tl.constexpr,
+                        CHUNK: tl.constexpr, INTERPRET: tl.constexpr):
+    # NOTE: the interpreter's range() cannot take tensor bounds under numpy >= 2.4 and its
+    # bf16/fp16 dots are wrong, so INTERPRET uses while loops and fp32 operands (see decode.py).
+    LG: tl.constexpr = G // 4
+    NG: tl.constexpr = D // G
+    F16: tl.constexpr = tl.float32 if INTERPRET else tl.float16
+    B16: tl.constexpr = tl.float32 if INTERPRET else tl.bfloat16
+    b = tl.program_id(0) // H
+    h = tl.program_id(0) % H
+    split = tl.program_id(1)
+    rows = tl.arange(0, REP_PAD)
+    heads = h * REP + rows
+    live = (rows < REP)[None, :]
+    qp = Q + b * stride_qb + heads[None, :] * stride_qh
+    # group 0 (and group 1 when NG == 2): q slices in fp16 (codes) and bf16 (windows)
+    h0, h1, h2, h3, b0, b1, b2, b3, qs0 = _group_q(qp, live, LG, F16, B16)
+    a0 = tl.zeros([LG, REP_PAD], tl.float32)
+    a1 = tl.zeros([LG, REP_PAD], tl.float32)
+    a2 = tl.zeros([LG, REP_PAD], tl.float32)
+    a3 = tl.zeros([LG, REP_PAD], tl.float32)
+    if NG == 2:
+        g0, g1, g2, g3, c0, c1, c2, c3, qs1 = _group_q(qp + G, live, LG, F16, B16)
+    else:  # unused placeholders (NG == 1)
+        g0, g1, g2, g3 = h0, h1, h2, h3
+        c0, c1, c2, c3 = b0, b1, b2, b3
+        qs1 = qs0
+    e0 = tl.zeros([LG, REP_PAD], tl.float32)
+    e1 = tl.zeros([LG, REP_PAD], tl.float32)
+    e2 = tl.zeros([LG, REP_PAD], tl.float32)
+    e3 = tl.zeros([LG, REP_PAD], tl.float32)
+    m_i = tl.full([REP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([REP_PAD], tl.float32)
+    acc_m = tl.zeros([REP_PAD], tl.float32)
+    acc_m1 = tl.zeros([REP_PAD], tl.float32)
+
+    # ---- the BF16 windows (sink + recent), then the INT2 history, one online softmax
+    a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _bf16_windows(
+        Kb, Vb, BfTable + b * stride_bfb, tl.load(BfLens + b), split, NUM_SPLITS, h, qk_scale,
+        stride_bp, stride_bh, stride_bt, b0, b1, b2, b3, c0, c1, c2, c3,
+        a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i, B16, G, LG, NG, P, BLOCK_N, REP_PAD)
+
+    a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_history(
+        Kc, Ks, Kz, Vc, Vs, Vz, InTable + b * stride_inb, tl.load(InLens + b), split, NUM_SPLITS, h, qk_scale,
+        stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+        h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+        F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET)
+
+    _store_partial(MidO + b * stride_ob + heads[None, :] * stride_oh + split * stride_os,
+                   MidL + b * stride_lb + heads * stride_lh + split, live, rows < REP,
+                   a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i, G, LG, NG)
+
+
+@triton.jit
+def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, qk_scale,
+                  stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+                  h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+                  F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr, P: tl.constexpr,
+                  BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, INTERPRET: tl.constexpr):
+    """The split's share of the INT2 history in full tiles (INT2 lengths are multiples of ``P``,
+    ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned); page ids read ``CHUNK`` tiles at a time
+    ahead of the tile loop (module docstring, "Pipelining")."""
+    c0, end = _split_range(length, split, NUM_SPLITS, BLOCK_N)
+    while c0 < end:
+        c_end = tl.minimum(end, c0 + CHUNK * BLOCK_N)
+        pages = _chunk_pages(table, c0, c_end, P, BLOCK_N, CHUNK)
+        if INTERPRET:
+            n0 = c0
+            while n0 < c_end:
+                page, off = _pick(pages, c0, n0, P, BLOCK_N, CHUNK)
+                a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
+                    page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
+                    stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+                    h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
+                    m_i, l_i, F16, LG, NG, CONV)
+                n0 += BLOCK_N
+        else:
+            for n0 in range(c0, c_end, BLOCK_N):
+                page, off = _pick(pages, c0, n0, P, BLOCK_N, CHUNK)
+                a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
+                    page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
+                    stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+                    h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
+                    m_i, l_i, F16, LG, NG, CONV)
+        c0 = c_end
+    return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
+
+
+@triton.jit
+def _int2_step(page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
+               stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+               h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+               F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr):
+    """One full tile of INT2 tokens (page ``page``, in-page offsets ``off``) for the online softmax
+    (see the module docstring). No masks: every load is a vector copy Triton can pipeline."""
+    crow = page * stride_cp + h * stride_ch + off * stride_ct
+    srow = page * stride_sp + h * stride_sh + off * stride_st
+    jb = tl.arange(0, LG)
+    ck = tl.load(Kc + crow[:, None] + jb[None, :])  # [N, LG] tokens x bytes
+    sk = tl.load(Ks + srow).to(tl.float32) * 65536.0
+    zk = tl.load(Kz + srow).to(tl.float32)
+    s = _group_scores(ck, h0, h1, h2, h3, CONV) * sk[:, None] + zk[:, None] * qs0[None, :]
+    if NG == 2:
+        ck1 = tl.load(Kc + LG + crow[:, None] + jb[None, :])
+        sk1 = tl.load(Ks + 1 + srow).to(tl.float32) * 65536.0
+        zk1 = tl.load(Kz + 1 + srow).to(tl.float32)
+        s += _group_scores(ck1, g0, g1, g2, g3, CONV) * sk1[:, None] + zk1[:, None] * qs1[None, :]
+    p, alpha, m_i, l_i = _softmax_step_t(s * qk_scale, m_i, l_i)
+    cvT = tl.load(Vc + crow[None, :] + jb[:, None])  # [LG, N] bytes x tokens
+    sv = tl.load(Vs + srow).to(tl.float32)
+    zv = tl.load(Vz + srow).to(tl.float32)
+    a0, a1, a2, a3 = _group_values(cvT, (p * sv[:, None]).to(F16), a0, a1, a2, a3, alpha, CONV)
+    acc_m = acc_m * alpha + tl.sum(p * zv[:, None], 0)
+    if NG == 2:
+        cvT1 = tl.load(Vc + LG + crow[None, :] + jb[:, None])
+        sv1 = tl.load(Vs + 1 + srow).to(tl.float32)
+        zv1 = tl.load(Vz + 1 + srow).to(tl.float32)
+        e0, e1, e2, e3 = _group_values(cvT1, (p * sv1[:, None]).to(F16), e0, e1, e2, e3, alpha, CONV)
+        acc_m1 = acc_m1 * alpha + tl.sum(p * zv1[:, None], 0)
+    return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
