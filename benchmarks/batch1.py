@@ -1,10 +1,10 @@
 """Where the INT2 decode kernel's time goes at batch 1: fixed cost, split count, merge, and a copy of the same bytes.
 
-``python -m oscarkv.bench.batch1 OUT_DIR`` (needs CUDA). At batch 1 the INT2 kernel reads 30–56% of
+``python -m benchmarks.batch1 OUT_DIR`` (needs CUDA). At batch 1 the INT2 kernel reads 30–56% of
 the *asymptotic* copy bandwidth (round 7, ``docs/BENCHMARKS.md``) while it reaches 80% at batch 8–32,
 so the question is what does not scale with the bytes. For each context (Qwen3-8B attention
 shape, G = 128, one sequence) it times, as CUDA-graph replays over rotated caches that exceed the
-L2 cache (:mod:`oscarkv.bench.variants_common`; at most 64 of them, so below ~3 MB per cache the L2
+L2 cache (:mod:`benchmarks.variants_common`; at most 64 of them, so below ~3 MB per cache the L2
 may serve part of both the kernel's and the copy's reads):
 
 * ``default`` — :func:`~oscarkv.kernels.decode.decode_attention` as the engine calls it;
@@ -26,14 +26,14 @@ from pathlib import Path
 import torch
 
 from oscarkv.bench.attention import AttentionBench, cache_bytes, copy_bandwidth
-from oscarkv.bench.variants_common import L2_BYTES, graph_us, random_caches
+from benchmarks.variants_common import L2_BYTES, graph_us, random_caches
 
 CONTEXTS = (1024, 8192, 32768, 102400, 131072)
 SPLITS = (8, 16, 33, 66, 132, 198, 264, 396)
 
 
 def _merge_us(cfg: AttentionBench, splits: int) -> float:
-    from oscarkv.kernels.decode import merge_splits
+    from oscarkv.kernels.split_k import merge_splits
 
     mids = [(torch.randn(1, cfg.q_heads, splits, cfg.head_dim, device="cuda"),
              torch.randn(1, cfg.q_heads, splits, device="cuda")) for _ in range(8)]

@@ -1,7 +1,7 @@
 """The BF16 decode kernel next to its peer, PyTorch's SDPA, and the INT2 kernel, at every kernel-table point.
 
-``python -m oscarkv.bench.bf16_peer OUT_DIR`` (needs CUDA). At each (context, batch) of
-:data:`oscarkv.bench.variants_bf16.BF16_POINTS` (Qwen3-8B attention shape) it times, as CUDA-graph
+``python -m benchmarks.bf16_peer OUT_DIR`` (needs CUDA). At each (context, batch) of
+:data:`benchmarks.variants_bf16.BF16_POINTS` (Qwen3-8B attention shape) it times, as CUDA-graph
 replays over enough rotated caches that L2 cannot serve them (``variants_common.graph_us``):
 
 * ``sdpa`` PyTorch ``scaled_dot_product_attention`` on dense BF16 K/V, before and after the rest;
@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from oscarkv.bench.attention import AttentionBench, cache_bytes, copy_bandwidth
-from oscarkv.bench.variants_bf16 import BF16_POINTS, sdpa_us
-from oscarkv.bench.variants_common import L2_BYTES, graph_us
+from benchmarks.variants_bf16 import BF16_POINTS, sdpa_us
+from benchmarks.variants_common import L2_BYTES, graph_us
 
 
 def _time(cfg: AttentionBench, ctx: int, bsz: int, int2: bool, shuffle: bool, r4: bool, q) -> float:

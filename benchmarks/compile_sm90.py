@@ -1,6 +1,6 @@
 """Registers, spills and SASS of the INT2 decode kernel for an H100 (sm_90), on a machine without a GPU.
 
-``python -m oscarkv.bench.compile_sm90 OUT_PREFIX [NAME=VALUE ...]`` compiles
+``python -m benchmarks.compile_sm90 OUT_PREFIX [NAME=VALUE ...]`` compiles
 :func:`oscarkv.kernels.decode_int2._int2_decode_kernel` with Triton's bundled ``ptxas`` at the
 Qwen3-8B attention shape (8 KV heads, 32 query heads, d = 128, page 64, 100K x 1 strides) and
 the specialization Triton would give those arguments at run time (16-divisible pointers and

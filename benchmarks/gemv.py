@@ -16,7 +16,7 @@ them) and row count ``M``:
 
 Each time is the median of CUDA-graph replays rotating over enough weight copies that L2 cannot
 serve them; ``%copy`` = weight bytes / time / measured copy bandwidth.
-``python -m oscarkv.bench.gemv OUT_DIR [SHAPE]`` prints a table and writes ``OUT_DIR/gemv.json``.
+``python -m benchmarks.gemv OUT_DIR [SHAPE]`` prints a table and writes ``OUT_DIR/gemv.json``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from oscarkv.bench.variants_common import L2_BYTES, graph_us
+from benchmarks.variants_common import L2_BYTES, graph_us
 from oscarkv.models.shapes import SHAPES
 
 

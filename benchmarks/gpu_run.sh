@@ -3,5 +3,5 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
 timeout 150 python3 -m pytest -q tests/kernels -m gpu 2>&1 | tail -15 | tee $OUT/pytest.txt
-timeout 200 python3 -m oscarkv.bench.variants $OUT sweep 2>&1 | tee $OUT/sweep.log | grep -v "^sweep {"
-timeout 200 python3 -m oscarkv.bench.variants $OUT 2>&1 | tee $OUT/variants.log | grep -v "^point"
+timeout 200 python3 -m benchmarks.variants $OUT sweep 2>&1 | tee $OUT/sweep.log | grep -v "^sweep {"
+timeout 200 python3 -m benchmarks.variants $OUT 2>&1 | tee $OUT/variants.log | grep -v "^point"

@@ -57,7 +57,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from oscarkv.kernels.decode import _split_range
+from oscarkv.kernels.split_k import split_range as _split_range
 
 
 @triton.jit

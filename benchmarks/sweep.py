@@ -1,8 +1,8 @@
-"""Tile sweep for the decode kernel (``python -m oscarkv.bench.sweep OUT.json`` on a GPU).
+"""Tile sweep for the decode kernel (``python -m benchmarks.sweep OUT.json`` on a GPU).
 
 Times :func:`oscarkv.kernels.decode.decode_attention` over a grid of (BLOCK_N, num_warps,
 num_stages, splits) at a few representative (context, batch) points of the Qwen3-8B shape and
-writes every time as JSON; the best tiles go into ``oscarkv.kernels.decode._config`` (the raw INT2 kernel: ``oscarkv.bench.variants sweep``).
+writes every time as JSON; the best tiles go into ``oscarkv.kernels.decode._config`` (the raw INT2 kernel: ``benchmarks.variants sweep``).
 """
 
 from __future__ import annotations

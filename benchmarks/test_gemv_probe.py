@@ -1,11 +1,11 @@
-"""The skinny-GEMM probe's Triton kernel (``oscarkv.bench.gemv``) against a plain matmul, and its shape guard."""
+"""The skinny-GEMM probe's Triton kernel (``benchmarks.gemv``) against a plain matmul, and its shape guard."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from oscarkv.bench.gemv import projections, skinny
+from benchmarks.gemv import projections, skinny
 
 CFG = dict(BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=3)
 CUDA = torch.cuda.is_available()

@@ -1,21 +1,21 @@
 """Decode-kernel variants on one GPU call: correctness at real shapes, then CUDA-graph timings.
 
-``python -m oscarkv.bench.variants OUT_DIR [sweep|bf16|round6|round7]`` (needs CUDA). Each mode first
+``python -m benchmarks.variants OUT_DIR [sweep|bf16|round6|round7]`` (needs CUDA). Each mode first
 measures the device-to-device copy bandwidth, runs, writes JSON under ``OUT_DIR`` and prints a
 table last:
 
 * (none)  round 4's INT2 tile variants next to SDPA and the BF16 kernel, with oracle checks,
-  one prefill chunk and kernel resources (``oscarkv.bench.variants_int2``) → ``variants.json``;
+  one prefill chunk and kernel resources (``benchmarks.variants_int2``) → ``variants.json``;
 * ``sweep``  the raw INT2 kernel's tile sweep (``variants_int2.sweep``) → ``sweep.json``
   and ``compiled.txt`` (TTGIR, registers, spills);
-* ``bf16``   the BF16 kernel's config sweep vs SDPA (``oscarkv.bench.variants_bf16``) →
+* ``bf16``   the BF16 kernel's config sweep vs SDPA (``benchmarks.variants_bf16``) →
   ``bf16_sweep.json``;
-* ``round6`` round 6's transposed-tile INT2 kernel vs round 5 (``oscarkv.bench.variants_round6``)
+* ``round6`` round 6's transposed-tile INT2 kernel vs round 5 (``benchmarks.variants_round6``)
   → ``round6.json``; ``round7`` round 7's code conversion vs the round-6 kernel → ``round7.json``.
 
 Anything else after ``OUT_DIR`` runs the default. Times are CUDA-graph replays over enough
 rotated caches that the L2 cache (50 MB on an H100) cannot serve them
-(``oscarkv.bench.variants_common``). This module is the command line only; the benchmarks live
+(``benchmarks.variants_common``). This module is the command line only; the benchmarks live
 in the ``variants_*`` modules.
 """
 
@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 from oscarkv.bench.attention import AttentionBench, copy_bandwidth
-from oscarkv.bench.variants_bf16 import bf16_sweep, bf16_table
-from oscarkv.bench.variants_int2 import (INT2_VARIANTS, POINTS, check, dump_compiled, resources, sweep,
+from benchmarks.variants_bf16 import bf16_sweep, bf16_table
+from benchmarks.variants_int2 import (INT2_VARIANTS, POINTS, check, dump_compiled, resources, sweep,
                                          table, time_point, time_prefill)
-from oscarkv.bench.variants_round6 import ROUND6, ROUND6_G64, ROUND7, ROUND7_G64, round6, round6_table
+from benchmarks.variants_round6 import ROUND6, ROUND6_G64, ROUND7, ROUND7_G64, round6, round6_table
 
 
 def run_sweep(out: Path) -> None:

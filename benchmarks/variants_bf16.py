@@ -2,13 +2,13 @@
 
 Role: :func:`bf16_sweep` times the BF16 kernel (:func:`oscarkv.kernels.decode.decode_attention`
 on an all-BF16 cache) as CUDA-graph replays over rotated caches
-(:func:`~oscarkv.bench.variants_common.graph_us`): first a coarse grid (BLOCK_N, num_warps,
+(:func:`~benchmarks.variants_common.graph_us`): first a coarse grid (BLOCK_N, num_warps,
 num_stages, programs per SM) at three points, scored by the geometric mean of time over SDPA;
 then the best few configs and reduce-kernel widths (``REDUCE_WARPS``) at every point of
 :data:`BF16_POINTS`, SDPA timed before and after each point's runs (its spread). Every
 candidate is checked against the fp32 oracle first (:func:`_bf16_checks`). The result dict is
 written as ``bf16_sweep.json``; :func:`bf16_table` prints it. :data:`BF16_POINTS` and
-:func:`sdpa_us` are also used by ``oscarkv.bench.bf16_peer``.
+:func:`sdpa_us` are also used by ``benchmarks.bf16_peer``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import torch
 
 from oscarkv.bench.attention import AttentionBench, cache_bytes
-from oscarkv.bench.variants_common import L2_BYTES, graph_us, random_caches, rel_err
+from benchmarks.variants_common import L2_BYTES, graph_us, random_caches, rel_err
 
 BF16_POINTS = ((32768, 1), (102400, 1), (131072, 1), (32768, 8), (102400, 8), (32768, 32))
 

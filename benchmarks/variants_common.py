@@ -6,7 +6,7 @@ timings at batch 1); :func:`random_caches` builds the ``n`` distinct paged cache
 over — ``n`` is chosen by the callers so that they exceed the L2 cache (:data:`L2_BYTES`) and
 every replay reads from HBM; :func:`rel_err` is ‖out − ref‖/‖ref‖ against the fp32 oracle
 (:func:`oscarkv.kernels.reference.decode_attention_ref`). Used by ``variants_int2``,
-``variants_bf16``, ``variants_round6`` and ``oscarkv.bench.bf16_peer``.
+``variants_bf16``, ``variants_round6`` and ``benchmarks.bf16_peer``.
 """
 
 from __future__ import annotations

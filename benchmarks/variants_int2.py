@@ -1,9 +1,9 @@
 """INT2 decode-kernel variants (round 4's tile overrides) next to BF16 and SDPA, and the INT2 tile sweep.
 
-Role: the default run of ``python -m oscarkv.bench.variants OUT_DIR`` (needs CUDA). For each
+Role: the default run of ``python -m benchmarks.variants OUT_DIR`` (needs CUDA). For each
 point (context, batch) of :data:`POINTS` (Qwen3-8B attention shape) :func:`time_point` times,
 as CUDA-graph replays over enough rotated caches that the L2 cache (50 MB on an H100) cannot
-serve them (:func:`~oscarkv.bench.variants_common.graph_us`):
+serve them (:func:`~benchmarks.variants_common.graph_us`):
 
 * ``sdpa``   PyTorch ``scaled_dot_product_attention`` on dense BF16 K/V (the peer);
 * ``bf16``   :func:`oscarkv.kernels.decode.decode_attention` on an all-BF16 cache;
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from oscarkv.bench.attention import AttentionBench, _time_us, cache_bytes
-from oscarkv.bench.variants_common import L2_BYTES, graph_us, random_caches, rel_err
+from benchmarks.variants_common import L2_BYTES, graph_us, random_caches, rel_err
 
 POINTS = ((32768, 1), (102400, 1), (32768, 8), (102400, 8))
 INT2_VARIANTS = {  # name -> config override of decode._config("raw_int2"); round 4 (H100) tried and dropped:

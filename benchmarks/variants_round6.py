@@ -5,12 +5,12 @@ in one PTX block (``decode_int2._slices``) vs the round-6 kernel.
 
 Role: :func:`round6` checks every variant (:data:`ROUND6`, :data:`ROUND7`) against the fp32 oracle (fresh inputs,
 G = 128 and 64, odd lengths), drops the ones that fail, and times the rest as CUDA-graph
-replays over rotated caches (:func:`~oscarkv.bench.variants_common.graph_us`) at
+replays over rotated caches (:func:`~benchmarks.variants_common.graph_us`) at
 :data:`ROUND6_POINTS`, with % of the measured copy bandwidth; it also reports registers and
 spills of every compiled INT2 kernel. The result dict is written as ``round6.json``;
 :func:`round6_table` prints it.
 
-A variant with ``base=NAME`` runs the kernel of ``oscarkv/bench/NAME.py`` in place of the current
+A variant with ``base=NAME`` runs the kernel of ``benchmarks/NAME.py`` in place of the current
 one (:class:`_swap`), and only where that file exists (not committed): ``int2_round5`` =
 ``git show 449eb7b:oscarkv/kernels/decode_int2.py``, ``int2_round6`` = ``git show
 c64b09d:oscarkv/kernels/decode_int2.py``.
@@ -23,12 +23,12 @@ import json
 import torch
 
 from oscarkv.bench.attention import AttentionBench, cache_bytes
-from oscarkv.bench.variants_common import L2_BYTES, graph_us, random_caches, rel_err
+from benchmarks.variants_common import L2_BYTES, graph_us, random_caches, rel_err
 
 ROUND6_POINTS = ((32768, 1), (102400, 1), (131072, 1), (32768, 8), (102400, 8), (32768, 32))
 ROUND6 = {  # INT2 kernel, round 6 (H100): transposed tiles (tokens x query rows) vs the round-5 kernel
-    # baseline, run only where oscarkv/bench/int2_round5.py exists (not committed; make it with
-    # `git show 449eb7b:oscarkv/kernels/decode_int2.py > oscarkv/bench/int2_round5.py`)
+    # baseline, run only where benchmarks/int2_round5.py exists (not committed; make it with
+    # `git show 449eb7b:oscarkv/kernels/decode_int2.py > benchmarks/int2_round5.py`)
     "r5": dict(REP_PAD=16, maxnreg=None, PER_SM=8, base="int2_round5"),
     "T": {},  # the default now: maxnreg 168, 12 programs per SM
     "T_n255_s8": dict(maxnreg=None, PER_SM=8),
@@ -60,7 +60,7 @@ class _swap:
 
         self.cur, self.old = cur, cur._int2_decode_kernel
         if self.base:
-            cur._int2_decode_kernel = importlib.import_module(f"oscarkv.bench.{self.base}")._int2_decode_kernel
+            cur._int2_decode_kernel = importlib.import_module(f"benchmarks.{self.base}")._int2_decode_kernel
         return self.conf
 
     def __exit__(self, *exc):
@@ -77,7 +77,7 @@ def round6(cfg: AttentionBench, copy: float, variants: dict = ROUND6, g64: tuple
     import importlib.util
 
     bases = {v["base"] for v in variants.values() if "base" in v}
-    have = {b for b in bases if importlib.util.find_spec(f"oscarkv.bench.{b}") is not None}
+    have = {b for b in bases if importlib.util.find_spec(f"benchmarks.{b}") is not None}
     variants = {k: v for k, v in variants.items() if v.get("base", "") in have | {""}}
     scale, checks, rows = cfg.head_dim**-0.5, [], []
     for group, lens in ((128, [32768, 20011, 4095]), (64, [32768, 9000])):
@@ -110,7 +110,7 @@ def round6(cfg: AttentionBench, copy: float, variants: dict = ROUND6, g64: tuple
         print("point", json.dumps(row), flush=True)
     import oscarkv.kernels.decode_int2 as cur
 
-    mods = [importlib.import_module(f"oscarkv.bench.{b}") for b in sorted(have)]
+    mods = [importlib.import_module(f"benchmarks.{b}") for b in sorted(have)]
     res = [dict(kernel=m.__name__, regs=k.n_regs, spills=k.n_spills, key=str(key)[-200:])
            for m in mods + [cur] for cache in m._int2_decode_kernel.device_caches.values() for key, k in cache[0].items()]
     return dict(checks=checks, rows=rows, resources=res)

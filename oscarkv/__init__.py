@@ -1,20 +1,25 @@
-"""oscarkv: INT2 KV cache with offline attention-aware rotations (OSCAR) for long-context serving."""
+"""oscarkv: INT2 KV cache with offline attention-aware rotations (OSCAR) for long-context serving.
 
-__version__ = "0.1.0"
+The package's face: ``LLM``, ``SamplingParams``, ``OscarCache`` and ``__version__``, imported
+lazily (``import oscarkv`` imports neither torch nor transformers).
+"""
+
+from oscarkv.config import __version__
+
+__all__ = ["LLM", "OscarCache", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):
-    # Lazy: importing oscarkv must not import transformers.
     if name == "OscarCache":
         from oscarkv.cache.hf_cache import OscarCache
 
         return OscarCache
     if name == "LLM":
-        from oscarkv.engine.llm import LLM
+        from oscarkv.llm import LLM
 
         return LLM
     if name == "SamplingParams":
         from oscarkv.engine.request import SamplingParams
 
         return SamplingParams
-    raise AttributeError(name)
+    raise AttributeError(f"module 'oscarkv' has no attribute {name!r}")

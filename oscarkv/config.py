@@ -1,8 +1,10 @@
 """Typed configuration: one frozen dataclass per concern, validated on construction.
 
-CLI flags derive from these fields (``oscarkv.cli``); nothing is read from environment
+CLI flags derive from these fields (``oscarkv.cli.flags``); nothing is read from environment
 variables. ``KVConfig`` says how the KV cache is stored; ``CalibrationConfig`` how the
-rotation artifact is fitted.
+rotation artifact is fitted; ``EvalConfig`` what is measured; ``EngineConfig`` how the paged
+engine runs; ``ServerConfig`` what the HTTP layer adds. This module imports nothing heavy
+(the command line's ``--help`` reads it without torch).
 """
 
 from __future__ import annotations
@@ -10,8 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+__version__ = "0.1.0"
+"""The package version (recorded in every artifact manifest)."""
+
 CACHE_DIR = Path.home() / ".cache" / "oscarkv"
 """Default home of derived files: converted GGUF models and the default model's artifact."""
+
+DTYPES = ("auto", "bfloat16", "float32")
+"""Model compute dtypes by name; ``auto``: bfloat16 where a GPU runs the model, float32 on a CPU
+(``oscarkv.models.loader.resolve_dtype``)."""
 
 TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
 """Synthetic long-context tasks (``oscarkv.eval.tasks``)."""
@@ -236,3 +245,29 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.bf16_fraction must lie in (0, 1], got {self.bf16_fraction}")
         if self.kv_memory_bytes <= 0:
             raise ValueError(f"EngineConfig.kv_memory_bytes must be > 0, got {self.kv_memory_bytes}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Network address, the served model's name and request limits of ``oscarkv serve``."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind (loopback by default; ``0.0.0.0`` serves every interface)."""
+    port: int = 8000
+    """TCP port; ``0`` lets the OS pick a free one (the chosen port is logged)."""
+    served_model_name: str = ""
+    """The ``model`` id clients must send and ``/v1/models`` lists; empty: the ``--model`` spec."""
+    max_model_len: int = 0
+    """Longest sequence (prompt + generated tokens) a request may ask for; ``0``: the smaller of
+    the model's ``max_position_embeddings`` and what the KV pools hold for one sequence."""
+    default_max_tokens: int = 0
+    """``max_tokens`` of requests that leave it out; ``0``: the rest of the context (vLLM's
+    choice for chat), and 16 for ``/v1/completions`` (OpenAI's documented default)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"ServerConfig.port must lie in [0, 65535], got {self.port}")
+        if self.max_model_len < 0:
+            raise ValueError(f"ServerConfig.max_model_len must be >= 0, got {self.max_model_len}")
+        if self.default_max_tokens < 0:
+            raise ValueError(f"ServerConfig.default_max_tokens must be >= 0, got {self.default_max_tokens}")

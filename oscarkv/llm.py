@@ -1,62 +1,70 @@
 """The offline API: ``LLM(model, kv="oscar", rotations=DIR).generate(prompts, params)``.
 
-Role: load a model (``oscarkv.models.loader``) or take an already loaded one, build an
+Role: load a model (``oscarkv.models.loader``) or take an already loaded one, find its
+artifact (``oscarkv.calibrate.default.artifact_for``), build an
 :class:`~oscarkv.engine.engine.LLMEngine`, and run a list of prompts to completion with
 continuous batching. Results come back in prompt order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from oscarkv.calibrate.default import artifact_for
 from oscarkv.config import EngineConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
-
-
-def load_artifact(loaded, kv: str, rotations: str | Path | None):
-    """The validated rotation artifact for ``kv == "oscar"`` (``None`` otherwise).
-
-    The default model falls back to its cached calibration (``oscarkv calibrate`` once)."""
-    if kv != "oscar":
-        return None
-    from oscarkv.quant.artifact import Artifact, ModelFingerprint
-
-    fp = ModelFingerprint.from_config(loaded.config)
-    if rotations is not None:
-        return Artifact.load(Path(rotations), expect=fp)
-    if Path(loaded.source).name.endswith(".gguf") and "SmolLM2-135M" in Path(loaded.source).name:
-        from oscarkv.cli import DEFAULT_CACHE
-        from oscarkv.cli_commands import default_artifact
-
-        return default_artifact(loaded, DEFAULT_CACHE)
-    raise ValueError("kv='oscar' needs rotations=DIR (make one with: oscarkv calibrate --out DIR)")
+from oscarkv.models.loader import load_model
+from oscarkv.quant.artifact import Artifact
 
 
 class LLM:
     """Offline batch generation over the paged engine."""
 
     def __init__(self, model="default", kv: str = "oscar", rotations: str | Path | None = None,
-                 config: EngineConfig | None = None, dtype: str = "auto") -> None:
+                 config: EngineConfig | None = None, dtype: str = "auto", artifact: Artifact | None = None) -> None:
         """``model``: a spec for :func:`~oscarkv.models.loader.load_model` or a ``LoadedModel``;
-        ``kv`` overrides ``config.kv.method``; ``rotations``: the artifact directory for ``oscar``."""
+        ``kv`` overrides ``config.kv.method``; ``rotations``: the artifact directory for ``oscar``
+        (or ``artifact``, one already loaded; the default model needs neither)."""
         if isinstance(model, str):
-            from oscarkv.cli_commands import DTYPES, auto_dtype
-            from oscarkv.models.loader import load_model
-
-            model = load_model(model, DTYPES[auto_dtype() if dtype == "auto" else dtype])
+            model = load_model(model, dtype)
         config = config or EngineConfig()
         config = replace(config, kv=replace(config.kv, method=kv))
+        artifact = artifact if artifact is not None else artifact_for(model, kv, rotations)
         self.loaded = model
-        self.engine = LLMEngine.from_hf(model.model, config, load_artifact(model, kv, rotations), model.tokenizer)
+        self.engine = LLMEngine.from_hf(model.model, config, artifact, model.tokenizer)
         self._next_id = 0
+
+    def chat_prompt(self, message: str) -> str:
+        """``message`` as one user turn in the tokenizer's chat template (unchanged without one)."""
+        tok = self.loaded.tokenizer
+        if not getattr(tok, "chat_template", None):
+            return message
+        return tok.apply_chat_template([{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True)
 
     def generate(self, prompts: str | list[str] | list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; one output per prompt, in order. A prompt the engine
         refuses raises its ``ValueError`` before anything runs; a request whose step failed comes
         back with ``finish_reason == "error"``."""
+        done: dict[str, RequestOutput] = {}
+        ids = self._add(prompts, params)
+        for out in self._steps():
+            if out.finished:
+                done[out.request_id] = out
+        return [done[i] for i in ids]
+
+    def stream(self, prompts: str | list[str] | list[list[int]],
+               params: SamplingParams | list[SamplingParams] | None = None) -> Iterator[RequestOutput]:
+        """Every prompt run to completion, yielding each request's output after every step it advanced
+        (``new_text`` holds the text it added; the last has ``finished``)."""
+        self._add(prompts, params)
+        yield from self._steps()
+
+    def _add(self, prompts, params) -> list[str]:
+        """Queue the prompts (all or none: a refused prompt raises before anything runs)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params or SamplingParams()
@@ -71,9 +79,8 @@ class LLM:
             for i in ids:  # none of this batch stays queued
                 self.engine.abort(i)
             raise
-        done: dict[str, RequestOutput] = {}
+        return ids
+
+    def _steps(self) -> Iterator[RequestOutput]:
         while self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.finished:
-                    done[out.request_id] = out
-        return [done[i] for i in ids]
+            yield from self.engine.step()

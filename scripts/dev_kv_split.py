@@ -15,7 +15,8 @@ import dataclasses
 
 from oscarkv.config import EvalConfig
 from oscarkv.eval import tasks as task_lib
-from oscarkv.eval.runner import answer_spans, build_codecs, prefill, score_sample
+from oscarkv.eval.runner import build_codecs, prefill, score_sample
+from oscarkv.eval.samples import answer_spans
 from oscarkv.models.loader import load_model
 from oscarkv.quant.artifact import Artifact, ModelFingerprint
 from oscarkv.quant.codec import KVCodec, LayerCodec

@@ -1,8 +1,8 @@
-"""The CUDA attention backend: the Triton kernels of ``oscarkv.kernels`` behind :class:`AttentionBackend`.
+"""The attention backends behind :class:`~oscarkv.attention.step.AttentionBackend`.
 
-Role: what :class:`~oscarkv.engine.attention.StepContext` calls on a CUDA device (selected by
-:func:`default_backend`; the CPU keeps :class:`~oscarkv.engine.attention.TorchAttention`, the
-PyTorch oracles these kernels are tested against).
+:class:`TorchAttention` runs anywhere on the PyTorch oracles of ``oscarkv.kernels.reference``;
+:class:`TritonAttention` is what :class:`~oscarkv.attention.step.StepContext` calls on a CUDA
+device (:func:`default_backend` picks), the Triton kernels of ``oscarkv.kernels``:
 
 * ``write``  — :func:`oscarkv.kernels.write.store_kv`: the step context has already mapped K/V
   into the stored domain (fp32, or bf16 views of the qkv projection for identity codecs), the
@@ -35,8 +35,33 @@ import torch
 
 from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import LayerKV, PageTables
-from oscarkv.engine.attention import AttentionBackend, LayerStorage, QKRope, TorchAttention, stored_domain
+from oscarkv.attention.step import AttentionBackend, LayerStorage, QKRope, stored_domain
+from oscarkv.kernels import reference as ref
 from oscarkv.quant.codec import TensorCodec
+
+
+class TorchAttention(AttentionBackend):
+    """The PyTorch implementation (CPU or GPU): ``oscarkv.kernels.reference`` behind the interface."""
+
+    def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
+        # NOTE: for BF16 pools this is ``reference.write_ref`` after ``to_rotated`` (tested
+        # equal); the cast goes to the pool's dtype so that kv=bf16 pools of an fp32 model
+        # store K/V unrounded (see oscarkv.cache.kv_pools).
+        s = slots.long()
+        page, off = s // kv.page_size, s % kv.page_size
+        kv.bf16_k[page, :, off] = k_rot.to(kv.bf16_k.dtype)
+        kv.bf16_v[page, :, off] = v_rot.to(kv.bf16_v.dtype)
+
+    def demote(self, kv: LayerKV, key: TensorCodec, value: TensorCodec, src: torch.Tensor, dst: torch.Tensor) -> None:
+        ref.demote_ref(kv.bf16_k, src, kv.int2_k, dst, key)
+        ref.demote_ref(kv.bf16_v, src, kv.int2_v, dst, value)
+
+    def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale):
+        return ref.extend_attention_ref(q, k_new, v_new, kv, tables, cu_seqlens, scale)
+
+    def decode(self, q, kv, tables, scale, out_dtype=None):
+        out = ref.decode_attention_ref(q, kv, tables, scale)
+        return out if out_dtype is None else out.to(out_dtype)
 
 
 class TritonAttention(AttentionBackend):

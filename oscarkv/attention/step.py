@@ -1,4 +1,4 @@
-"""Attention over the paged mixed cache: one backend interface, and the per-step context.
+"""Attention over the paged mixed cache: the per-step context and the backend interface it calls.
 
 Role: the seam between the model and the KV cache. A model layer hands its post-RoPE
 ``q [T, Hq, d]``, ``k, v [T, H, d]`` to :meth:`StepContext.attention`, which
@@ -18,15 +18,16 @@ and k heads): a backend that fuses QK-norm + RoPE with the stored-domain maps
 (:meth:`AttentionBackend.decode_qk`, the Triton one for OSCAR keys) takes it from there;
 otherwise the model applies them itself and calls :meth:`StepContext.attention`.
 
-NOTE: with :class:`TorchAttention` every step, decode included, goes through ``extend``: the
+NOTE: with ``TorchAttention`` every step, decode included, goes through ``extend``: the
 current token attends to itself at full precision, as in ``OscarCache``. A backend with
-``decode_steps = True`` (the Triton one, ``oscarkv.engine.triton_backend``) gets the steps in
+``decode_steps = True`` (the Triton one, ``oscarkv.attention.backends``) gets the steps in
 which every sequence computes one token as ``decode`` instead (``StepContext.decode``): all
 tokens read from the cache, the current one as just stored (BF16).
 
-:class:`TorchAttention` runs anywhere, the CPU included, on the PyTorch oracles of
-``oscarkv.kernels.reference`` (the reference the Triton kernels are tested against). A
-Triton backend implements the same four methods. The runner builds one
+The implementations live in :mod:`oscarkv.attention.backends`: ``TorchAttention`` runs
+anywhere, the CPU included, on the PyTorch oracles of ``oscarkv.kernels.reference`` (the
+reference the Triton kernels are tested against); ``TritonAttention`` implements the same four
+methods with the Triton kernels. The runner builds one
 :class:`StepContext` per step and passes it down the model explicitly (no global state).
 """
 
@@ -40,7 +41,6 @@ import torch
 
 from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import LayerKV, PageTables
-from oscarkv.kernels import reference as ref
 from oscarkv.quant.codec import TensorCodec
 
 
@@ -87,30 +87,6 @@ class AttentionBackend(ABC):
         """One rotated query per sequence ``[B, Hq, d]`` (fp32 or bf16) over its whole cache →
         ``[B, Hq, d]`` (``out_dtype``, default fp32 or q's dtype: the decode step asks for the model's
         dtype, which the output is cast to anyway)."""
-
-
-class TorchAttention(AttentionBackend):
-    """The PyTorch implementation (CPU or GPU): ``oscarkv.kernels.reference`` behind the interface."""
-
-    def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
-        # NOTE: for BF16 pools this is ``reference.write_ref`` after ``to_rotated`` (tested
-        # equal); the cast goes to the pool's dtype so that kv=bf16 pools of an fp32 model
-        # store K/V unrounded (see oscarkv.cache.kv_pools).
-        s = slots.long()
-        page, off = s // kv.page_size, s % kv.page_size
-        kv.bf16_k[page, :, off] = k_rot.to(kv.bf16_k.dtype)
-        kv.bf16_v[page, :, off] = v_rot.to(kv.bf16_v.dtype)
-
-    def demote(self, kv: LayerKV, key: TensorCodec, value: TensorCodec, src: torch.Tensor, dst: torch.Tensor) -> None:
-        ref.demote_ref(kv.bf16_k, src, kv.int2_k, dst, key)
-        ref.demote_ref(kv.bf16_v, src, kv.int2_v, dst, value)
-
-    def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale):
-        return ref.extend_attention_ref(q, k_new, v_new, kv, tables, cu_seqlens, scale)
-
-    def decode(self, q, kv, tables, scale, out_dtype=None):
-        out = ref.decode_attention_ref(q, kv, tables, scale)
-        return out if out_dtype is None else out.to(out_dtype)
 
 
 @dataclass(frozen=True)

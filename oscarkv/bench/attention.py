@@ -22,26 +22,9 @@ from pathlib import Path
 import torch
 
 from oscarkv.quant.bpe import tiers
+from oscarkv.bench.configs import AttentionBench
 
 
-@dataclass(frozen=True)
-class AttentionBench:
-    """What to measure."""
-
-    contexts: tuple[int, ...] = (8192, 32768, 65536, 131072)
-    """Tokens per sequence."""
-    batches: tuple[int, ...] = (1, 8, 32, 64)
-    """Sequences per decode step."""
-    q_heads: int = 32
-    """Query heads (Qwen3-8B)."""
-    kv_heads: int = 8
-    """KV heads (Qwen3-8B)."""
-    head_dim: int = 128
-    page_size: int = 64
-    sink: int = 64
-    recent: int = 256
-    memory_gib: float = 60.0
-    """Skip a configuration whose caches would exceed this many GiB."""
 
 
 @dataclass

@@ -40,35 +40,9 @@ from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.models.shapes import SHAPES
 from oscarkv.quant.bpe import history_end
 from oscarkv.quant.codec import default_group
+from oscarkv.bench.configs import CapacityBench
 
 
-@dataclass(frozen=True)
-class CapacityBench:
-    shape: str = "qwen3-4b"
-    """Model shape (:data:`oscarkv.models.shapes.SHAPES`)."""
-    kv_gib: float = 56.0
-    """KV pool budget, the same for every method."""
-    context: int = 102400
-    """Prompt tokens per request."""
-    requests: int = 32
-    """Requests in the throughput run."""
-    new_tokens: int = 16
-    """Greedy tokens decoded per request."""
-    methods: tuple[str, ...] = ("bf16", "naive")
-    """KV methods to run, in order; each needs a chunk in :attr:`chunks`, and ``bf16`` must be one."""
-    chunks: tuple[tuple[str, int], ...] = (("bf16", 2048), ("naive", 256), ("oscar", 256))
-    """Prefill chunk per method for the throughput run; the token budget is ``chunk × seqs + seqs``
-    so that every running sequence advances each step (a wave prefills, then decodes, together)."""
-
-    def __post_init__(self) -> None:
-        known = tuple(m for m, _ in self.chunks)
-        unknown = [m for m in self.methods if m not in known]
-        if unknown:
-            raise ValueError(f"CapacityBench.methods: unknown method(s) {unknown}; choose from {known}")
-        if "bf16" not in self.methods:
-            raise ValueError(f"CapacityBench.methods must include 'bf16' (the × BF16 columns), got {self.methods}")
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"CapacityBench.methods has a repeated method: {self.methods}")
 
 
 def geometry(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_seqs: int = 32) -> PoolGeometry:

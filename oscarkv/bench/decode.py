@@ -25,25 +25,9 @@ from pathlib import Path
 import torch
 
 from oscarkv.bench import e2e
+from oscarkv.bench.configs import DecodeBench
 
 
-@dataclass(frozen=True)
-class DecodeBench:
-    shapes: tuple[str, ...] = ("qwen3-4b", "qwen3-8b")
-    contexts: tuple[int, ...] = (30720, 61440, 102400)
-    methods: tuple[str, ...] = ("bf16", "naive")
-    warmup: int = 4
-    steps: int = 24
-    kv_gib: float = 16.0
-    batch: int = 1
-    """Sequences decoding together, each at the row's context (the job-throughput runs of ``bench capacity``
-    decode 26 × 100K at once: ``--batch 26 --kv-gib 56`` times one such step)."""
-    temperature: float = 0.0
-    """Sampling temperature of the timed requests (0: greedy); drawn tokens are chosen on the GPU too."""
-    profile: bool = False
-    """Also profile the graph of each row at the longest context (torch.profiler). NOTE: CUPTI stays
-    attached after a profile and slows later graph launches (seen on an H100, 2026-11-22: 21 µs
-    → 320 µs): time in one invocation, profile in another."""
 
 
 def _events_us(fn, reps: int = 20) -> float:

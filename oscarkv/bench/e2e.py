@@ -20,14 +20,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-import oscarkv
 from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.model_runner import RunnerOutput
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.shapes import shape_config
-from oscarkv.quant.artifact import FORMAT_VERSION, Artifact, ModelFingerprint
+from oscarkv.quant.artifact import Artifact, ModelFingerprint, new_manifest
 from oscarkv.quant.codec import default_group
 from oscarkv.quant.rotation import compose
 
@@ -67,9 +66,8 @@ def random_artifact(config, seed: int = 0) -> Artifact:
                     f"{kind}.mean": (torch.randn(L, H, d, generator=g) if kind == "key" else torch.zeros(L, H, d)),
                     f"{kind}.scale": (scale / scale.square().mean(-1, keepdim=True).sqrt()).float()}
     group = default_group(d, None)
-    manifest = {"format_version": FORMAT_VERSION, "oscarkv_version": oscarkv.__version__, "model": asdict(fp),
-                "method": "oscar", "options": {"random": True}, "group_size": group,
-                "clip": {"key": [0.92] * L, "value": [0.92] * L}, "calibration": {"source": "random (benchmark)"}}
+    manifest = new_manifest(fp, {"random": True}, group, {"key": [0.92] * L, "value": [0.92] * L},
+                            {"source": "random (benchmark)"})
     art = Artifact(manifest, tensors)
     art.validate(fp)
     return art

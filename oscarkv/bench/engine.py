@@ -1,6 +1,6 @@
 """CPU engine benchmark: decode tokens/s at several batch sizes, and KV bytes per token.
 
-Role: ``oscarkv bench-engine``. For each KV method it builds the engine on the loaded
+Role: ``oscarkv bench engine``. For each KV method it builds the engine on the loaded
 model (fp32 on the CPU; pools BF16/INT2), prefills ``batch`` random prompts of
 ``prompt_len`` tokens, then times ``new_tokens`` decode steps of the whole batch
 (tokens/s = batch × steps / seconds, prefill excluded). KV bytes per token are measured from
@@ -11,22 +11,14 @@ with the BPE formula of ``oscarkv.quant.bpe`` for the same tier split.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
-from oscarkv.engine.llm import load_artifact
+from oscarkv.calibrate.default import artifact_for
 from oscarkv.engine.request import SamplingParams
-
-
-@dataclass(frozen=True)
-class BenchSpec:
-    methods: tuple[str, ...]
-    batches: tuple[int, ...]
-    prompt_len: int
-    new_tokens: int
+from oscarkv.bench.configs import EngineBench
 
 
 def held_bytes(engine: LLMEngine) -> tuple[int, int, int]:
@@ -42,7 +34,7 @@ def held_bytes(engine: LLMEngine) -> tuple[int, int, int]:
     return nbytes, tokens, tokens * 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim
 
 
-def bench_one(loaded, method: str, batch: int, spec: BenchSpec, artifact) -> dict:
+def bench_one(loaded, method: str, batch: int, spec: EngineBench, artifact) -> dict:
     cfg = EngineConfig(KVConfig(method), kv_memory_bytes=1 << 30, max_num_seqs=batch,
                        max_num_batched_tokens=max(2048, spec.prompt_len + batch), prefill_chunk=512)
     engine = LLMEngine.from_hf(loaded.model, cfg, artifact if method == "oscar" else None, loaded.tokenizer)
@@ -67,11 +59,11 @@ def bench_one(loaded, method: str, batch: int, spec: BenchSpec, artifact) -> dic
             "tiers_per_seq": list(tr)}
 
 
-def run_engine_cpu(loaded, spec: BenchSpec, rotations=None) -> list[dict]:
+def run_engine_cpu(loaded, spec: EngineBench, rotations=None) -> list[dict]:
     torch.set_grad_enabled(False)
     rows = []
     for method in spec.methods:
-        artifact = load_artifact(loaded, method, rotations)
+        artifact = artifact_for(loaded, method, rotations)
         for batch in spec.batches:
             rows.append(bench_one(loaded, method, batch, spec, artifact))
             print(rows[-1], flush=True)

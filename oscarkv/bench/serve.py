@@ -1,4 +1,4 @@
-"""``oscarkv bench-serve``: requests/s, TTFT and TPOT of a real loopback server per concurrency.
+"""``oscarkv bench serve``: requests/s, TTFT and TPOT of a real loopback server per concurrency.
 
 Role: for each KV method, start ``oscarkv serve --port 0`` in a subprocess (its own process,
 as in production: the client does not share its GIL), read the bound port from its log, and
@@ -11,7 +11,6 @@ wall time of the level. Results print as a table and optionally go to JSON.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -21,49 +20,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from oscarkv.bench.configs import ServeBench
 
 PROMPT = "Question {i}: in two sentences, explain why the sky is blue to a child who is {age} years old."
 
 
-@dataclass(frozen=True)
-class BenchServeSpec:
-    """What one ``bench-serve`` run measures."""
-
-    kv: tuple[str, ...] = ("bf16", "oscar")
-    """KV methods, one server each."""
-    concurrency: tuple[int, ...] = (1, 8, 32)
-    """Requests in flight per level."""
-    requests: int = 0
-    """Requests per level; ``0``: ``max(4, 2 * concurrency)``."""
-    max_tokens: int = 16
-    """Generated tokens per request (``ignore_eos``, so every request generates exactly this many)."""
-
-
-def setup_bench_serve(p: argparse.ArgumentParser) -> None:
-    """Loopback server benchmark: requests/s, TTFT and TPOT per concurrency and KV method (openai client)."""
-    p.add_argument("--model", default="default", help="model spec (default: the default model)")
-    p.add_argument("--rotations", type=Path, default=None, help="artifact for oscar (default model: cached calibration)")
-    p.add_argument("--kv", type=lambda s: tuple(s.split(",")), default=BenchServeSpec.kv, help="KV methods, comma-separated")
-    p.add_argument("--concurrency", type=lambda s: tuple(int(x) for x in s.split(",")),
-                   default=BenchServeSpec.concurrency, help="concurrency levels, comma-separated")
-    p.add_argument("--requests", type=int, default=0, help="requests per level (default max(4, 2 x concurrency))")
-    p.add_argument("--max-tokens", type=int, default=BenchServeSpec.max_tokens, help="tokens per request")
-    p.add_argument("--out", type=Path, default=None, help="write results as JSON here")
-
-
-def run_bench_serve(args: argparse.Namespace) -> int:
+def run(spec: ServeBench, model: str, rotations: Path | None, out: Path | None) -> str:
+    """Every level of ``spec`` against one server per KV method; the table (and JSON at ``out``)."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
-    spec = BenchServeSpec(args.kv, args.concurrency, args.requests, args.max_tokens)
     rows = []
     for kv in spec.kv:
-        with _server(args.model, kv, args.rotations, max(spec.concurrency)) as url:
+        with _server(model, kv, rotations, max(spec.concurrency)) as url:
             rows += asyncio.run(_measure(url, kv, spec))
-    print(format_table(rows))
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=2) + "\n")
-    return 0
+    if out:
+        out.write_text(json.dumps(rows, indent=2) + "\n")
+    return format_table(rows)
 
 
 class _server:
@@ -102,7 +74,7 @@ async def _one(client, i: int, max_tokens: int) -> tuple[float, float, float, in
     return start, first, time.perf_counter(), n
 
 
-async def _measure(url: str, kv: str, spec: BenchServeSpec) -> list[dict]:
+async def _measure(url: str, kv: str, spec: ServeBench) -> list[dict]:
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600)

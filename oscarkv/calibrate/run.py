@@ -19,12 +19,11 @@ from dataclasses import asdict
 
 import torch
 
-import oscarkv
 from oscarkv.calibrate.solve import Solution, solve
 from oscarkv.calibrate.stats import HeldoutCapture, StatsCollector, run_forward
 from oscarkv.config import CalibrationConfig
 from oscarkv.models.loader import LoadedModel
-from oscarkv.quant.artifact import FORMAT_VERSION, Artifact, ModelFingerprint
+from oscarkv.quant.artifact import Artifact, ModelFingerprint, new_manifest
 from oscarkv.quant.codec import default_group
 
 DEFAULT_TEXT = "calibration.txt"
@@ -118,9 +117,7 @@ def split_tokens(ids: torch.Tensor, cfg: CalibrationConfig) -> tuple[list[torch.
 def build_manifest(fp: ModelFingerprint, cfg: CalibrationConfig, group: int, solution: Solution,
                    calibration: dict) -> dict:
     """The artifact manifest (field meanings in :mod:`oscarkv.quant.artifact`)."""
-    return {"format_version": FORMAT_VERSION, "oscarkv_version": oscarkv.__version__, "model": asdict(fp),
-            "method": "oscar", "options": asdict(cfg), "group_size": group, "clip": solution.clips,
-            "calibration": calibration, "summary": solution.rows}
+    return new_manifest(fp, asdict(cfg), group, solution.clips, calibration, summary=solution.rows)
 
 
 _COLUMNS = (("layer", "layer", "{:>5d}"), ("K conc", "key_concentration", "{:>7.3f}"),

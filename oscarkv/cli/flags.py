@@ -1,8 +1,9 @@
-"""The ``oscarkv`` command: ``calibrate``, ``eval`` and ``demo`` subcommands.
+"""Flags of the ``oscarkv`` command, derived from the typed configs.
 
-Flags mirror the config dataclasses in ``oscarkv.config`` and ``oscarkv.eval.runner``; their
-help text is the field docstrings. Each subcommand loads the model (``oscarkv.models``), does
-one job and writes its outputs to ``--out``.
+``add_fields`` turns dataclass fields into ``--flags`` whose help is the field's docstring (as
+plain text) and whose default is shown as it would be typed; ``config_from`` builds the config
+back from the parsed arguments. Lists are always comma-separated (``--contexts 4096,8192``).
+Nothing here imports torch: ``oscarkv --help`` answers without it.
 """
 
 from __future__ import annotations
@@ -10,76 +11,107 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
-import logging
-import sys
+import re
 import textwrap
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from functools import cache
 from pathlib import Path
 
-from oscarkv.config import CACHE_DIR as DEFAULT_CACHE
+from oscarkv.config import DTYPES
+
+
+class UserError(Exception):
+    """A problem with the user's input, reported as one line without a traceback (exit status 2)."""
+
+
+def plain(doc: str) -> str:
+    """A docstring as plain one-line help: reStructuredText roles and double backticks removed."""
+    doc = re.sub(r":[a-z]+:`(~?)([^`]+)`", lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), doc)
+    return " ".join(doc.replace("``", "").split()).replace("%", "%%")
 
 
 @cache
 def field_docs(cls) -> dict[str, str]:
-    """Attribute docstrings of a dataclass (the string literal after each field)."""
+    """Attribute docstrings of a dataclass (the string literal after each field), as plain text."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body, docs = tree.body[0].body, {}
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+            docs[node.target.id] = plain(str(nxt.value.value))
     return docs
+
+
+def shown(default, flag: str = "") -> str:
+    """A default as the user would type it."""
+    if isinstance(default, bool):
+        return flag if default else "--no-" + flag[2:]
+    if isinstance(default, (tuple, list)):
+        return ",".join(map(str, default))
+    return "auto" if default is None else str(default)
+
+
+def csv(kind=str):
+    """An argparse type for a comma-separated list."""
+    def parse(s: str) -> tuple:
+        try:
+            return tuple(kind(x) for x in s.split(",") if x)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__} values, got {s!r}") from None
+    return parse
 
 
 def add_fields(parser: argparse.ArgumentParser, cls, names: list[str]) -> None:
     """Add ``--name`` flags for the given dataclass fields, typed and documented from the class."""
-    defaults = cls()
     for f in fields(cls):
         if f.name not in names:
             continue
-        flag, default = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not MISSING else f.default_factory()
         doc = field_docs(cls).get(f.name, "")
-        if isinstance(default, bool) or f.type in (bool | None, "bool | None"):  # None: decided at run time
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=doc)
+        if isinstance(default, bool) or "bool" in str(f.type):  # bool | None: decided at run time
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=f"{doc} (default: {'auto' if default is None else shown(default, flag)})")
         elif isinstance(default, tuple):
             kind = type(default[0]) if default else str
-            parser.add_argument(flag, type=_csv(kind), default=default, help=f"{doc} (comma-separated; default {','.join(map(str, default))})")
+            parser.add_argument(flag, type=csv(kind), default=default, metavar=f.name.upper(),
+                                help=f"{doc} (comma-separated; default: {shown(default)})")
         else:
-            kind = int if f.name == "group_size" else type(default)
-            parser.add_argument(flag, type=kind, default=default, help=f"{doc} (default {default})")
+            kind = float if "float" in str(f.type) else int if "int" in str(f.type) else str
+            parser.add_argument(flag, type=kind, default=default, help=f"{doc} (default: {shown(default)})")
 
 
-def _csv(kind):
-    return lambda s: tuple(kind(x) for x in s.split(",") if x)
-
-
-def pick(cls, args: argparse.Namespace, **extra):
+def config_from(cls, args: argparse.Namespace, **extra):
+    """``cls`` from the parsed arguments that name its fields (plus ``extra``); a bad value is a UserError."""
     names = {f.name for f in fields(cls)} - set(extra)
-    return cls(**{k: v for k, v in vars(args).items() if k in names}, **extra)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from oscarkv.cli_commands import COMMANDS
-
-    p = argparse.ArgumentParser(prog="oscarkv", description="INT2 KV cache with offline attention-aware rotations (OSCAR).")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = p.add_subparsers(dest="command", required=True)
-    for name, (setup, _) in COMMANDS.items():
-        setup(sub.add_parser(name, help=setup.__doc__, description=setup.__doc__))
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    from oscarkv.cli_commands import COMMANDS, UserError
-
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     try:
-        return COMMANDS[args.command][1](args) or 0
-    except UserError as e:
-        print(f"oscarkv {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return cls(**{k: v for k, v in vars(args).items() if k in names}, **extra)
+    except ValueError as e:
+        raise UserError(str(e)) from e
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def model_args(p: argparse.ArgumentParser, dtype: str = "auto") -> None:
+    p.add_argument("--model", default="default",
+                   help="'default' (the embedded SmolLM2-135M-Instruct), a Hugging Face model directory or a .gguf file "
+                        "(default: default)")
+    p.add_argument("--dtype", choices=DTYPES, default=dtype,
+                   help=f"model compute dtype; auto: bfloat16 on CUDA, float32 on a CPU (default: {dtype})")
+
+
+def load(spec: str, dtype: str):
+    """The model named by ``--model``/``--dtype``; a missing or unsupported model is a UserError."""
+    from oscarkv.models.loader import ModelLoadError, load_model
+
+    try:
+        return load_model(spec, dtype)
+    except ModelLoadError as e:
+        raise UserError(str(e)) from e
+
+
+def artifact(loaded, kv: str, rotations: Path | None):
+    """The artifact ``--kv``/``--rotations`` name (``oscarkv.calibrate.default.artifact_for``), or a UserError."""
+    from oscarkv.calibrate.default import artifact_for
+
+    try:
+        return artifact_for(loaded, kv, rotations)
+    except ValueError as e:  # ArtifactError names the file and the field
+        raise UserError(str(e)) from e

@@ -1,6 +1,6 @@
 """The paged serving engine: request → scheduler → model runner → sampler → outputs.
 
-Data flow (DESIGN.md §5): :class:`~oscarkv.engine.llm.LLM` (offline) or
+Data flow (DESIGN.md §5): :class:`~oscarkv.llm.LLM` (offline) or
 :class:`~oscarkv.engine.async_engine.AsyncEngine` (servers) submit requests to
 :class:`~oscarkv.engine.engine.LLMEngine`, whose step runs the
 :class:`~oscarkv.engine.scheduler.Scheduler` (token budget, chunked prefill, prefix hits,

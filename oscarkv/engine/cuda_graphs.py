@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from oscarkv.cache.paged_layout import PageTables, device_tensor
-from oscarkv.engine.attention import StepContext
+from oscarkv.attention.step import StepContext
 
 DEFAULT_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 """Batch buckets. NOTE: steps of 2 to 8, of 4 to 32, then of 8 (not powers of two): the decode

@@ -2,7 +2,7 @@
 
 Role: :class:`LLMEngine` owns the scheduler, the model runner and the tokenizer. ``step()``
 = schedule → run → commit pages → sample → detokenize and check stops → outputs. It is
-single-threaded; :class:`~oscarkv.engine.llm.LLM` loops over it offline and
+single-threaded; :class:`~oscarkv.llm.LLM` loops over it offline and
 :class:`~oscarkv.engine.async_engine.AsyncEngine` drives it from a thread for servers.
 
 Overlap (``EngineConfig.overlap``, on for CUDA): a decode step's tokens stay on the
@@ -35,14 +35,14 @@ from oscarkv.cache.page_pool import PagePool
 from oscarkv.cache.seq_kv import ChunkSchedule
 from oscarkv.config import EngineConfig
 from oscarkv.engine import sampler
-from oscarkv.engine.attention import AttentionBackend, LayerStorage
+from oscarkv.attention.step import AttentionBackend, LayerStorage
 from oscarkv.engine.cuda_graphs import DEFAULT_BUCKETS
 from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.engine.scheduler import Scheduler, SchedulerOutput
 from oscarkv.engine.sequence import PENDING, Sequence, Status
-from oscarkv.engine.stats import EngineStats, engine_stats
-from oscarkv.engine.triton_backend import default_backend
+from oscarkv.engine.stats import EngineStats, TierStats
+from oscarkv.attention.backends import default_backend
 from oscarkv.models.folding import fold_values
 from oscarkv.models.llama import PagedLM
 from oscarkv.quant.artifact import ModelFingerprint
@@ -92,7 +92,7 @@ class LLMEngine:
     def from_paged(cls, model: PagedLM, cfg: EngineConfig, artifact=None, tokenizer=None,
                    backend: AttentionBackend | None = None, cuda_graphs: bool = True) -> LLMEngine:
         """Build around a :class:`PagedLM` (folded in place). ``backend`` defaults to the device's
-        (:func:`~oscarkv.engine.triton_backend.default_backend`); ``cuda_graphs`` captures decode
+        (:func:`~oscarkv.attention.backends.default_backend`); ``cuda_graphs`` captures decode
         steps per batch bucket on CUDA (:mod:`oscarkv.engine.cuda_graphs`)."""
         config = model.config
         fp = ModelFingerprint.from_config(config)
@@ -121,7 +121,17 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         """Pages used and free per tier, prefix-cache hit rate, queue, tokens generated."""
-        return engine_stats(self)
+        geo, manager, sched = self.runner.pools.geo, self.manager, self.scheduler
+        cap = geo.capacity()
+        tiers = {"bf16": TierStats(manager.bf16.num_used, manager.bf16.num_pages - 1, cap["bf16_tokens"],
+                                   geo.bf16_page_bytes())}
+        if manager.int2 is not None:
+            tiers["int2"] = TierStats(manager.int2.num_used, manager.int2.num_pages - 1, cap["int2_tokens"],
+                                      geo.int2_page_bytes())
+        return EngineStats(tiers, 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim,
+                           self.describe()["bpe_at_capacity"], manager.hit_tokens, self.num_prompt_tokens,
+                           self.num_generated_tokens, sched.num_preemptions, len(sched.waiting), len(sched.running),
+                           self.num_ahead_steps)
 
     # ------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,

@@ -4,7 +4,7 @@ Role: owns the model, the pool tensors, the per-layer storage codecs and the att
 backend. For each step it flattens the scheduled chunks into one token batch
 (``ids, positions [T]``, ``cu_seqlens [B + 1]``), gathers the write plans into slots and
 demotion lists and the prefix views into :class:`PageTables`, builds a
-:class:`~oscarkv.engine.attention.StepContext` and runs the model once. It returns the logits
+:class:`~oscarkv.attention.step.StepContext` and runs the model once. It returns the logits
 of the last token of every chunk that samples, and, for requests that asked for prompt
 log-probabilities, the final hidden states of their prompt positions. The engine hands them to the sampler.
 
@@ -30,7 +30,7 @@ import torch
 from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.cache.manager import WritePlan
-from oscarkv.engine.attention import AttentionBackend, LayerStorage, StepContext
+from oscarkv.attention.step import AttentionBackend, LayerStorage, StepContext
 from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM

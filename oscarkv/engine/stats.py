@@ -1,7 +1,7 @@
 """A snapshot of what an :class:`~oscarkv.engine.engine.LLMEngine` holds and has done.
 
-Role: :func:`engine_stats` reads the pools, the prefix cache, the scheduler and the engine's
-token counters into a frozen :class:`EngineStats`; ``LLMEngine.stats()`` returns it to offline
+Role: ``LLMEngine.stats()`` reads the pools, the prefix cache, the scheduler and the engine's
+token counters into a frozen :class:`EngineStats` and returns it to offline
 users, and the server's Prometheus collector (``oscarkv.server.metrics``) renders it on each
 scrape.
 
@@ -13,10 +13,6 @@ snapshot may be one step stale but never inconsistent enough to raise.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from oscarkv.engine.engine import LLMEngine
 
 
 @dataclass(frozen=True)
@@ -68,18 +64,3 @@ class EngineStats:
         tokens = sum(t.pages_used * t.capacity_tokens // max(t.pages_total, 1) for t in used)
         bits = sum(8 * t.pages_used * t.page_bytes for t in used)
         return bits / (tokens * self.elements_per_token) if tokens else 0.0
-
-
-def engine_stats(engine: LLMEngine) -> EngineStats:
-    """Snapshot of ``engine`` (see the NOTE in the module docstring)."""
-    geo, manager, sched = engine.runner.pools.geo, engine.manager, engine.scheduler
-    cap = geo.capacity()
-    tiers = {"bf16": TierStats(manager.bf16.num_used, manager.bf16.num_pages - 1, cap["bf16_tokens"],
-                               geo.bf16_page_bytes())}
-    if manager.int2 is not None:
-        tiers["int2"] = TierStats(manager.int2.num_used, manager.int2.num_pages - 1, cap["int2_tokens"],
-                                  geo.int2_page_bytes())
-    return EngineStats(tiers, 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim,
-                       engine.describe()["bpe_at_capacity"], manager.hit_tokens, engine.num_prompt_tokens,
-                       engine.num_generated_tokens, sched.num_preemptions, len(sched.waiting), len(sched.running),
-                       engine.num_ahead_steps)

@@ -19,6 +19,7 @@ from oscarkv.config import ENGINE_METHODS, EngineConfig, EvalConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.eval import tasks as task_lib
+from oscarkv.eval.samples import answer_spans, task_samples
 from oscarkv.quant.codec import KVCodec
 
 
@@ -58,7 +59,6 @@ def score_engine(engine: LLMEngine, doc: list[int], question: list[int], target:
 
 
 def run_tasks_engine(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, artifacts, bar, tally) -> list[dict]:
-    from oscarkv.eval.runner import answer_spans, task_samples
 
     engines = build_engines(loaded, codecs, cfg, artifacts)
     tok = loaded.tokenizer

@@ -30,6 +30,7 @@ from transformers import DynamicCache
 from oscarkv.cache.hf_cache import TIERS, OscarCache
 from oscarkv.config import EvalConfig, KVConfig
 from oscarkv.eval import tasks as task_lib
+from oscarkv.eval.samples import answer_spans, task_samples
 from oscarkv.eval.faithful import faithful_logits
 from oscarkv.eval.perplexity_data import max_windows, text_windows
 from oscarkv.quant.codec import KVCodec, build_codec
@@ -88,18 +89,6 @@ def score_sample(model, doc: DynamicCache, codec: KVCodec, q_ids: torch.Tensor, 
     return sum(bool(ok[a:b].all()) for a, b in spans) / len(spans), answer_nll, cache
 
 
-def answer_spans(tokenizer, target: str, answers: tuple[str, ...]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """Token ids of ``target`` and, per answer, the token range covering its characters."""
-    enc = tokenizer(target, add_special_tokens=False, return_offsets_mapping=True)
-    offsets, spans, cursor = enc["offset_mapping"], [], 0
-    for ans in answers:
-        a = target.index(ans, cursor)
-        b, cursor = a + len(ans), a + len(ans)
-        toks = [i for i, (s, e) in enumerate(offsets) if s < b and e > a]
-        spans.append((toks[0], toks[-1] + 1))
-    return torch.tensor([enc["input_ids"]]), spans
-
-
 class Tally:
     """Running sums per (label, task, context) → records; every sample is also logged as a
     JSON line as soon as it is scored, so an interrupted run loses nothing."""
@@ -151,13 +140,6 @@ def records_from_log(lines) -> list[dict]:
             tallies[metric].add((row["method"], row["task"], row["context"]), row["value"], row["bpe"],
                                 row.get("kv_bytes"), row.get("answer_nll"))
     return [rec for metric, tally in tallies.items() for rec in tally.records(metric)]
-
-
-def task_samples(loaded, task: str, context: int, cfg: EvalConfig) -> list[task_lib.Sample]:
-    """The samples of ``task`` at ``context``: prompt and answer within the model's positions."""
-    limit = getattr(loaded.model.config, "max_position_embeddings", None)
-    return task_lib.generate(task, context, cfg.samples, loaded.tokenizer, seed=cfg.seed, haystack=cfg.haystack,
-                             limit=limit)
 
 
 def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, tally: Tally) -> list[dict]:

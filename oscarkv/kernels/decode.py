@@ -49,6 +49,8 @@ import triton
 import triton.language as tl
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
+from oscarkv.kernels.decode_int2 import _int2_decode_kernel
+from oscarkv.kernels.split_k import merge_splits, split_range
 
 LOG2E = 1.4426950408889634
 
@@ -175,14 +177,6 @@ def _int2_inner(q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_ro
 
 
 @triton.jit
-def _split_range(n, split, NUM_SPLITS, BLOCK_N: tl.constexpr):
-    """Contiguous, BLOCK_N-aligned share ``[start, end)`` of ``n`` tokens for one split."""
-    per = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per
-    return start, tl.minimum(n, start + per)
-
-
-@triton.jit
 def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, InLens, MidO, MidL,
                    qk_scale, NUM_SPLITS,
                    stride_qb, stride_qh,
@@ -209,11 +203,11 @@ def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, 
     l_i = tl.zeros([REP_PAD], tl.float32)
     acc = tl.zeros([REP_PAD, D], tl.float32)
     acc_m = tl.zeros([REP_PAD], tl.float32)
-    start, end = _split_range(tl.load(BfLens + b), split, NUM_SPLITS, BLOCK_N)
+    start, end = split_range(tl.load(BfLens + b), split, NUM_SPLITS, BLOCK_N)
     acc, m_i, l_i = _bf16_inner(q, acc, m_i, l_i, Kb, Vb, BfTable + b * stride_bfb, cols, start, end, h, qk_scale,
                                 stride_bp, stride_bh, stride_bt, P, BLOCK_N, INTERPRET)
     if HAS_INT2:
-        start, end = _split_range(tl.load(InLens + b), split, NUM_SPLITS, BLOCK_N)
+        start, end = split_range(tl.load(InLens + b), split, NUM_SPLITS, BLOCK_N)
         q_sum = tl.sum(q.to(tl.float32), 1)
         acc, acc_m, m_i, l_i = _int2_inner(q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz,
                                            InTable + b * stride_inb, start, end, h, qk_scale,
@@ -225,24 +219,6 @@ def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, 
     live = rows < REP
     tl.store(MidO + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + cols[None, :], o, mask=live[:, None])
     tl.store(MidL + b * stride_lb + heads * stride_lh + split, lse, mask=live)
-
-
-@triton.jit
-def _reduce_kernel(MidO, MidL, Out, NUM_SPLITS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                   stride_b, stride_h, HQ: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    b = tl.program_id(0) // HQ
-    hq = tl.program_id(0) % HQ
-    s = tl.arange(0, SPLITS_PAD)
-    cols = tl.arange(0, D)
-    ok = s < NUM_SPLITS
-    lse = tl.load(MidL + b * stride_lb + hq * stride_lh + s, mask=ok, other=float("-inf"))
-    top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # empty sequence: every weight is 0
-    w = tl.exp2(lse - top)
-    o = tl.load(MidO + b * stride_ob + hq * stride_oh + s[:, None] * stride_os + cols[None, :], mask=ok[:, None], other=0.0)
-    den = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
-    tl.store(Out + b * stride_b + hq * stride_h + cols, out.to(Out.dtype.element_ty))
 
 
 def _num_sms(device: torch.device) -> int:
@@ -326,9 +302,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     mid_l = torch.empty(bsz, hq, splits, dtype=torch.float32, device=q.device)
     out = torch.empty(bsz, hq, d, dtype=out_dtype or q.dtype, device=q.device)  # contiguous even for strided q rows
     if raw:
-        from oscarkv.kernels.decode_int2 import _int2_decode_kernel as kernel
-
-        extra = dict(G=g, CONV=cfg["CONV"], CHUNK=cfg["CHUNK"])
+        kernel, extra = _int2_decode_kernel, dict(G=g, CONV=cfg["CONV"], CHUNK=cfg["CHUNK"])
     else:
         kernel, extra = _decode_kernel, dict(G=g, HAS_INT2=int2)
     kernel[(bsz * h, splits)](
@@ -346,13 +320,3 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
     merge_splits(mid_o, mid_l, out, cfg.get("REDUCE_WARPS", 4))
     return out
-
-
-def merge_splits(mid_o: torch.Tensor, mid_l: torch.Tensor, out: torch.Tensor, num_warps: int = 4) -> None:
-    """The split-K merge (``_reduce_kernel``): per-split outputs ``mid_o [B, Hq, S, d]`` fp32 and log2-sum-exps
-    ``mid_l [B, Hq, S]`` → ``out [B, Hq, d]`` (its dtype)."""
-    bsz, hq, splits, d = mid_o.shape
-    _reduce_kernel[(bsz * hq,)](
-        mid_o, mid_l, out, splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
-        out.stride(0), out.stride(1), HQ=hq, D=d, SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
-        num_warps=num_warps)

@@ -62,7 +62,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from oscarkv.kernels.decode import _split_range
+from oscarkv.kernels.split_k import split_range
 
 
 @triton.jit
@@ -232,7 +232,7 @@ def _bf16_windows(Kb, Vb, table, length, split, NUM_SPLITS, h, qk_scale, stride_
                   BLOCK_N: tl.constexpr, REP_PAD: tl.constexpr):
     """The split's share of the BF16 sink + recent tokens (masked tiles), for the online softmax: bf16 dots
     with ``p`` in the INT2 slices' units (``_bf16_values``) so one set of accumulators serves both tiers."""
-    n0, end = _split_range(length, split, NUM_SPLITS, BLOCK_N)
+    n0, end = split_range(length, split, NUM_SPLITS, BLOCK_N)
     while n0 < end:
         page, off, ok = _tile(table, n0, end, P, BLOCK_N)
         r = page * stride_bp + h * stride_bh + off * stride_bt
@@ -322,7 +322,7 @@ def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, q
     """The split's share of the INT2 history in full tiles (INT2 lengths are multiples of ``P``,
     ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned); page ids read ``CHUNK`` tiles at a time
     ahead of the tile loop (module docstring, "Pipelining")."""
-    c0, end = _split_range(length, split, NUM_SPLITS, BLOCK_N)
+    c0, end = split_range(length, split, NUM_SPLITS, BLOCK_N)
     while c0 < end:
         c_end = tl.minimum(end, c0 + CHUNK * BLOCK_N)
         pages = _chunk_pages(table, c0, c_end, P, BLOCK_N, CHUNK)

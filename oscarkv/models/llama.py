@@ -2,7 +2,7 @@
 
 Role: the engine's model. Activations are ``[T, hidden]`` for the ``T`` tokens of a step (all
 sequences concatenated, vLLM style); attention is delegated to the step's
-:class:`~oscarkv.engine.attention.StepContext`, which writes K/V into the paged mixed cache
+:class:`~oscarkv.attention.step.StepContext`, which writes K/V into the paged mixed cache
 and attends over it. The families differ only in what the config says, dispatched on
 ``config.architectures[0]`` (never on a name):
 
@@ -25,7 +25,7 @@ On CUDA the elementwise work runs as the fused Triton kernels of :mod:`oscarkv.k
 qkv output, SiLU·mul of the stacked gate/up output), one launch where PyTorch needs 5–10; the
 residual stream is carried vLLM style (``forward_fused``: each layer hands its MLP output and
 the un-added residual to the next norm). QK-norm + RoPE is first offered to the step context
-as a :class:`~oscarkv.engine.attention.QKRope` (``StepContext.attention_from_qkv``): an
+as a :class:`~oscarkv.attention.step.QKRope` (``StepContext.attention_from_qkv``): an
 attention backend that fuses it with its own input maps (OSCAR decode steps) takes the
 un-roped qkv output instead. Every other device runs the PyTorch expressions below, which
 are those kernels' oracles.
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from oscarkv.engine.attention import QKRope
+from oscarkv.attention.step import QKRope
 from oscarkv.models.loader import check_architecture
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from oscarkv.config import CACHE_DIR
+from oscarkv.config import CACHE_DIR, DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,24 @@ class LoadedModel:
         return self.model.config
 
 
+def resolve_dtype(name: str) -> torch.dtype:
+    """The compute dtype named ``name`` (:data:`oscarkv.config.DTYPES`); ``auto`` is bfloat16
+    where a GPU runs the model and float32 on a CPU.
+
+    NOTE: CPUs without native bf16 matmul (AVX2-only, like the CI machine) run a bf16 model
+    4-5x slower than fp32; the KV cache under test stores BF16 windows either way."""
+    if name not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
+    if name == "auto":
+        name = "bfloat16" if torch.cuda.is_available() else "float32"
+    return getattr(torch, name)
+
+
+def is_default_model(loaded: LoadedModel) -> bool:
+    """Whether ``loaded`` came from the embedded default model's GGUF (``--model default``)."""
+    return Path(loaded.source).name == _DEFAULT_FILE
+
+
 def default_model_path() -> Path:
     """Path of the embedded default GGUF (found without importing its package)."""
     spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
@@ -62,10 +80,12 @@ def default_model_path() -> Path:
     return path
 
 
-def load_model(spec: str, dtype: torch.dtype = torch.float32, cache_dir: Path | None = CACHE_DIR) -> LoadedModel:
-    """Load ``spec`` (see module docstring) in eval mode with the given parameter dtype.
+def load_model(spec: str, dtype: torch.dtype | str = torch.float32, cache_dir: Path | None = CACHE_DIR) -> LoadedModel:
+    """Load ``spec`` (see module docstring) in eval mode with the given parameter dtype (a
+    ``torch.dtype`` or a name of :data:`oscarkv.config.DTYPES`).
 
     ``cache_dir`` holds converted GGUF models; ``None`` converts in memory every time."""
+    dtype = resolve_dtype(dtype) if isinstance(dtype, str) else dtype
     path = default_model_path() if spec == DEFAULT_MODEL else Path(spec)
     if not path.exists():
         raise ModelLoadError(f"model not found: {spec} (expected 'default', a model directory or a .gguf file)")

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from oscarkv.config import KVConfig
+from oscarkv.config import KVConfig, __version__
 from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec
 from oscarkv.quant.rotation import orthogonality_error
 
@@ -40,6 +40,15 @@ FORMAT_VERSION = 2
 TENSOR_FILE = "rotations.safetensors"
 MANIFEST_FILE = "manifest.json"
 ORTHO_TOL = 1e-4
+
+
+def new_manifest(fp: ModelFingerprint, options: dict, group: int, clips: dict[str, list[float]],
+                 calibration: dict, **extra) -> dict:
+    """A manifest of this format: the model it fits, the options it was made with, its group size,
+    its per-layer clip ratios (``{"key": [...], "value": [...]}``) and where it came from;
+    ``extra`` adds fields (calibration's per-layer summary)."""
+    return {"format_version": FORMAT_VERSION, "oscarkv_version": __version__, "model": asdict(fp), "method": "oscar",
+            "options": options, "group_size": group, "clip": clips, "calibration": calibration, **extra}
 
 
 class ArtifactError(ValueError):

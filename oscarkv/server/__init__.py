@@ -6,11 +6,11 @@ validated into :class:`~oscarkv.engine.request.SamplingParams` and prompt token 
 :class:`~oscarkv.engine.engine.LLMEngine`, so concurrent requests share continuous batches)
 → :class:`~oscarkv.engine.request.RequestOutput` deltas → JSON or SSE chunks.
 
-Modules: ``config`` (:class:`ServerConfig`), ``protocol`` (OpenAI wire types), ``app``
+Modules (its config is :class:`oscarkv.config.ServerConfig`): ``protocol`` (OpenAI wire types), ``app``
 (the FastAPI factory and routes, no globals), ``state`` (per-app :class:`Server`: the served
 model, request validation, generation with metrics), ``endpoints`` (completions and chat, JSON
 or SSE), ``streaming`` (SSE lines, usage, racing a client's disconnect), ``errors`` (OpenAI
 error bodies as exception handlers), ``metrics`` (Prometheus on a per-app registry),
-``cli`` (``oscarkv serve``) and ``bench`` (``oscarkv bench-serve``). FastAPI, uvicorn and
+and ``launch`` (build the server from typed configs, bind, run; ``oscarkv serve`` calls it). FastAPI, uvicorn and
 prometheus_client are imported only here, so the core package does not need them.
 """

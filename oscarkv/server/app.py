@@ -1,7 +1,7 @@
 """The FastAPI app: OpenAI-compatible endpoints over one :class:`AsyncEngine` (no globals).
 
 Role: :func:`create_app` builds an app bound to an engine, a :class:`ServedModel` and a
-:class:`~oscarkv.server.config.ServerConfig`; everything a handler needs hangs off
+:class:`~oscarkv.config.ServerConfig`; everything a handler needs hangs off
 ``app.state.server`` (:class:`~oscarkv.server.state.Server`). Endpoints:
 
 * ``POST /v1/completions`` and ``POST /v1/chat/completions`` (the tokenizer's chat template),
@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 
 from oscarkv.engine.async_engine import AsyncEngine
 from oscarkv.server import protocol as P
-from oscarkv.server.config import ServerConfig
+from oscarkv.config import ServerConfig
 from oscarkv.server.endpoints import COMPLETIONS_DEFAULT_MAX_TOKENS, chat_completions, completions
 from oscarkv.server.errors import error_response, install_handlers
 from oscarkv.server.metrics import ServerMetrics

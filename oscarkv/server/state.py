@@ -2,7 +2,7 @@
 
 Role: :class:`Server` is what ``app.state.server`` holds (one per app, no globals): the
 :class:`~oscarkv.engine.async_engine.AsyncEngine`, the :class:`ServedModel` clients see, the
-:class:`~oscarkv.server.config.ServerConfig` and the app's
+:class:`~oscarkv.config.ServerConfig` and the app's
 :class:`~oscarkv.server.metrics.ServerMetrics`. :meth:`Server.prepare` turns a parsed body
 (``oscarkv.server.protocol``) into a :class:`Prepared` request — model name, unsupported
 options, prompt token ids, ``max_tokens`` against the context — or raises
@@ -28,7 +28,7 @@ from oscarkv.engine.async_engine import AsyncEngine, RequestFailed
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.server import protocol as P
-from oscarkv.server.config import ServerConfig
+from oscarkv.config import ServerConfig
 from oscarkv.server.metrics import ServerMetrics
 
 

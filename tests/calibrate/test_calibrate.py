@@ -297,12 +297,17 @@ def test_variants_share_statistics_and_match_single_runs(loaded):
 
 def test_default_artifact_is_refitted_when_the_recipe_changed(loaded, default_run, tmp_path, monkeypatch):
     """The cached default artifact is reused only if it was fitted with the current recipe's options."""
-    import oscarkv.cli_commands as cc
+    import oscarkv.calibrate.default as cd
 
-    art, _ = default_run  # fitted with CFG (a non-default recipe: fewer tokens)
+    art, rows = default_run  # fitted with CFG (a non-default recipe: fewer tokens)
     art.save(tmp_path / "rotations" / ModelFingerprint.from_config(loaded.config).config_hash)
     calls = []
-    monkeypatch.setattr(cc, "calibrate_to", lambda loaded, cfg, path: calls.append(cfg) or "refitted")
-    assert cc.default_artifact(loaded, tmp_path) == "refitted" and calls == [CalibrationConfig()]
-    monkeypatch.setattr(cc, "CalibrationConfig", lambda: CFG)  # now CFG is "the recipe": reuse the cache
-    assert cc.default_artifact(loaded, tmp_path).manifest["options"]["tokens"] == CFG.tokens and len(calls) == 1
+
+    class Refitted:
+        def save(self, path):
+            calls.append(path)
+
+    monkeypatch.setattr(cd, "calibrate", lambda loaded, cfg: (calls.append(cfg), (Refitted(), rows))[1])
+    assert isinstance(cd.default_artifact(loaded, tmp_path), Refitted) and calls[0] == CalibrationConfig()
+    monkeypatch.setattr(cd, "CalibrationConfig", lambda: CFG)  # now CFG is "the recipe": reuse the cache
+    assert cd.default_artifact(loaded, tmp_path).manifest["options"]["tokens"] == CFG.tokens and len(calls) == 2

@@ -12,9 +12,10 @@ import torch
 
 from oscarkv.cache.kv_pools import KVPools, PoolGeometry
 from oscarkv.cache.paged_layout import PageTables
-from oscarkv.engine.attention import LayerStorage, QKRope, StepContext, TorchAttention
+from oscarkv.attention.backends import TorchAttention
+from oscarkv.attention.step import LayerStorage, QKRope, StepContext
 from oscarkv.engine.engine import LLMEngine
-from oscarkv.engine.triton_backend import TritonAttention
+from oscarkv.attention.backends import TritonAttention
 from oscarkv.kernels.fused import qk_norm_rope_map
 from oscarkv.models.llama import Attention
 from oscarkv.quant.codec import TensorCodec

@@ -2,7 +2,7 @@
 
 CPU: a backend that sends one-token steps to ``decode`` (the runner's decode view: prefix plus
 the token just written) gives the tokens of the ``extend`` route. GPU: the Triton backend
-(``oscarkv.engine.triton_backend``) gives the greedy tokens of the PyTorch-oracle backend on
+(``oscarkv.attention.backends``) gives the greedy tokens of the PyTorch-oracle backend on
 the same bfloat16 model up to a near-tie (log-probs within 0.25 = four bf16 ulps of a logit near 10, up to and
 including the first divergence), and
 CUDA-graph decode ≡ eager decode (same tokens, log-probs within 0.01). The graphs' staged page
@@ -11,7 +11,7 @@ tables (``cuda_graphs.StagedTable``) hold every row's current list and upload on
 import pytest
 import torch
 
-from oscarkv.engine.attention import TorchAttention
+from oscarkv.attention.backends import TorchAttention
 from oscarkv.engine.cuda_graphs import StagedTable
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from oscarkv.engine import sampler
-from oscarkv.engine.llm import LLM
+from oscarkv.llm import LLM
 from oscarkv.engine.request import SamplingParams
 from tests.engine.conftest import engine_config, fail_once, make_engine, prompts, run
 

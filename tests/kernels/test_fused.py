@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from oscarkv.engine.attention import LayerStorage
+from oscarkv.attention.step import LayerStorage
 from oscarkv.kernels.fused import qk_map, qk_norm_rope_, qk_norm_rope_map, rms_norm, silu_mul
 from oscarkv.models.llama import RMSNorm, rotate_half
 

@@ -14,8 +14,8 @@ from oscarkv.engine.async_engine import AsyncEngine
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.server.app import create_app, served_model
-from oscarkv.server.cli import serving_in_thread
-from oscarkv.server.config import ServerConfig
+from oscarkv.server.launch import serving_in_thread
+from oscarkv.config import ServerConfig
 from tests.engine.conftest import engine_config, run, tiny_config
 
 MODEL = "tiny"

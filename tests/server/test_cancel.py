@@ -8,7 +8,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from oscarkv.server.config import ServerConfig
+from oscarkv.config import ServerConfig
 from tests.server.conftest import MODEL, offline, start, wait_idle
 
 

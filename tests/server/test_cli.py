@@ -6,8 +6,9 @@ import logging
 import httpx
 import pytest
 
-from oscarkv.cli import build_parser, main
-from oscarkv.server.cli import build_server, serving_in_thread
+from oscarkv.cli.main import build_parser, main
+from oscarkv.cli.serve import build as build_server
+from oscarkv.server.launch import serving_in_thread
 from tests.engine.conftest import make_artifact, tiny_config
 
 SMALL = ["--sink", "8", "--recent", "16", "--page-size", "8", "--prefill-chunk", "64",

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from oscarkv.server.config import ServerConfig
+from oscarkv.config import ServerConfig
 from tests.engine.conftest import fail_once, make_artifact
 from tests.server.conftest import MODEL, start, wait_idle
 

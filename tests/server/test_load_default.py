@@ -13,7 +13,7 @@ import torch
 
 from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.engine.request import SamplingParams
-from oscarkv.server.config import ServerConfig
+from oscarkv.config import ServerConfig
 
 CONCURRENCY, REQUESTS, MAX_TOKENS, DISTINCT = 64, 192, 4, 16
 PROMPTS = [f"Question {i}: what is {i} plus {i + 1}? Answer:" for i in range(DISTINCT)]
@@ -23,10 +23,10 @@ PROMPTS = [f"Question {i}: what is {i} plus {i + 1}? Answer:" for i in range(DIS
 def test_load_64_streams_equal_offline_and_pool_returns_to_baseline():
     from oscarkv.engine.async_engine import AsyncEngine
     from oscarkv.engine.engine import LLMEngine
-    from oscarkv.engine.llm import LLM
+    from oscarkv.llm import LLM
     from oscarkv.models.loader import load_model
     from oscarkv.server.app import create_app, served_model
-    from oscarkv.server.cli import serving_in_thread
+    from oscarkv.server.launch import serving_in_thread
 
     loaded = load_model("default", torch.float32)
     cfg = EngineConfig(KVConfig("bf16"), kv_memory_bytes=1 << 27, max_num_seqs=CONCURRENCY)

@@ -6,7 +6,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from oscarkv.server.config import ServerConfig
+from oscarkv.config import ServerConfig
 from tests.server.conftest import MODEL, start
 
 

@@ -1,0 +1,119 @@
+"""What each ``oscarkv bench`` subcommand measures: one frozen dataclass per benchmark.
+
+Kept apart from the benchmarks themselves (which import torch and Triton) so that the command
+line builds its flags and ``--help`` from these fields without importing either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AttentionBench:
+    """What ``oscarkv bench attention`` measures: decode attention kernels, BF16 vs INT2 vs PyTorch."""
+
+    contexts: tuple[int, ...] = (8192, 32768, 65536, 131072)
+    """Tokens per sequence."""
+    batches: tuple[int, ...] = (1, 8, 32, 64)
+    """Sequences per decode step."""
+    q_heads: int = 32
+    """Query heads (Qwen3-8B)."""
+    kv_heads: int = 8
+    """KV heads (Qwen3-8B)."""
+    head_dim: int = 128
+    """Channels per head."""
+    page_size: int = 64
+    """Tokens per page."""
+    sink: int = 64
+    """BF16 sink tokens."""
+    recent: int = 256
+    """BF16 recent window tokens."""
+    memory_gib: float = 60.0
+    """Skip a configuration whose caches would exceed this many GiB."""
+
+
+@dataclass(frozen=True)
+class DecodeBench:
+    """What ``oscarkv bench decode`` measures: end-to-end decode steps, random weights at real shapes."""
+
+    shapes: tuple[str, ...] = ("qwen3-4b", "qwen3-8b")
+    """Model shapes (oscarkv.models.shapes)."""
+    contexts: tuple[int, ...] = (30720, 61440, 102400)
+    """Prompt tokens."""
+    methods: tuple[str, ...] = ("bf16", "naive")
+    """KV methods (bf16, naive, oscar: a random artifact)."""
+    warmup: int = 4
+    """Untimed decode steps first."""
+    steps: int = 24
+    """Timed decode steps."""
+    kv_gib: float = 16.0
+    """KV pool budget in GiB."""
+    batch: int = 1
+    """Sequences decoding together, each at the row's context (the job-throughput runs of ``bench capacity``
+    decode 26 × 100K at once: ``--batch 26 --kv-gib 56`` times one such step)."""
+    temperature: float = 0.0
+    """Sampling temperature of the timed requests (0: greedy); drawn tokens are chosen on the GPU too."""
+    profile: bool = False
+    """Also profile the graph of each row at the longest context (torch.profiler). NOTE: CUPTI stays
+    attached after a profile and slows later graph launches (seen on an H100, 2026-11-22: 21 µs
+    → 320 µs): time in one invocation, profile in another."""
+
+
+@dataclass(frozen=True)
+class CapacityBench:
+    """What ``oscarkv bench capacity`` measures: tokens in a KV budget and job throughput."""
+
+    shape: str = "qwen3-4b"
+    """Model shape (:data:`oscarkv.models.shapes.SHAPES`)."""
+    kv_gib: float = 56.0
+    """KV pool budget, the same for every method."""
+    context: int = 102400
+    """Prompt tokens per request."""
+    requests: int = 32
+    """Requests in the throughput run."""
+    new_tokens: int = 16
+    """Greedy tokens decoded per request."""
+    methods: tuple[str, ...] = ("bf16", "naive")
+    """KV methods to run, in order; each needs a chunk in :attr:`chunks`, and ``bf16`` must be one."""
+    chunks: tuple[tuple[str, int], ...] = (("bf16", 2048), ("naive", 256), ("oscar", 256))
+    """Prefill chunk per method for the throughput run; the token budget is ``chunk × seqs + seqs``
+    so that every running sequence advances each step (a wave prefills, then decodes, together)."""
+
+    def __post_init__(self) -> None:
+        known = tuple(m for m, _ in self.chunks)
+        unknown = [m for m in self.methods if m not in known]
+        if unknown:
+            raise ValueError(f"CapacityBench.methods: unknown method(s) {unknown}; choose from {known}")
+        if "bf16" not in self.methods:
+            raise ValueError(f"CapacityBench.methods must include 'bf16' (the × BF16 columns), got {self.methods}")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"CapacityBench.methods has a repeated method: {self.methods}")
+
+
+@dataclass(frozen=True)
+class EngineBench:
+    """What ``oscarkv bench engine`` measures (on the CPU)."""
+
+    methods: tuple[str, ...] = ("bf16", "oscar")
+    """KV methods (oscar: the default model's cached calibration, or --rotations)."""
+    batches: tuple[int, ...] = (1, 8, 32)
+    """Batch sizes."""
+    prompt_len: int = 512
+    """Prompt tokens per sequence."""
+    new_tokens: int = 32
+    """Decode tokens per sequence."""
+
+
+@dataclass(frozen=True)
+class ServeBench:
+    """What ``oscarkv bench serve`` measures: a loopback server per KV method, driven by the openai client."""
+
+    kv: tuple[str, ...] = ("bf16", "oscar")
+    """KV methods, one server each."""
+    concurrency: tuple[int, ...] = (1, 8, 32)
+    """Requests in flight per level."""
+    requests: int = 0
+    """Requests per level; ``0``: ``max(4, 2 * concurrency)``."""
+    max_tokens: int = 16
+    """Generated tokens per request (``ignore_eos``, so every request generates exactly this many)."""

@@ -1,0 +1,5 @@
+import sys
+
+from oscarkv.cli.main import main
+
+sys.exit(main())

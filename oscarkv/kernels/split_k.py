@@ -1,0 +1,51 @@
+"""Split-K over a paged cache: each split's share of the tokens, and the merge of the splits.
+
+Both decode kernels (:mod:`oscarkv.kernels.decode` and :mod:`oscarkv.kernels.decode_int2`) give
+every (sequence, KV head) ``NUM_SPLITS`` programs. :func:`split_range` hands each split a
+contiguous, ``BLOCK_N``-aligned share of each tier; each program writes its partial output and
+log2-sum-exp to ``Mid_O [B, Hq, S, d]`` / ``Mid_L [B, Hq, S]`` (fp32), and :func:`merge_splits`
+merges them with the online-softmax rule: ``out = Σ_s 2^(lse_s − top) o_s / Σ_s 2^(lse_s − top)``.
+An empty split has ``lse = -inf`` and weight 0; a sequence with no token outputs zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def split_range(n, split, NUM_SPLITS, BLOCK_N: tl.constexpr):
+    """Contiguous, BLOCK_N-aligned share ``[start, end)`` of ``n`` tokens for one split."""
+    per = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per
+    return start, tl.minimum(n, start + per)
+
+
+@triton.jit
+def _reduce_kernel(MidO, MidL, Out, NUM_SPLITS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                   stride_b, stride_h, HQ: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    b = tl.program_id(0) // HQ
+    hq = tl.program_id(0) % HQ
+    s = tl.arange(0, SPLITS_PAD)
+    cols = tl.arange(0, D)
+    ok = s < NUM_SPLITS
+    lse = tl.load(MidL + b * stride_lb + hq * stride_lh + s, mask=ok, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # empty sequence: every weight is 0
+    w = tl.exp2(lse - top)
+    o = tl.load(MidO + b * stride_ob + hq * stride_oh + s[:, None] * stride_os + cols[None, :], mask=ok[:, None], other=0.0)
+    den = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
+    tl.store(Out + b * stride_b + hq * stride_h + cols, out.to(Out.dtype.element_ty))
+
+
+def merge_splits(mid_o: torch.Tensor, mid_l: torch.Tensor, out: torch.Tensor, num_warps: int = 4) -> None:
+    """The split-K merge (``_reduce_kernel``): per-split outputs ``mid_o [B, Hq, S, d]`` fp32 and log2-sum-exps
+    ``mid_l [B, Hq, S]`` → ``out [B, Hq, d]`` (its dtype)."""
+    bsz, hq, splits, d = mid_o.shape
+    _reduce_kernel[(bsz * hq,)](
+        mid_o, mid_l, out, splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
+        out.stride(0), out.stride(1), HQ=hq, D=d, SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
+        num_warps=num_warps)
