@@ -24,6 +24,9 @@ token and its decode steps: scheduling, tables, CUDA-graph decode, logits, sampl
 engine's overlap of host and device work), after an untimed warm-up run at 2K context (Triton
 JIT, graph capture of the buckets used). jobs/s = requests / that time. (Until 2026-11-23 the
 time excluded scheduling and the engine ran its steps without overlap.)
+
+NOTE: reads ``engine.runner.pools.geo`` to check the built engine's pools against the sizing
+computed here.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ Reported per row: ms per step and tokens/s; the graph replay alone (the forward 
 logits, CUDA events); the host phases of a step (:func:`host_phases`); the floor = (weight bytes + KV bytes the step reads) / measured copy bandwidth; and
 the write path's share of a step = (36-layer K/V write of one token, as a CUDA graph +
 one page demotion per ``P`` steps, eager) / step time.
+
+NOTE: reaches into the engine (``scheduler``, ``runner``, ``manager``, ``_launch``, ``_sample``,
+``overlap``): it times a step's phases one by one, the CUDA graph replay alone and the write
+path, which the public API hides by design.
 """
 
 from __future__ import annotations

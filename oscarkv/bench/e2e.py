@@ -10,6 +10,10 @@ through ``TritonAttention.demote_all`` (the Triton encoder, every layer at once)
 chunk is one token (``chunk_ends = (n - 1,)``), so the first sampled token and every later one
 come from real decode steps (the decode kernel, CUDA graphs). Decode speed does not depend on
 the cached values, only on their tiers, which the manager sets exactly as for a real prefill.
+
+NOTE: reaches into the engine: :func:`drive` swaps ``engine.runner`` for the filling runner (the
+fill skips the model), :func:`fill` writes through the runner's backend and pools, and
+:func:`kv_read_bytes` reads the pool geometry and each sequence's tiers from the manager.
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ def add_prompts(engine: LLMEngine, n: int, length: int, new_tokens: int, seed: i
 
     g = torch.Generator().manual_seed(seed)
     params = SamplingParams(max_tokens=new_tokens, temperature=temperature, ignore_eos=True)
-    vocab, c = engine.runner.model.config.vocab_size, engine.cfg.prefill_chunk
+    vocab, c = engine.vocab_size, engine.cfg.prefill_chunk
     ends = (*range(c, length - 1, c), length - 1)  # explicit ends replace the default ones
     for i in range(n):
         ids = torch.randint(0, vocab, (length,), generator=g).tolist()

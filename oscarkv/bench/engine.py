@@ -6,6 +6,10 @@ model (fp32 on the CPU; pools BF16/INT2), prefills ``batch`` random prompts of
 (tokens/s = batch × steps / seconds, prefill excluded). KV bytes per token are measured from
 the pools — bytes of the pages the sequences hold, divided by their tokens — and compared
 with the BPE formula of ``oscarkv.quant.bpe`` for the same tier split.
+
+NOTE: reaches into the engine (``engine.scheduler``, each sequence's page lists,
+``engine.runner.pools.geo``): the bytes are measured from the pages the sequences hold and the
+decode steps are timed apart from the prefill, which no public method reports.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def bench_one(loaded, method: str, batch: int, spec: EngineBench, artifact) -> d
         steps += 1
     dt = time.perf_counter() - t0
     tr = engine.codec.tiers(tokens // batch)
-    formula = engine.codec.bpe(tokens // batch) if engine.codec.quantized else 8.0 * engine.runner.pools.geo.window_dtype.itemsize
+    formula = engine.bpe(tokens // batch)
     return {"method": method, "batch": batch, "prompt_len": spec.prompt_len, "decode_steps": steps,
             "tokens_per_s": round(batch * steps / dt, 2), "kv_bytes_per_token": round(nbytes / tokens, 1),
             "bpe_measured": round(8.0 * nbytes / elements, 3), "bpe_formula": round(formula, 3),

@@ -115,9 +115,29 @@ class LLMEngine:
         geo = self.runner.pools.geo
         cap = geo.capacity()
         t = cap["bf16_tokens"] + cap["int2_tokens"] if geo.int2_pages else cap["bf16_tokens"]
-        bpe = self.codec.bpe(t) if self.codec.quantized else 8.0 * geo.window_dtype.itemsize
         return {"method": self.cfg.kv.method, **cap, "bytes_per_token": geo.bytes_per_token(),
-                "pool_bytes": self.runner.pools.nbytes(), "bpe_at_capacity": round(bpe, 4)}
+                "pool_bytes": self.runner.pools.nbytes(), "bpe_at_capacity": round(self.bpe(t), 4)}
+
+    def bpe(self, num_tokens: int) -> float:
+        """Bits per stored KV element of a ``num_tokens``-token sequence: the codec's tier mix for a
+        quantized cache, else the width of the dtype the pools store (32 for an fp32 model)."""
+        if self.codec.quantized:
+            return self.codec.bpe(num_tokens)
+        return 8.0 * self.runner.pools.geo.window_dtype.itemsize
+
+    @property
+    def max_pool_tokens(self) -> int:
+        """Longest sequence the KV pools hold on their own: BF16 pages for ``kv=bf16``; else INT2
+        history pages plus the BF16 sink and recent window (the BF16 pool is sized for windows)."""
+        cap, kv = self.runner.pools.geo.capacity(), self.cfg.kv
+        if not self.manager.quantized:
+            return cap["bf16_tokens"]
+        return min(cap["int2_tokens"] + kv.sink + kv.recent, cap["bf16_tokens"] + cap["int2_tokens"])
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's logits."""
+        return self.runner.model.config.vocab_size
 
     def stats(self) -> EngineStats:
         """Pages used and free per tier, prefix-cache hit rate, queue, tokens generated."""

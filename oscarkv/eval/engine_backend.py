@@ -55,7 +55,7 @@ def score_engine(engine: LLMEngine, doc: list[int], question: list[int], target:
     pred.append(out.token_ids[0])  # greedy after the whole prompt: the answer's last token
     ok = [p == t for p, t in zip(pred, target)]
     acc = sum(all(ok[a:b]) for a, b in spans) / len(spans)
-    return acc, engine.codec.bpe(len(prompt)) if engine.codec.quantized else 16.0
+    return acc, engine.bpe(len(prompt))
 
 
 def run_tasks_engine(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, artifacts, bar, tally) -> list[dict]:

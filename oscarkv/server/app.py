@@ -32,10 +32,10 @@ from oscarkv.config import ServerConfig
 from oscarkv.server.endpoints import COMPLETIONS_DEFAULT_MAX_TOKENS, chat_completions, completions
 from oscarkv.server.errors import error_response, install_handlers
 from oscarkv.server.metrics import ServerMetrics
-from oscarkv.server.state import Prepared, ServedModel, Server, pool_token_limit, served_model
+from oscarkv.server.state import Prepared, ServedModel, Server, served_model
 
 __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "ERRORS", "Prepared", "ServedModel", "Server", "chat_completions",
-           "completions", "create_app", "pool_token_limit", "served_model"]
+           "completions", "create_app", "served_model"]
 
 ERRORS = {code: {"model": P.ErrorResponse} for code in (400, 404, 500)}
 

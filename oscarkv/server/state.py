@@ -12,7 +12,7 @@ hand it to :meth:`Server.generate`, which wraps ``AsyncEngine.generate`` and rec
 A request the engine could never run (:meth:`~oscarkv.engine.engine.LLMEngine.check_request`)
 is refused here, before any response starts. A full KV pool is the scheduler's business (it
 queues new requests and preempts running ones by recompute); the server only refuses a request
-that could not fit the pools even alone (:func:`pool_token_limit`), since the engine cannot run
+that could not fit the pools even alone (:attr:`~oscarkv.engine.engine.LLMEngine.max_pool_tokens`), since the engine cannot run
 one.
 """
 
@@ -42,18 +42,9 @@ class ServedModel:
     vocab_size: int
 
 
-def pool_token_limit(engine: LLMEngine) -> int:
-    """Longest sequence the KV pools hold on their own: BF16 pages for ``kv=bf16``; else INT2
-    history pages plus the BF16 sink and recent window (the BF16 pool is sized for windows)."""
-    cap, kv = engine.runner.pools.geo.capacity(), engine.cfg.kv
-    if not engine.manager.quantized:
-        return cap["bf16_tokens"]
-    return min(cap["int2_tokens"] + kv.sink + kv.recent, cap["bf16_tokens"] + cap["int2_tokens"])
-
-
 def served_model(engine: LLMEngine, hf_config, tokenizer, name: str, cfg: ServerConfig) -> ServedModel:
     """Resolve the context limit: ``cfg.max_model_len`` or the model's positions, never beyond the pools."""
-    limit = min(pool_token_limit(engine), getattr(hf_config, "max_position_embeddings", None) or 1 << 62)
+    limit = min(engine.max_pool_tokens, getattr(hf_config, "max_position_embeddings", None) or 1 << 62)
     return ServedModel(name, tokenizer, min(cfg.max_model_len or limit, limit), hf_config.vocab_size)
 
 
