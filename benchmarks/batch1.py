@@ -1,7 +1,7 @@
 """Where the INT2 decode kernel's time goes at batch 1: fixed cost, split count, merge, and a copy of the same bytes.
 
 ``python -m benchmarks.batch1 OUT_DIR`` (needs CUDA). At batch 1 the INT2 kernel reads 30–56% of
-the *asymptotic* copy bandwidth (round 7, ``docs/BENCHMARKS.md``) while it reaches 80% at batch 8–32,
+the *asymptotic* copy bandwidth (round 7, ``docs/lab/benchmarks-log.md``) while it reaches 80% at batch 8–32,
 so the question is what does not scale with the bytes. For each context (Qwen3-8B attention
 shape, G = 128, one sequence) it times, as CUDA-graph replays over rotated caches that exceed the
 L2 cache (:mod:`benchmarks.variants_common`; at most 64 of them, so below ~3 MB per cache the L2

@@ -7,7 +7,7 @@ the specialization Triton would give those arguments at run time (16-divisible p
 strides, strides of 1 as constants). NAME=VALUE overrides a constexpr (``G``, ``REP_PAD``,
 ``BLOCK_N``, ...) or an option (``num_warps``, ``num_stages``, ``maxnreg``). Writes
 ``OUT_PREFIX.{ttgir,ptx,cubin,sass}`` and prints registers, stack bytes (spills) and the count of
-local loads/stores and mma instructions. Round 6 chose the transposed tiles with it (BENCHMARKS.md).
+local loads/stores and mma instructions. Round 6 chose the transposed tiles with it (docs/lab/benchmarks-log.md).
 """
 
 from __future__ import annotations

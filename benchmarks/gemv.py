@@ -1,7 +1,7 @@
 """Skinny-GEMM probe: the decode step's projections at M = 1..32 rows, cuBLAS layouts vs a Triton kernel.
 
 Role: the end-to-end decode step spends ~4.2 ms of a 100K-token Qwen3-4B step on work that does
-not scale with context, against 2.67 ms of weight bytes (docs/BENCHMARKS.md, "What the missed
+not scale with context, against 2.67 ms of weight bytes (docs/lab/benchmarks-log.md, "What the missed
 targets would need"); the GEMVs are most of it. This probe times, per projection of a model
 shape (``qkv``, ``o``, ``gate_up``, ``down``; weights ``[N, K]`` bf16 as ``nn.Linear`` holds
 them) and row count ``M``:

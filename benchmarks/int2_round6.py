@@ -26,7 +26,7 @@ M and K and the ``REP`` query rows of the KV head on N (``REP_PAD = max(8, REP)`
 mma count and the fp32 accumulators (``[LG, 8]`` slices: 8 registers each, was 16), and q
 becomes the dot's B operand. The kernel then fits in 168 registers without spills (it used
 255 with spills), so ``decode._config`` runs 12 one-warp programs per SM instead of 8
-(H100, 2026-11-22, ``docs/BENCHMARKS.md`` round 6). Online-softmax statistics are per column
+(H100, 2026-11-22, ``docs/lab/benchmarks-log.md`` round 6). Online-softmax statistics are per column
 (``_softmax_step_t`` reduces over axis 0).
 
 Column order. Byte ``j`` of a token holds, in bits ``2i..2i+1``, element

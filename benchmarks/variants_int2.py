@@ -35,7 +35,7 @@ from benchmarks.variants_common import L2_BYTES, graph_us, random_caches, rel_er
 
 POINTS = ((32768, 1), (102400, 1), (32768, 8), (102400, 8))
 INT2_VARIANTS = {  # name -> config override of decode._config("raw_int2"); round 4 (H100) tried and dropped:
-    "default": {},   # two KV heads per program, maxnreg 208/192, 2 warps, CHUNK 16 (BENCHMARKS.md)
+    "default": {},   # two KV heads per program, maxnreg 208/192, 2 warps, CHUNK 16 (docs/lab/benchmarks-log.md)
     "st2": dict(num_stages=2),  # one tile's copies in flight
     "st4": dict(num_stages=4),
 }

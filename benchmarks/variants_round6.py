@@ -11,9 +11,11 @@ spills of every compiled INT2 kernel. The result dict is written as ``round6.jso
 :func:`round6_table` prints it.
 
 A variant with ``base=NAME`` runs the kernel of ``benchmarks/NAME.py`` in place of the current
-one (:class:`_swap`), and only where that file exists (not committed): ``int2_round5`` =
-``git show 449eb7b:oscarkv/kernels/decode_int2.py``, ``int2_round6`` = ``git show
-c64b09d:oscarkv/kernels/decode_int2.py``.
+one (:class:`_swap`). ``int2_round6.py`` (committed beside this file) is the round-6 kernel,
+``git show c64b09d:oscarkv/kernels/decode_int2.py``: round 7's baseline. Round 6's own baseline,
+the round-5 kernel, was a file made by ``git show 449eb7b:...`` and never committed, so that
+variant is gone; its measured times stay in ``docs/lab/benchmarks-log.md`` ("Round 6") and
+``docs/bench_gpu/round6_int2_h100.json``.
 """
 
 from __future__ import annotations
@@ -26,17 +28,14 @@ from oscarkv.bench.attention import AttentionBench, cache_bytes
 from benchmarks.variants_common import L2_BYTES, graph_us, random_caches, rel_err
 
 ROUND6_POINTS = ((32768, 1), (102400, 1), (131072, 1), (32768, 8), (102400, 8), (32768, 32))
-ROUND6 = {  # INT2 kernel, round 6 (H100): transposed tiles (tokens x query rows) vs the round-5 kernel
-    # baseline, run only where benchmarks/int2_round5.py exists (not committed; make it with
-    # `git show 449eb7b:oscarkv/kernels/decode_int2.py > benchmarks/int2_round5.py`)
-    "r5": dict(REP_PAD=16, maxnreg=None, PER_SM=8, base="int2_round5"),
+ROUND6 = {  # INT2 kernel, round 6 (H100): transposed tiles (tokens x query rows) and their register caps
     "T": {},  # the default now: maxnreg 168, 12 programs per SM
     "T_n255_s8": dict(maxnreg=None, PER_SM=8),
     "T_n152_s13": dict(maxnreg=152, PER_SM=13),
     "T_st4": dict(num_stages=4),
     "T_n128_s16": dict(maxnreg=128, PER_SM=16),
 }
-ROUND6_G64 = ("r5", "T", "T_n128_s16")
+ROUND6_G64 = ("T", "T_n128_s16")
 ROUND7 = {  # INT2 kernel, round 7 (H100): four slices per PTX block vs the round-6 kernel
     "r6": dict(base="int2_round6", CONV=2),
     "S": {},  # the default: maxnreg 168, 12 programs per SM
@@ -49,7 +48,7 @@ ROUND7_G64 = ("r6", "S", "S_n128_s16")
 
 
 class _swap:
-    """Runs the INT2 kernel of ``oscarkv.bench.<conf['base']>`` in place of the current one while active."""
+    """Runs the INT2 kernel of ``benchmarks.<conf['base']>`` in place of the current one while active."""
 
     def __init__(self, conf: dict):
         self.base, self.conf = conf.get("base"), {k: v for k, v in conf.items() if k != "base"}
