@@ -10,6 +10,7 @@ same recipe with fewer tokens, which changes the rotations' quality, not what th
 import contextlib
 import io
 import re
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,6 +44,28 @@ def test_readme_has_the_two_setup_commands_first():
 
 def test_readme_has_no_parent_links():
     assert "](../" not in README.read_text() and "`../" not in README.read_text()
+
+
+def readme_commands() -> list[str]:
+    """Every ``oscarkv ...`` command of the README: lines of its bash blocks, code spans with flags."""
+    text = README.read_text()
+    lines = [ln.split("  #")[0].strip() for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+             for ln in block.replace("\\\n", " ").splitlines()]
+    lines += [span for span in re.findall(r"`(oscarkv [^`]*)`", text) if " --" in span]
+    return sorted({ln.removeprefix(".venv/bin/") for ln in lines if ln.startswith(("oscarkv ", ".venv/bin/oscarkv "))})
+
+
+def test_readme_commands_parse():
+    """Each command the README shows is accepted by today's ``oscarkv`` parser (flags, list syntax)."""
+    from oscarkv.cli.main import build_parser
+
+    commands = readme_commands()
+    assert len(commands) >= 10
+    for command in commands:
+        try:
+            build_parser().parse_args(shlex.split(command)[1:])
+        except SystemExit:
+            pytest.fail(f"README command does not parse: {command}")
 
 
 def test_readme_has_python_snippets():
