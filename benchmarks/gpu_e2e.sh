@@ -10,7 +10,7 @@ parts="${*:-tests decode capacity profile}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
 case " $parts " in *" tests "*) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_engine.py tests/kernels 2>&1 | tail -40 | tee $OUT/pytest.txt;; esac
 case " $parts " in *" decode "*) timeout 240 python3 -m oscarkv.cli.main bench decode --out $OUT/decode_h100.json 2>&1 | tee $OUT/decode.log | grep -v "^{";; esac
-case " $parts " in *" capacity "*) timeout 330 python3 -m oscarkv.cli.main bench capacity --methods bf16 naive oscar --out $OUT/capacity_h100.json 2>&1 | tee $OUT/capacity.log | grep -v "^{";; esac
+case " $parts " in *" capacity "*) timeout 330 python3 -m oscarkv.cli.main bench capacity --methods bf16,naive,oscar --out $OUT/capacity_h100.json 2>&1 | tee $OUT/capacity.log | grep -v "^{";; esac
 case " $parts " in *" profile "*) timeout 120 python3 -m oscarkv.cli.main bench decode --shapes qwen3-4b --contexts 102400 --profile --out $OUT/decode_profile_h100.json 2>&1 | grep -v "^{" | tail -4;; esac
 case " $parts " in *" sweep "*) timeout 150 python3 -m benchmarks.variants $OUT sweep 2>&1 | tee $OUT/sweep.log | grep -v "^sweep {";; esac
 case " $parts " in *" bf16 "*) timeout 330 python3 -m benchmarks.variants $OUT bf16 2>&1 | tee $OUT/bf16.log | grep -v "^coarse\|^final";; esac

@@ -227,7 +227,7 @@ def _num_sms(device: torch.device) -> int:
 
 def _config(kind: str, device: torch.device, programs: int) -> dict:
     """Tile and launch parameters keyed by kernel kind and ``programs`` = B * H (before splitting)
-    (H100 sweeps, ``oscarkv.bench.sweep`` and ``oscarkv.bench.variants ... bf16``).
+    (H100 sweeps, ``benchmarks.sweep`` and ``benchmarks.variants ... bf16``).
 
     ``raw_int2``: the INT2 kernel of :mod:`oscarkv.kernels.decode_int2` (``CONV`` 2 = inline PTX
     code conversion); ``int2``: the generic kernel with small groups; ``bf16``: BF16-only caches."""
