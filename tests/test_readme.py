@@ -28,7 +28,7 @@ def workdir(tmp_path_factory) -> Path:
     from oscarkv.models.loader import load_model
 
     path = tmp_path_factory.mktemp("readme")
-    cfg = replace(CalibrationConfig(), tokens=256, chunk=128, heldout_tokens=64)
+    cfg = replace(CalibrationConfig(), tokens=128, chunk=64, heldout_tokens=32)
     artifact, _ = calibrate(load_model("default"), cfg)
     artifact.save(path / "rotations")
     return path
