@@ -1,7 +1,7 @@
 """Typed configuration: one frozen dataclass per concern, validated on construction.
 
 CLI flags derive from these fields (``oscarkv.cli.flags``); nothing is read from environment
-variables. ``KVConfig`` says how the KV cache is stored; ``CalibrationConfig`` how the
+variables here (the one exception, a secret, is read by ``oscarkv serve``: ``OSCARKV_API_KEY``). ``KVConfig`` says how the KV cache is stored; ``CalibrationConfig`` how the
 rotation artifact is fitted; ``EvalConfig`` what is measured; ``EngineConfig`` how the paged
 engine runs; ``ServerConfig`` what the HTTP layer adds. This module imports nothing heavy
 (the command line's ``--help`` reads it without torch).
@@ -249,7 +249,8 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Network address, the served model's name and request limits of ``oscarkv serve``."""
+    """Network address, the served model's name, request limits, shutdown and access control of
+    ``oscarkv serve``."""
 
     host: str = "127.0.0.1"
     """Interface to bind (loopback by default; ``0.0.0.0`` serves every interface)."""
@@ -263,6 +264,18 @@ class ServerConfig:
     default_max_tokens: int = 0
     """``max_tokens`` of requests that leave it out; ``0``: the rest of the context (vLLM's
     choice for chat), and 16 for ``/v1/completions`` (OpenAI's documented default)."""
+    max_request_bytes: int = 16 << 20
+    """Largest request body accepted; a larger one is answered 413 before it is parsed. 16 MiB
+    holds a 1M-token prompt sent as token ids."""
+    shutdown_grace: float = 30.0
+    """Seconds a SIGTERM or SIGINT lets requests in flight finish (new ones are refused); those
+    still running then end with an error event (a 503 before their response started)."""
+    api_key: str = field(default="", repr=False)
+    """Bearer token every ``/v1/*`` request must carry (``Authorization: Bearer KEY``); empty: no
+    check. ``oscarkv serve`` also reads it from ``OSCARKV_API_KEY``, which keeps it out of
+    process listings."""
+    protect_metrics: bool = False
+    """Ask for the API key on ``/metrics`` too (``/health`` is always open)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -271,3 +284,9 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.max_model_len must be >= 0, got {self.max_model_len}")
         if self.default_max_tokens < 0:
             raise ValueError(f"ServerConfig.default_max_tokens must be >= 0, got {self.default_max_tokens}")
+        if self.max_request_bytes < 1024:
+            raise ValueError(f"ServerConfig.max_request_bytes must be >= 1024, got {self.max_request_bytes}")
+        if not self.shutdown_grace >= 0:
+            raise ValueError(f"ServerConfig.shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
+        if self.protect_metrics and not self.api_key:
+            raise ValueError("ServerConfig.protect_metrics needs an api_key (--api-key or OSCARKV_API_KEY)")

@@ -14,8 +14,9 @@ Request path: body → pydantic (``oscarkv.server.protocol``) → :meth:`Server.
 against the context) → ``AsyncEngine.generate`` → JSON or SSE (``oscarkv.server.endpoints``,
 ``oscarkv.server.streaming``: a client's disconnect aborts its request). Every refusal is an
 OpenAI error body with a 4xx status and every failure a 500, from the handlers of
-``oscarkv.server.errors``; the server keeps serving. Responses are counted by path and status
-(:class:`_StatusCounter`, ``oscarkv.server.metrics``).
+``oscarkv.server.errors``; the server keeps serving. Middleware (``oscarkv.server.middleware``)
+counts every response by path and status, checks the API key of ``/v1/*`` and answers 413 to an
+oversized body before it is parsed.
 
 The names the rest of the package and the tests use (:func:`served_model`, :class:`Server`,
 ...) are importable from here as well as from their modules.
@@ -31,35 +32,13 @@ from oscarkv.server import protocol as P
 from oscarkv.config import ServerConfig
 from oscarkv.server.endpoints import COMPLETIONS_DEFAULT_MAX_TOKENS, chat_completions, completions
 from oscarkv.server.errors import error_response, install_handlers
-from oscarkv.server.metrics import ServerMetrics
+from oscarkv.server.middleware import ApiKey, BodyLimit, StatusCounter
 from oscarkv.server.state import Prepared, ServedModel, Server, served_model
 
 __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "ERRORS", "Prepared", "ServedModel", "Server", "chat_completions",
            "completions", "create_app", "served_model"]
 
-ERRORS = {code: {"model": P.ErrorResponse} for code in (400, 404, 500)}
-
-
-class _StatusCounter:
-    """ASGI middleware counting responses by path and status (``oscarkv_http_responses``)."""
-
-    def __init__(self, app, metrics: ServerMetrics) -> None:
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def counting_send(message):
-            if message["type"] == "http.response.start":
-                path = scope["path"] if scope["path"] in _PATHS else "other"
-                self.metrics.http.labels(path, str(message["status"])).inc()
-            await send(message)
-
-        await self.app(scope, receive, counting_send)
-
-
-_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ERRORS = {code: {"model": P.ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
 
 
 def create_app(engine: AsyncEngine, model: ServedModel, cfg: ServerConfig) -> FastAPI:
@@ -67,7 +46,10 @@ def create_app(engine: AsyncEngine, model: ServedModel, cfg: ServerConfig) -> Fa
     app = FastAPI(title="oscarkv", version="0.1.0", description="OpenAI-compatible API over the INT2 KV-cache engine")
     server = app.state.server = Server(engine, model, cfg)
     install_handlers(app)
-    app.add_middleware(_StatusCounter, metrics=server.metrics)
+    app.add_middleware(BodyLimit, limit=cfg.max_request_bytes)  # the one added last runs first
+    if cfg.api_key:
+        app.add_middleware(ApiKey, key=cfg.api_key, protect_metrics=cfg.protect_metrics)
+    app.add_middleware(StatusCounter, metrics=server.metrics)
 
     @app.post("/v1/completions", response_model=P.CompletionResponse, responses=ERRORS)
     async def post_completions(req: P.CompletionRequest, request: Request) -> Response:

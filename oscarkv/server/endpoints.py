@@ -3,7 +3,8 @@
 Role: :func:`completions` and :func:`chat_completions` are what the routes of
 ``oscarkv.server.app`` call. Each validates through :class:`~oscarkv.server.state.Server`
 (model name, options, prompt token ids — the chat one through the tokenizer's chat template —
-and ``max_tokens``), then either awaits the last output (raced against the client's disconnect;
+and ``max_tokens``; text is tokenized and a whole body's log-probabilities detokenized in a worker
+thread, so the event loop stays free for health checks and other streams), then either awaits the last output (raced against the client's disconnect;
 a client gone gets a 499) and returns one JSON body, or streams SSE chunks
 (``stream=true``; ``stream_options.include_usage`` adds a usage chunk) ending with
 ``data: [DONE]``. An engine failure after the status line has gone out becomes an error event
@@ -13,6 +14,8 @@ Token log-probabilities are converted here into each endpoint's wire shape.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -34,19 +37,23 @@ def _completion_logprobs(server: Server, out: RequestOutput, offset: int = 0) ->
         return None
     tokens = [server.token_text(t) for t in out.new_token_ids]
     lps = out.logprobs[len(out.logprobs) - len(tokens):]
-    offsets = [offset + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    offsets = list(itertools.accumulate(map(len, tokens), initial=offset))[:-1]
     return P.CompletionLogprobs(tokens=tokens, token_logprobs=lps, text_offset=offsets)
 
 
 async def completions(server: Server, req: P.CompletionRequest, request: Request) -> Response:
     server.check_model(req)
-    prep = server.prepare(req, server.completion_ids(req), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, "cmpl",
-                          logprobs=req.logprobs is not None)
+    prep = server.prepare(req, await server.completion_ids(req), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS,
+                          "cmpl", logprobs=req.logprobs is not None)
     if req.stream:
         return StreamingResponse(_completion_stream(server, req, prep), media_type="text/event-stream")
     out = await until_disconnect(request, last_output(server.generate(prep, "completions")))
     if out is None:
         return Response(status_code=499)
+    return JSONResponse(await asyncio.to_thread(_completion_body, server, prep, out))  # detokenizing logprobs
+
+
+def _completion_body(server: Server, prep: Prepared, out: RequestOutput) -> dict:
     lp = None
     if out.logprobs is not None:
         out.new_token_ids = out.token_ids
@@ -54,7 +61,7 @@ async def completions(server: Server, req: P.CompletionRequest, request: Request
     choice = P.CompletionChoice(text=out.text, logprobs=lp, finish_reason=out.finish_reason)
     body = P.CompletionResponse(id=prep.request_id, model=server.model.name, choices=[choice],
                                 usage=usage_of(prep, out))
-    return JSONResponse(body.model_dump(exclude_none=True))
+    return body.model_dump(exclude_none=True)
 
 
 async def _completion_stream(server: Server, req: P.CompletionRequest, prep: Prepared) -> AsyncIterator[str]:
@@ -90,20 +97,24 @@ def _chat_logprobs(server: Server, out: RequestOutput) -> P.ChoiceLogprobs | Non
 
 async def chat_completions(server: Server, req: P.ChatCompletionRequest, request: Request) -> Response:
     server.check_model(req)
-    prep = server.prepare(req, server.chat_ids(req), req.requested_max_tokens, 0, "chatcmpl",
+    prep = server.prepare(req, await server.chat_ids(req), req.requested_max_tokens, 0, "chatcmpl",
                           logprobs=req.logprobs)
     if req.stream:
         return StreamingResponse(_chat_stream(server, req, prep), media_type="text/event-stream")
     out = await until_disconnect(request, last_output(server.generate(prep, "chat")))
     if out is None:
         return Response(status_code=499)
+    return JSONResponse(await asyncio.to_thread(_chat_body, server, prep, out))
+
+
+def _chat_body(server: Server, prep: Prepared, out: RequestOutput) -> dict:
     if out.logprobs is not None:
         out.new_token_ids = out.token_ids
     choice = P.ChatChoice(message=P.AssistantMessage(content=out.text), logprobs=_chat_logprobs(server, out),
                           finish_reason=out.finish_reason)
     body = P.ChatCompletionResponse(id=prep.request_id, model=server.model.name, choices=[choice],
                                     usage=usage_of(prep, out))
-    return JSONResponse(body.model_dump(exclude_none=True))
+    return body.model_dump(exclude_none=True)
 
 
 async def _chat_stream(server: Server, req: P.ChatCompletionRequest, prep: Prepared) -> AsyncIterator[str]:

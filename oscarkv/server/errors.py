@@ -37,14 +37,25 @@ def _union_tag(part: str) -> bool:
     return "[" in part or "-" in part or part in ("str", "int", "float", "bool", "list", "dict")
 
 
+def _most_telling(errors: list[dict]) -> dict:
+    """The error that tells the client most. A union field fails once per member (a list of ten
+    stop strings is also "not a valid string"): a validator's own message (the limit, the
+    unsupported feature, the invalid Unicode) beats a constraint, which beats a type mismatch;
+    then the deepest location."""
+    def rank(err: dict) -> tuple:
+        kind = err.get("type", "")
+        return kind == "json_invalid", kind == "value_error", not kind.endswith("_type"), len(err.get("loc", ()))
+    return max(errors, key=rank) if errors else {"loc": (), "msg": "invalid request"}
+
+
 async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    err = _most_telling(list(exc.errors()))
     loc = [str(x) for x in err.get("loc", ()) if x != "body" and not _union_tag(str(x))]
     if err.get("type") == "json_invalid":
         return error_response(400, f"malformed JSON body: {err.get('ctx', {}).get('error', err['msg'])}",
                               code="json_invalid")
-    where = ".".join(loc)
-    return error_response(400, f"{where + ': ' if where else ''}{err['msg']}", where or None, err.get("type"))
+    where, msg = ".".join(loc), err["msg"].removeprefix("Value error, ")
+    return error_response(400, f"{where + ': ' if where else ''}{msg}", where or None, err.get("type"))
 
 
 async def _request_error(_: Request, exc: P.RequestError) -> JSONResponse:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from oscarkv.engine.request import SamplingParams
 
@@ -31,7 +31,27 @@ TOP_P_MIN = 1e-6
 """Smaller ``top_p`` values are raised to this: the nucleus is the top token either way, and a
 subnormal ``top_p`` rounds to 0 in fp32, where the sampler would drop every token."""
 
+MAX_STOP = 4
+"""Most stop strings a request may give (OpenAI's limit)."""
+
 Float = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def valid_unicode(s: str) -> str:
+    """``s`` if it encodes as UTF-8; a lone surrogate (a JSON ``\\ud800`` escape without its
+    pair: valid JSON, invalid Unicode, which tokenizers cannot take) raises naming its place."""
+    if s.isascii():
+        return s
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"invalid Unicode: lone surrogate U+{ord(s[e.start]):04X} at character {e.start} "
+                         "(a \\uD800-\\uDFFF escape without its pair)") from None
+    return s
+
+
+Text = Annotated[str, AfterValidator(valid_unicode)]
+"""A request string: any Unicode text that encodes as UTF-8."""
 
 
 class _Strict(BaseModel):
@@ -70,7 +90,7 @@ class StreamOptions(_Strict):
 class SamplingRequest(_Strict):
     """Fields shared by ``/v1/completions`` and ``/v1/chat/completions``."""
 
-    model: str
+    model: Text
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[Float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[Float, Field(gt=0, le=1)] | None = None
@@ -78,14 +98,21 @@ class SamplingRequest(_Strict):
     n: Annotated[int, Field(ge=1, le=128)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    stop: Text | list[Text] | None = None
     seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     presence_penalty: Annotated[Float, Field(ge=-2, le=2)] = 0.0
     frequency_penalty: Annotated[Float, Field(ge=-2, le=2)] = 0.0
     logit_bias: dict[str, Float] | None = None
-    user: str | None = None
+    user: Text | None = None
     ignore_eos: bool = False
     """Extension (vLLM): keep generating past the end-of-sequence token."""
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences are supported, got {len(stop)}")
+        return stop
 
     def unsupported(self) -> tuple[str, str] | None:
         """``(param, why)`` for the first accepted-but-unsupported option that is set."""
@@ -109,12 +136,12 @@ class SamplingRequest(_Strict):
 class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``: one prompt as text or token ids."""
 
-    prompt: str | Annotated[list[int], Field(min_length=1)] | Annotated[list[str], Field(min_length=1)] \
+    prompt: Text | Annotated[list[int], Field(min_length=1)] | Annotated[list[Text], Field(min_length=1)] \
         | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
     best_of: Annotated[int, Field(ge=1)] | None = None
-    suffix: str | None = None
+    suffix: Text | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         checks = [("prompt", isinstance(self.prompt, list) and isinstance(self.prompt[0], (str, list))
@@ -132,13 +159,23 @@ class CompletionRequest(SamplingRequest):
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, part: Any) -> Any:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind != "text":
+            what = "images are" if "image" in kind else "audio is" if "audio" in kind else "files are" \
+                if "file" in kind else f"content parts of type {kind!r} are"
+            raise ValueError(f"{what} not supported (content part type {kind!r}); send text parts only")
+        return part
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         c = self.content
@@ -158,7 +195,7 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Text | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
 
     def unsupported(self) -> tuple[str, str] | None:

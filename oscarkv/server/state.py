@@ -18,6 +18,7 @@ one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -40,12 +41,30 @@ class ServedModel:
     tokenizer: object
     max_model_len: int
     vocab_size: int
+    max_token_chars: int = 0
+    """Most characters of text one token covers (:func:`longest_token_chars`); 0: unknown."""
 
 
 def served_model(engine: LLMEngine, hf_config, tokenizer, name: str, cfg: ServerConfig) -> ServedModel:
     """Resolve the context limit: ``cfg.max_model_len`` or the model's positions, never beyond the pools."""
     limit = min(engine.max_pool_tokens, getattr(hf_config, "max_position_embeddings", None) or 1 << 62)
-    return ServedModel(name, tokenizer, min(cfg.max_model_len or limit, limit), hf_config.vocab_size)
+    return ServedModel(name, tokenizer, min(cfg.max_model_len or limit, limit), hf_config.vocab_size,
+                       longest_token_chars(tokenizer))
+
+
+def longest_token_chars(tokenizer) -> int:
+    """An upper bound on the characters of text one token covers (0 when the vocabulary is unknown),
+    so a prompt's length in characters alone can prove it over the context (no tokenizing).
+
+    A vocabulary entry spells its text at least as long as the text: byte-level BPE writes each
+    byte as one character, SentencePiece writes ``▁`` for a space. NOTE: a normalizer may compose
+    characters (NFC makes ``e`` + U+0301 one ``é``), hence 4x slack when the tokenizer has one."""
+    try:
+        longest = max(map(len, tokenizer.get_vocab()))
+    except (AttributeError, TypeError, ValueError):
+        return 0
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return longest * (1 if backend is not None and backend.normalizer is None else 4)
 
 
 @dataclass
@@ -64,6 +83,9 @@ class Server:
     def __init__(self, engine: AsyncEngine, model: ServedModel, cfg: ServerConfig) -> None:
         self.engine, self.model, self.cfg = engine, model, cfg
         self.metrics = ServerMetrics(engine.engine)
+        self.in_flight: set[str] = set()
+        self.draining = False  # new requests are refused (503)
+        self.cut = False  # requests still running were aborted at the end of the grace period
 
     # ------------------------------------------------------------------------- validation
     def prepare(self, req: P.SamplingRequest, prompt_ids: list[int], max_tokens: int | None,
@@ -91,6 +113,9 @@ class Server:
         return Prepared(request_id, prompt_ids, params, arrival)
 
     def check_model(self, req: P.SamplingRequest) -> None:
+        if self.draining:
+            raise P.RequestError("the server is shutting down; retry on another replica or later", 503,
+                                 code="shutting_down", type="service_unavailable")
         if req.model != self.model.name:
             raise P.RequestError(f"The model `{req.model}` does not exist; this server serves `{self.model.name}`.",
                                  404, "model", "model_not_found", "NotFoundError")
@@ -98,19 +123,35 @@ class Server:
         if bad is not None:
             raise P.RequestError(f"unsupported option {bad[0]}: {bad[1]}", param=bad[0], code="unsupported")
 
-    def completion_ids(self, req: P.CompletionRequest) -> list[int]:
+    def check_chars(self, chars: int) -> None:
+        """Refuse a prompt whose length in characters alone proves it over the context."""
+        most = self.model.max_model_len * self.model.max_token_chars
+        if self.model.max_token_chars and chars > most:
+            raise P.RequestError(f"This model's maximum context length is {self.model.max_model_len} tokens, and one "
+                                 f"token covers at most {self.model.max_token_chars} characters; the prompt has "
+                                 f"{chars} characters, more than {most}. Please reduce the prompt.",
+                                 param="prompt", code="context_length_exceeded")
+
+    async def completion_ids(self, req: P.CompletionRequest) -> list[int]:
+        """The prompt's token ids; text is tokenized in a worker thread (the event loop serves on)."""
         prompt = req.single_prompt()
         if isinstance(prompt, str):
-            return self.model.tokenizer(prompt).input_ids if prompt else []
+            self.check_chars(len(prompt))
+            return await asyncio.to_thread(lambda: self.model.tokenizer(prompt).input_ids) if prompt else []
         if not all(0 <= t < self.model.vocab_size for t in prompt):
             raise P.RequestError(f"prompt token ids must lie in [0, {self.model.vocab_size})", param="prompt")
         return list(prompt)
 
-    def chat_ids(self, req: P.ChatCompletionRequest) -> list[int]:
-        tok = self.model.tokenizer
-        if not getattr(tok, "chat_template", None):
+    async def chat_ids(self, req: P.ChatCompletionRequest) -> list[int]:
+        """The messages through the chat template, then tokenized, in a worker thread."""
+        if not getattr(self.model.tokenizer, "chat_template", None):
             raise P.RequestError("this model's tokenizer has no chat template; use /v1/completions", param="messages")
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        self.check_chars(sum(len(m["content"]) for m in messages))  # NOTE: templates add text, never drop it
+        return await asyncio.to_thread(self._chat_ids, messages)
+
+    def _chat_ids(self, messages: list[dict]) -> list[int]:
+        tok = self.model.tokenizer
         try:
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # a template may raise on message orders it does not accept (jinja2 errors)
@@ -122,12 +163,17 @@ class Server:
         """``AsyncEngine.generate`` plus metrics; leaving early aborts (pages freed)."""
         self.metrics.admit(len(prep.prompt_ids))
         ttft, last, reason = None, None, "abort"
+        self.in_flight.add(prep.request_id)
         try:
             async with contextlib.aclosing(self.engine.generate(prep.request_id, prep.prompt_ids, prep.params)) as outs:
                 async for out in outs:
                     if ttft is None and out.new_token_ids:
                         ttft = time.perf_counter() - prep.arrival
                     last, reason = out, out.finish_reason or reason
+                    if out.finish_reason == "abort" and self.cut:
+                        raise P.RequestError(f"the server shut down before this request finished (it ran past the "
+                                             f"{self.cfg.shutdown_grace:g} s grace period)", 503,
+                                             code="shutting_down", type="service_unavailable")
                     yield out
         except RequestFailed:
             reason = "error"
@@ -135,8 +181,26 @@ class Server:
         except ValueError as e:  # refused by the engine when added (check_request let it pass)
             raise P.RequestError(str(e)) from e
         finally:
+            self.in_flight.discard(prep.request_id)
             n = len(last.token_ids) if last is not None else 0
             self.metrics.observe_request(endpoint, reason, n, ttft, time.perf_counter() - prep.arrival)
+
+    async def drain(self, grace: float) -> tuple[int, int]:
+        """Graceful shutdown: refuse new requests, let those in flight run for up to ``grace``
+        seconds, then abort the rest (each ends with a 503 error; the engine frees its pages).
+        Returns ``(finished, cut)``: how many ended within the grace period and how many were cut."""
+        self.draining = True
+        loop, started = asyncio.get_running_loop(), set(self.in_flight)
+        end = loop.time() + grace
+        while self.in_flight and loop.time() < end:
+            await asyncio.sleep(0.02)
+        cut = set(self.in_flight)
+        self.cut = True
+        for request_id in cut:
+            await self.engine.abort(request_id)
+        while self.in_flight and loop.time() < end + 5:  # each stream sends its error event and leaves
+            await asyncio.sleep(0.02)
+        return len(started - cut), len(cut)
 
     def token_text(self, token_id: int) -> str:
         return self.model.tokenizer.decode([token_id])

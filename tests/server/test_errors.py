@@ -1,7 +1,10 @@
 """Bad input gets an OpenAI-style error body and a 4xx status; an engine failure a 500 (or an
 error event in a stream); the server keeps serving."""
 
+import http.client
 import json
+import threading
+import time
 
 import httpx
 import openai
@@ -49,7 +52,15 @@ CASES = [  # (id, path, body (dict or raw text), status, param)
     ("empty-messages", "/v1/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
     ("bad-role", "/v1/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
     ("image-part", "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, None),
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, "messages.0.content.0"),
+    ("surrogate-chat", "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a\ud800b"}]},
+     400, "messages.0.content"),
+    ("surrogate-chat-part", "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "\udc00"}]}]}, 400, "messages.0.content.0.text"),
+    ("surrogate-prompt", "/v1/completions", {**OK, "prompt": "x\udfffy"}, 400, "prompt"),
+    ("surrogate-prompt-list", "/v1/completions", {**OK, "prompt": ["x\udfffy"]}, 400, "prompt.0"),
+    ("surrogate-stop", "/v1/completions", {**OK, "stop": ["ok", "\ud83d"]}, 400, "stop.1"),
+    ("surrogate-stop-str", "/v1/chat/completions", {**CHAT, "stop": "\ud83d"}, 400, "stop"),
 ]
 
 
@@ -63,6 +74,75 @@ def test_bad_input_is_refused(served, path, body, status, param):
         assert err["message"] and err["type"]
         if param is not None:
             assert err["param"] == param, err
+
+
+MESSAGES = [  # (id, path, body, words the message must hold)
+    ("ten-stops", "/v1/completions", {**OK, "stop": list("abcdefghij")}, "at most 4 stop sequences"),
+    ("image-part", "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x"}}]}]},
+     "images are not supported"),
+    ("surrogate", "/v1/completions", {**OK, "prompt": "x\udfffy"}, "lone surrogate U+DFFF at character 1"),
+    ("chars-over-context", "/v1/completions", {**OK, "prompt": "x" * 10**6}, "the prompt has 1000000 characters"),
+]
+
+
+@pytest.mark.parametrize("path,body,words", [c[1:] for c in MESSAGES], ids=[c[0] for c in MESSAGES])
+def test_messages_name_the_limit_or_feature(served, path, body, words):
+    r = httpx.post(served.url + path, content=json.dumps(body), headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_body_limit_is_a_413_before_parsing(model, tok):
+    with start(model, tok, ServerConfig(served_model_name=MODEL, max_request_bytes=4096)) as s:
+        big = json.dumps({**OK, "prompt": "x" * 5000})
+        r = httpx.post(s.url + "/v1/completions", content=big, headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 413 and "4096 bytes" in r.json()["error"]["message"], r.text
+        chunks = (big[i:i + 1000].encode() for i in range(0, len(big), 1000))  # no Content-Length: chunked
+        r = httpx.post(s.url + "/v1/completions", content=chunks, headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 413 and "4096 bytes" in r.json()["error"]["message"], r.text
+        ok = json.dumps({**OK, "user": "u" * 3000})  # under the limit: served
+        assert httpx.post(s.url + "/v1/completions", content=ok, headers={"content-type": "application/json"}).status_code == 200
+        metrics = httpx.get(s.url + "/metrics").text
+    assert 'oscarkv_http_responses_total{path="/v1/completions",status="413"} 2.0' in metrics
+
+
+def test_an_unexpected_exception_is_a_counted_500(model, tok, monkeypatch):
+    with start(model, tok) as s:
+        fail_once(monkeypatch, s.app.state.server, "check_chars")
+        r = httpx.post(s.url + "/v1/completions", json=OK, timeout=30)
+        assert r.status_code == 500 and "injected failure" in r.json()["error"]["message"]
+        metrics = httpx.get(s.url + "/metrics").text
+    assert 'oscarkv_http_responses_total{path="/v1/completions",status="500"} 1.0' in metrics
+
+
+def test_health_answers_while_multi_megabyte_prompts_are_refused(served):
+    """5 MB prompts (text and chat) are refused from their length, and nothing blocks the event
+    loop meanwhile: every /health check answers within 100 ms."""
+    bodies = [("/v1/completions", {**OK, "prompt": "y" * (5 << 20)}),
+              ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "z" * (1 << 20)}] * 5})]
+    bodies = [(path, json.dumps(body).encode()) for path, body in bodies]  # encoded here: the client holds no GIL later
+    statuses, done = [], threading.Event()
+
+    def refuse():
+        with httpx.Client(base_url=served.url, timeout=60, headers={"content-type": "application/json"}) as c:
+            for _ in range(3):
+                statuses.extend(c.post(path, content=body).status_code for path, body in bodies)
+        done.set()
+
+    worker = threading.Thread(target=refuse)
+    worker.start()
+    host, port = served.url.removeprefix("http://").split(":")
+    waits = []
+    while not done.is_set():  # a new connection per check (a kept-alive one adds ~40 ms of delayed ACK here)
+        t0 = time.perf_counter()
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+        conn.close()
+        waits.append(time.perf_counter() - t0)
+    worker.join()
+    assert statuses == [400] * 6 and waits
+    assert max(waits) < 0.1, f"/health took {max(waits) * 1000:.0f} ms while large prompts were refused"
 
 
 def test_other_http_errors_and_still_serving(served):
