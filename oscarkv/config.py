@@ -201,7 +201,8 @@ class EngineConfig:
     kv: KVConfig = field(default_factory=KVConfig)
     """Storage rule and tier geometry; ``page_size`` is the page of every pool."""
     kv_memory_bytes: int = 1 << 30
-    """One budget for all KV pools (BF16 windows + INT2 history, every layer, K and V)."""
+    """One budget for all KV pools of one device (BF16 windows + INT2 history, every layer, K and V);
+    with tensor parallelism each rank's pools get this much for its KV heads."""
     bf16_fraction: float | None = None
     """Share of ``kv_memory_bytes`` given to BF16 pages; ``None`` sizes the BF16 pool for
     ``max_num_seqs`` full windows plus one step's chunks and gives the rest to INT2."""
@@ -223,6 +224,11 @@ class EngineConfig:
     ``None``: on when the model runs on CUDA. The outputs are those of sequential steps (the row
     of a request that stopped is kept in the step launched ahead of it: its batch-mates' rounding
     may differ, as in a larger batch)."""
+    tensor_parallel_size: int = 1
+    """Devices the model is split over, Megatron style (``oscarkv.models.parallel``): the engine starts
+    ranks 1 .. N-1 as worker processes of its own (``oscarkv.engine.workers``; CUDA: one GPU each from
+    the model's, NCCL; CPU: gloo). Query and KV heads are split (a KV head is replicated when N exceeds
+    their number); N must divide the query heads and the MLP width."""
 
     def __post_init__(self) -> None:
         kv, p = self.kv, self.kv.page_size
@@ -245,6 +251,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.bf16_fraction must lie in (0, 1], got {self.bf16_fraction}")
         if self.kv_memory_bytes <= 0:
             raise ValueError(f"EngineConfig.kv_memory_bytes must be > 0, got {self.kv_memory_bytes}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"EngineConfig.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
 
 
 @dataclass(frozen=True)

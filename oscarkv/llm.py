@@ -24,18 +24,33 @@ class LLM:
     """Offline batch generation over the paged engine."""
 
     def __init__(self, model="default", kv: str = "oscar", rotations: str | Path | None = None,
-                 config: EngineConfig | None = None, dtype: str = "auto", artifact: Artifact | None = None) -> None:
+                 config: EngineConfig | None = None, dtype: str = "auto", artifact: Artifact | None = None,
+                 tensor_parallel_size: int | None = None) -> None:
         """``model``: a spec for :func:`~oscarkv.models.loader.load_model` or a ``LoadedModel``;
         ``kv`` overrides ``config.kv.method``; ``rotations``: the artifact directory for ``oscar``
-        (or ``artifact``, one already loaded; the default model needs neither)."""
+        (or ``artifact``, one already loaded; the default model needs neither);
+        ``tensor_parallel_size`` overrides ``config.tensor_parallel_size`` (ranks > 1 are worker
+        processes until :meth:`close`)."""
         if isinstance(model, str):
             model = load_model(model, dtype)
         config = config or EngineConfig()
         config = replace(config, kv=replace(config.kv, method=kv))
+        if tensor_parallel_size is not None:
+            config = replace(config, tensor_parallel_size=tensor_parallel_size)
         artifact = artifact if artifact is not None else artifact_for(model, kv, rotations)
         self.loaded = model
         self.engine = LLMEngine.from_hf(model.model, config, artifact, model.tokenizer)
         self._next_id = 0
+
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel workers, if any (also on leaving a ``with`` block)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def chat_prompt(self, message: str) -> str:
         """``message`` as one user turn in the tokenizer's chat template (unchanged without one)."""

@@ -20,7 +20,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                    help="artifact directory for --kv oscar (default: the default model's cached calibration)")
     add_fields(p, KVConfig, ["sink", "recent", "page_size"])
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
-                                 "enable_prefix_caching", "overlap"])
+                                 "enable_prefix_caching", "overlap", "tensor_parallel_size"])
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -54,12 +54,13 @@ def run(args: argparse.Namespace) -> int:
         params = SamplingParams(args.max_tokens, args.temperature, args.top_k, args.top_p, args.sample_seed)
     except ValueError as e:
         raise UserError(str(e)) from e
-    prompts = [llm.chat_prompt(p) if args.chat else p for p in args.prompt]
-    stream = len(prompts) == 1
-    for i, out in enumerate(llm.stream(prompts, params)):
-        if stream and not out.finished:
-            print(out.new_text, end="", flush=True)
-        elif out.finished:
-            tail = f"[{out.finish_reason}, {len(out.token_ids)} tokens]"
-            print((out.new_text + "\n" if stream else f"--- prompt {out.request_id}\n{out.text}\n") + tail)
+    with llm:  # stops tensor-parallel workers, if any
+        prompts = [llm.chat_prompt(p) if args.chat else p for p in args.prompt]
+        stream = len(prompts) == 1
+        for out in llm.stream(prompts, params):
+            if stream and not out.finished:
+                print(out.new_text, end="", flush=True)
+            elif out.finished:
+                tail = f"[{out.finish_reason}, {len(out.token_ids)} tokens]"
+                print((out.new_text + "\n" if stream else f"--- prompt {out.request_id}\n{out.text}\n") + tail)
     return 0

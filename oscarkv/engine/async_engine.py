@@ -14,7 +14,7 @@ Failures: a request the engine refuses raises its ``ValueError`` from the stream
 whose engine step failed (``finish_reason == "error"``) raises :class:`RequestFailed`. The
 thread survives both and keeps serving; should ``step()`` itself raise (an engine bug), every
 request in flight fails with :class:`RequestFailed` and the loop goes on. ``close()`` stops
-the thread.
+the thread and the engine's worker processes (tensor parallelism).
 """
 
 from __future__ import annotations
@@ -74,9 +74,11 @@ class AsyncEngine:
         return self._thread.is_alive()
 
     def close(self) -> None:
+        """Stop the thread, then the engine (its tensor-parallel workers, if any)."""
         self._stop.set()
         self._commands.put(("wake",))
         self._thread.join()
+        self.engine.close()
 
     # ------------------------------------------------------------------------- worker thread
     def _loop(self) -> None:

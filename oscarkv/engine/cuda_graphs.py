@@ -5,7 +5,9 @@ Role: owned by :class:`~oscarkv.engine.model_runner.ModelRunner`; used for a pur
 ``Bp`` in :data:`DEFAULT_BUCKETS` (lazily, at the first step that needs it): the whole model
 forward ``ids, positions [Bp] -> hidden [Bp, D]`` — embedding, every layer's projections,
 QK-norm, RoPE, the write kernel, the query rotation, the decode kernel (split-K + merge), o_proj
-and MLP — the final norm and the logits ``[Bp, V]`` (fp32), over static input buffers.
+and MLP — the final norm and the logits ``[Bp, V]`` (fp32), over static input buffers. With tensor
+parallelism (``oscarkv.engine.workers``) every rank captures its shard at the same step, the
+row-parallel all-reduces (NCCL) inside the graph, and only rank 0 captures the logits.
 
 Inputs arrive as host lists (:class:`DecodeInputs`, built by the runner from the scheduler's
 plans) and are staged without building per-step tensors: ``ids, positions, slots, bf16_lens,
@@ -122,7 +124,10 @@ def _capture(forward, dev: torch.device, pool, tries: int = 2):
     and loaded, and every per-stream library workspace (cuBLAS) exists, before capture starts;
     ``thread_local`` capture keeps CUDA calls of other threads from invalidating it. A capture
     that is still invalidated (``cudaErrorStreamCaptureInvalidated``, seen once in an H100 test
-    run, 2026-11-22) is retried from a fresh graph; the warm-up writes only the scratch page."""
+    run, 2026-11-22) is retried from a fresh graph; the warm-up writes only the scratch page.
+    NOTE: with tensor parallelism a retry on one rank alone would pair its captured all-reduces with
+    another step's on the others; the ranks then fall out of step and the engine fails its requests
+    (``workers.WorkerDied``) rather than hang."""
     side = torch.cuda.Stream(dev)
     side.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(side):
@@ -151,19 +156,19 @@ class _Graph:
         step = StepContext(runner.backend, runner.pools, runner.storage, x.tables, torch.arange(bp + 1, **i32),
                            x.small[x.SLOTS], empty, empty, runner.scale, decode=True)
 
-        def forward():
+        def forward():  # NOTE: with tensor parallelism the row-parallel all-reduces are captured too
             hidden = runner.model(x.small[x.IDS], x.small[x.POS], step)
-            return hidden, runner.model.compute_logits(hidden)
+            return hidden, runner.model.compute_logits(hidden) if runner.samples else None
 
         self.graph, (self.hidden, self.logits) = _capture(forward, runner.device, pool)
 
-    def replay(self, x: DecodeInputs, pending=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay(self, x: DecodeInputs, fill_ids=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.inputs.stage(x)
-        if pending is not None:  # a model_runner.PendingIds: ids still on the device, written after the staging copy
-            pending.write(self.inputs.small[self.inputs.IDS])
+        if fill_ids is not None:  # ids still on the device (overlap) or on rank 0 (tensor parallel), after the staging copy
+            fill_ids(self.inputs.small[self.inputs.IDS])
         self.graph.replay()
         b = len(x.ids)
-        return self.hidden[:b], self.logits[:b]
+        return self.hidden[:b], None if self.logits is None else self.logits[:b]
 
 
 class DecodeGraphs:
@@ -178,10 +183,10 @@ class DecodeGraphs:
         """The smallest bucket holding ``batch`` rows (``None``: run eagerly)."""
         return next((b for b in self.buckets if b >= batch), None)
 
-    def run(self, x: DecodeInputs, pending=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, x: DecodeInputs, fill_ids=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Demote eagerly, then replay the bucket's graph: views ``hidden [B, D]``, ``logits [B, V]``
-        of its static outputs (valid until the next replay). ``pending``: a
-        :class:`~oscarkv.engine.model_runner.PendingIds` for ids that ``x`` holds as ``PENDING``."""
+        of its static outputs (valid until the next replay; no logits on tensor-parallel ranks after 0).
+        ``fill_ids``: writes the device ids that ``x`` does not hold (``ModelRunner._fill_ids``)."""
         r = self.runner
         if x.demote_src:
             src, dst = (device_tensor(p, r.device) for p in (x.demote_src, x.demote_dst))
@@ -189,4 +194,4 @@ class DecodeGraphs:
         bp = self.bucket(len(x.ids))
         if bp not in self.graphs:
             self.graphs[bp] = _Graph(r, bp, self.pool)
-        return self.graphs[bp].replay(x, pending)
+        return self.graphs[bp].replay(x, fill_ids)

@@ -29,21 +29,20 @@ from dataclasses import dataclass
 
 import torch
 
-from oscarkv.cache.kv_pools import KVPools, plan_pools
 from oscarkv.cache.manager import KVCacheManager
 from oscarkv.cache.page_pool import PagePool
 from oscarkv.cache.seq_kv import ChunkSchedule
 from oscarkv.config import EngineConfig
 from oscarkv.engine import sampler
-from oscarkv.attention.step import AttentionBackend, LayerStorage
+from oscarkv.attention.step import AttentionBackend
 from oscarkv.engine.cuda_graphs import DEFAULT_BUCKETS
-from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput
+from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.engine.scheduler import Scheduler, SchedulerOutput
 from oscarkv.engine.sequence import PENDING, Sequence, Status
 from oscarkv.engine.stats import EngineStats, TierStats
+from oscarkv.engine.workers import ParallelRunner
 from oscarkv.attention.backends import default_backend
-from oscarkv.models.folding import fold_values
 from oscarkv.models.llama import PagedLM
 from oscarkv.quant.artifact import ModelFingerprint
 from oscarkv.quant.codec import KVCodec, build_codec
@@ -91,32 +90,35 @@ class LLMEngine:
     @classmethod
     def from_paged(cls, model: PagedLM, cfg: EngineConfig, artifact=None, tokenizer=None,
                    backend: AttentionBackend | None = None, cuda_graphs: bool = True) -> LLMEngine:
-        """Build around a :class:`PagedLM` (folded in place). ``backend`` defaults to the device's
-        (:func:`~oscarkv.attention.backends.default_backend`); ``cuda_graphs`` captures decode
+        """Build around a :class:`PagedLM` (folded in place; with ``cfg.tensor_parallel_size > 1`` left
+        whole: each rank folds its shard, :mod:`oscarkv.engine.workers`). ``backend`` defaults to the
+        device's (:func:`~oscarkv.attention.backends.default_backend`); ``cuda_graphs`` captures decode
         steps per batch bucket on CUDA (:mod:`oscarkv.engine.cuda_graphs`)."""
         config = model.config
         fp = ModelFingerprint.from_config(config)
         if artifact is not None:
             artifact.validate(fp)
         codec = build_codec(cfg.kv, fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact)
-        dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
-        layers = [LayerStorage(layer.key, layer.value).to(device) for layer in codec.layers]
-        values = fold_values(model, layers)
-        storage = [LayerStorage(layer.key, v) for layer, v in zip(layers, values)]
-        geo = plan_pools(cfg, fp.num_layers, fp.num_kv_heads, fp.head_dim, codec.group, dtype)
-        backend = backend or default_backend(device)
+        backend = backend or default_backend(next(model.parameters()).device)
         buckets = DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps else ()
-        runner = ModelRunner(model, KVPools(geo, device), storage, backend, buckets)
+        if cfg.tensor_parallel_size > 1:
+            runner = ParallelRunner(model, codec, cfg, backend, buckets)
+        else:
+            runner = build_runner(model, list(codec.layers), cfg, backend, buckets)
         return cls(runner, codec, cfg, tokenizer, _eos_ids(config, tokenizer))
 
     # ------------------------------------------------------------------------- reporting
     def describe(self) -> dict:
-        """Capacity in tokens per tier, bytes per token per tier, and the BPE at full capacity."""
-        geo = self.runner.pools.geo
+        """Capacity in tokens per tier, bytes per token per tier, and the BPE at full capacity; bytes are
+        the whole tensor-parallel group's (every rank holds every token for its KV heads, a replicated
+        head once per rank that stores it)."""
+        geo, n = self.runner.pools.geo, self.runner.tp.size
         cap = geo.capacity()
         t = cap["bf16_tokens"] + cap["int2_tokens"] if geo.int2_pages else cap["bf16_tokens"]
-        return {"method": self.cfg.kv.method, **cap, "bytes_per_token": geo.bytes_per_token(),
-                "pool_bytes": self.runner.pools.nbytes(), "bpe_at_capacity": round(self.bpe(t), 4)}
+        return {"method": self.cfg.kv.method, "tensor_parallel_size": n, **cap,
+                "bytes_per_token": {k: v * n for k, v in geo.bytes_per_token().items()},
+                "pool_bytes": {k: v * n for k, v in self.runner.pools.nbytes().items()},
+                "bpe_at_capacity": round(self.bpe(t), 4)}
 
     def bpe(self, num_tokens: int) -> float:
         """Bits per stored KV element of a ``num_tokens``-token sequence: the codec's tier mix for a
@@ -141,14 +143,14 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         """Pages used and free per tier, prefix-cache hit rate, queue, tokens generated."""
-        geo, manager, sched = self.runner.pools.geo, self.manager, self.scheduler
+        geo, manager, sched, n = self.runner.pools.geo, self.manager, self.scheduler, self.runner.tp.size
         cap = geo.capacity()
         tiers = {"bf16": TierStats(manager.bf16.num_used, manager.bf16.num_pages - 1, cap["bf16_tokens"],
-                                   geo.bf16_page_bytes())}
+                                   geo.bf16_page_bytes() * n)}  # a page id names one page on every rank
         if manager.int2 is not None:
             tiers["int2"] = TierStats(manager.int2.num_used, manager.int2.num_pages - 1, cap["int2_tokens"],
-                                      geo.int2_page_bytes())
-        return EngineStats(tiers, 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim,
+                                      geo.int2_page_bytes() * n)
+        return EngineStats(tiers, 2 * geo.num_layers * geo.num_kv_heads * n * geo.head_dim,
                            self.describe()["bpe_at_capacity"], manager.hit_tokens, self.num_prompt_tokens,
                            self.num_generated_tokens, sched.num_preemptions, len(sched.waiting), len(sched.running),
                            self.num_ahead_steps)
@@ -362,6 +364,10 @@ class LLMEngine:
         """Characters kept back from a stream: a possible stop-string prefix, an unfinished UTF-8 char."""
         n = max((len(s) - 1 for s in seq.params.stop), default=0)
         return n + (1 if seq.text.endswith("\ufffd") else 0)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (the engine runs no steps afterwards)."""
+        self.runner.close()
 
     def status_of(self, request_id: str) -> Status | None:
         seq = self.seqs.get(request_id)

@@ -19,21 +19,31 @@ oracles) — runs eagerly through ``extend``.
 A step planned ahead (``LLMEngine.step``, overlap) has input tokens that are still on the device
 (:data:`~oscarkv.engine.sequence.PENDING` on the host): :class:`PendingIds` writes them into the
 step's token ids on the device, after the host lists are staged and before the forward.
+
+Tensor parallelism (``oscarkv.engine.workers``): a runner holds one rank's shard and pools.
+:meth:`ModelRunner.forward` needs only the step's write plans, so the ranks after 0 run it from the
+plans rank 0 sends, and receive its token ids by a device broadcast; only rank 0 forms logits.
+:func:`build_runner` folds a (sharded or whole) model's value codecs and sizes its pools.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from oscarkv.cache.kv_pools import KVPools
+from oscarkv.cache.kv_pools import KVPools, plan_pools
 from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.cache.manager import WritePlan
 from oscarkv.attention.step import AttentionBackend, LayerStorage, StepContext
+from oscarkv.config import EngineConfig
 from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
+from oscarkv.models.folding import fold_values
+from oscarkv.models.parallel import TensorParallel
+from oscarkv.quant.codec import LayerCodec
 
 
 @dataclass
@@ -66,18 +76,22 @@ def _table(rows: list[list[int]], device) -> torch.Tensor:
 
 
 class ModelRunner:
-    """The model and its KV storage for one device (see the module docstring)."""
+    """The model and its KV storage for one device (see the module docstring); with tensor
+    parallelism, one rank's shard (``tp``: only rank 0 forms logits, ``oscarkv.engine.workers``)."""
 
     def __init__(self, model: PagedLM, pools: KVPools, storage: list[LayerStorage],
-                 backend: AttentionBackend, graph_buckets: tuple[int, ...] = ()) -> None:
+                 backend: AttentionBackend, graph_buckets: tuple[int, ...] = (),
+                 tp: TensorParallel | None = None) -> None:
         self.model, self.pools, self.storage, self.backend = model, pools, storage, backend
+        self.tp = tp or TensorParallel()
+        self.samples = self.tp.rank == 0  # NOTE: the hidden states are whole on every rank; rank 0 samples
         self.device = next(model.parameters()).device
         self.scale = model.head_dim ** -0.5
         self.graphs = DecodeGraphs(self, graph_buckets) if graph_buckets and self.device.type == "cuda" else None
 
-    def is_decode(self, chunks: list[ScheduledChunk]) -> bool:
+    def is_decode(self, plans: list[WritePlan]) -> bool:
         """Whether the step goes to ``decode``: one token per sequence and a backend that wants it."""
-        return self.backend.decode_steps and all(c.plan.t1 - c.plan.t0 == 1 for c in chunks)
+        return self.backend.decode_steps and all(p.t1 - p.t0 == 1 for p in plans)
 
     def decode_view(self, plan: WritePlan) -> tuple[list[int], int]:
         """The BF16 view at the new length: the prefix view plus the token written this step.
@@ -88,18 +102,18 @@ class ModelRunner:
         assert off == plan.view_bf16_len % self.pools.geo.page_size and (off == 0 or plan.view_bf16[-1] == page)
         return (plan.view_bf16 + [page] if off == 0 else plan.view_bf16), plan.view_bf16_len + 1
 
-    def decode_inputs(self, chunks: list[ScheduledChunk]) -> DecodeInputs:
+    def decode_inputs(self, plans: list[WritePlan], ids: list[int]) -> DecodeInputs:
         """A decode step as host lists for the CUDA graphs (views include the new token)."""
-        plans, P = [c.plan for c in chunks], self.pools.geo.page_size
+        P = self.pools.geo.page_size
         views = [self.decode_view(p) for p in plans]
-        return DecodeInputs([c.seq.token_ids[c.plan.t0] for c in chunks], [p.t0 for p in plans],
+        return DecodeInputs(ids, [p.t0 for p in plans],
                             [p.slots[0] for p in plans], [v[0] for v in views], [v[1] for v in views],
                             [p.view_int2 for p in plans], [len(p.view_int2) * P for p in plans],
                             [s for p in plans for s in p.demote_src], [s for p in plans for s in p.demote_dst])
 
-    def context(self, chunks: list[ScheduledChunk], cu: list[int], decode: bool = False) -> StepContext:
+    def context(self, plans: list[WritePlan], cu: list[int], decode: bool = False) -> StepContext:
         """Slots, demotions and prefix views of a step as tensors (decode: views include the new token)."""
-        plans, dev = [c.plan for c in chunks], self.device
+        dev = self.device
         views = [self.decode_view(p) if decode else (p.view_bf16, p.view_bf16_len) for p in plans]
         tables = PageTables(
             bf16_table=_table([v[0] for v in views], dev),
@@ -114,31 +128,53 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk], pending: PendingIds | None = None) -> RunnerOutput:
         """Run one step; ``pending``: its input tokens are on the device (a one-token chunk each)."""
-        cu = [0]
-        for c in chunks:
-            cu.append(cu[-1] + c.plan.t1 - c.plan.t0)
+        plans = [c.plan for c in chunks]
+        ids = [t for c in chunks for t in c.seq.token_ids[c.plan.t0:c.plan.t1]]
+        cu = _cu(plans)
         assert pending is None or cu[-1] == len(pending.rows) == len(chunks), "pending ids: one token per chunk"
         sample = [i for i, c in enumerate(chunks) if c.samples]
-        decode = self.is_decode(chunks)
-        if decode and self.graphs is not None and self.graphs.bucket(len(chunks)) is not None:
-            # NOTE: views of the graph's outputs, valid until its next replay; the engine samples a step
+        hidden, logits = self.forward(plans, ids, pending)
+        if logits is not None:
+            # NOTE: views of a decode graph's outputs, valid until its next replay; the engine samples a step
             # (or launches its device sampling) before it launches the next one
-            hidden, logits = self.graphs.run(self.decode_inputs(chunks), pending)
             logits = logits if len(sample) == len(chunks) else logits.index_select(0, device_tensor(sample, self.device))
         else:
-            hidden = self._forward(chunks, cu, decode, pending)
             last = device_tensor([cu[i + 1] - 1 for i in sample], self.device)  # NOTE: a host-list index would sync
             logits = self.model.compute_logits(hidden.index_select(0, last))
         return RunnerOutput(logits, self._prompt_hidden(chunks, hidden, cu))
 
-    def _forward(self, chunks: list[ScheduledChunk], cu: list[int], decode: bool,
-                 pending: PendingIds | None) -> torch.Tensor:
-        ids = [t for c in chunks for t in c.seq.token_ids[c.plan.t0:c.plan.t1]]
-        pos = [p for c in chunks for p in range(c.plan.t0, c.plan.t1)]
+    @torch.inference_mode()
+    def forward(self, plans: list[WritePlan], ids: list[int] | None,
+                pending: PendingIds | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model over one step: ``hidden [T, D]`` and, from a decode graph of rank 0, its ``logits [B, V]``
+        (else ``None``). ``ids`` (flat, ``PENDING`` where ``pending`` holds them) is ``None`` on the ranks
+        after 0: they receive rank 0's ids on the device (:meth:`_fill_ids`)."""
+        cu = _cu(plans)
+        ids = ids if ids is not None else [0] * cu[-1]
+        fill, decode = self._fill_ids(pending), self.is_decode(plans)
+        if decode and self.graphs is not None and self.graphs.bucket(len(plans)) is not None:
+            return self.graphs.run(self.decode_inputs(plans, ids), fill)
+        pos = [p for plan in plans for p in range(plan.t0, plan.t1)]
         ids_t, pos_t = (device_tensor(v, self.device, torch.int64) for v in (ids, pos))
-        if pending is not None:
-            pending.write(ids_t)
-        return self.model(ids_t, pos_t, self.context(chunks, cu, decode))
+        if fill is not None:
+            fill(ids_t)
+        return self.model(ids_t, pos_t, self.context(plans, cu, decode)), None
+
+    def _fill_ids(self, pending: PendingIds | None) -> Callable[[torch.Tensor], None] | None:
+        """What completes a step's device ids once the host's are staged: the pending tokens (overlap), then,
+        with tensor parallelism, rank 0's ids broadcast to every rank (on the device: pending ones never
+        visit the host); ``None``: nothing to do."""
+        if pending is None and self.tp.size == 1:
+            return None
+
+        def fill(ids: torch.Tensor) -> None:
+            if pending is not None:
+                pending.write(ids)
+            self.tp.broadcast(ids)
+        return fill
+
+    def close(self) -> None:
+        """Nothing to release here (the pools go with the object; ``workers.ParallelRunner`` stops processes)."""
 
     @staticmethod
     def _prompt_hidden(chunks: list[ScheduledChunk], hidden: torch.Tensor, cu: list[int]) -> dict[int, torch.Tensor]:
@@ -148,3 +184,24 @@ class ModelRunner:
             if c.seq.params.prompt_logprobs is not None and n > 0:
                 out[i] = hidden[cu[i]:cu[i] + n].clone()  # logits formed blockwise by the engine
         return out
+
+
+def _cu(plans: list[WritePlan]) -> list[int]:
+    """Chunk boundaries in the flat token batch ``[B + 1]``."""
+    cu = [0]
+    for p in plans:
+        cu.append(cu[-1] + p.t1 - p.t0)
+    return cu
+
+
+def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, backend: AttentionBackend,
+                 graph_buckets: tuple[int, ...] = (), tp: TensorParallel | None = None) -> ModelRunner:
+    """Fold the value codecs into ``model`` (in place), size this device's pools from ``cfg`` for the
+    model's KV heads (one rank's, with tensor parallelism) and build the runner."""
+    p = next(model.parameters())
+    layers = [LayerStorage(c.key, c.value).to(p.device) for c in codecs]
+    values = fold_values(model, layers)
+    storage = [LayerStorage(layer.key, v) for layer, v in zip(layers, values)]
+    attn = model.model.layers[0].self_attn
+    geo = plan_pools(cfg, len(codecs), attn.num_kv_heads, attn.head_dim, codecs[0].key.group, p.dtype)
+    return ModelRunner(model, KVPools(geo, p.device), storage, backend, graph_buckets, tp)

@@ -1,4 +1,4 @@
-"""Real model shapes for benchmarks without weights: Qwen3-4B and Qwen3-8B configs.
+"""Real model shapes for benchmarks without weights: Qwen3-4B, Qwen3-8B and Qwen3-32B configs.
 
 Role: :func:`shape_config` returns a transformers ``Qwen3Config`` with the published
 geometry; :meth:`oscarkv.models.llama.PagedLM.random` builds random weights from it (on the
@@ -12,8 +12,11 @@ SHAPES = {
                      num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+    "qwen3-32b": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                      num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
 }
-"""Geometry per name (rope_theta 1e6, RMS eps 1e-6 for both).
+"""Geometry per name, as in the published ``config.json`` files (rope_theta 1e6, RMS eps 1e-6 for all;
+Qwen3-32B: 64 query heads of 128, wider than its hidden size of 5120, tensor-parallel at 2-8 GPUs).
 
 NOTE: ``max_position_embeddings`` is 131072, the YaRN-extended length of the Qwen3 model cards
 (the published configs say 40960), so that the engine admits the 100K-token benchmark prompts;

@@ -37,13 +37,13 @@ def tiny_model(arch: str = "LlamaForCausalLM", seed: int = 0):
 
 def make_artifact(config, seed: int = 1) -> Artifact:
     """Random orthogonal rotations, means and clips, like ``oscarkv calibrate`` writes them."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.linalg.qr(torch.randn(L, HKV, D, D, generator=g))[0]
+    g, H = torch.Generator().manual_seed(seed), config.num_key_value_heads
+    q = torch.linalg.qr(torch.randn(L, H, D, D, generator=g))[0]
     tensors = {}
     for kind in ("key", "value"):
         tensors |= {f"{kind}.rotation": q, f"{kind}.eigvecs": q,
-                    f"{kind}.mean": 0.3 * torch.randn(L, HKV, D, generator=g),
-                    f"{kind}.eigenvalues": torch.rand(L, HKV, D, generator=g).sort(-1, descending=True).values}
+                    f"{kind}.mean": 0.3 * torch.randn(L, H, D, generator=g),
+                    f"{kind}.eigenvalues": torch.rand(L, H, D, generator=g).sort(-1, descending=True).values}
     manifest = {"format_version": FORMAT_VERSION, "oscarkv_version": "test",
                 "model": asdict(ModelFingerprint.from_config(config)), "method": "oscar", "options": {},
                 "group_size": D, "clip": {"key": [0.9] * L, "value": [1.0] * L}, "calibration": {}}

@@ -1,0 +1,240 @@
+"""Tensor-parallel worker processes: rank 0 (the engine's process) schedules, every rank runs its shard.
+
+Role: with ``EngineConfig.tensor_parallel_size = n > 1`` the engine's runner is a
+:class:`ParallelRunner`. It starts ranks ``1 .. n-1`` as processes of its own
+(``torch.multiprocessing``, spawn; no launcher), hands each its :class:`RankSpec` — its shard of
+the unfolded weights (``oscarkv.models.parallel.rank_state_dict``, through shared memory), the
+codecs of its KV heads and the engine config — and joins them in a torch.distributed group:
+the default group carries the device collectives (NCCL on CUDA, rank ``r`` on ``cuda:r``; gloo on
+the CPU), a second gloo group the host messages. Every rank folds its value codecs into its
+shard and sizes its own pools from ``kv_memory_bytes`` (a per-device budget) for its KV heads,
+so every rank has the same pages (checked at start-up); rank 0's
+:class:`~oscarkv.cache.manager.KVCacheManager` decides for all of them.
+
+Per step (:meth:`ParallelRunner.run`):
+
+1. rank 0 broadcasts the step's write plans (pickled page lists, slots and demotions) on the gloo group;
+2. every rank builds the same tables from them, receives rank 0's input ids by a device broadcast
+   (``ModelRunner._fill_ids``: tokens of a step launched ahead stay on the device) and runs its
+   shard: two all-reduces per layer (``RowParallelLinear``), inside the CUDA graph on CUDA;
+3. rank 0 alone forms logits and samples; the other ranks wait for the next plans.
+
+Failure: a rank that dies (or a step that fails on rank 0 after the plans went out, which leaves
+the ranks out of step) ends the group: the step raises :class:`WorkerDied`, whose message names the
+rank and its exit code, and so does every later step, so the engine fails the requests in flight
+(``finish_reason == "error"``) instead of waiting. Gloo sees a dead peer's closed connection at
+once; on CUDA a watcher thread aborts the NCCL group when a worker process exits (untested here:
+no GPU), and collectives time out after :data:`STEP_TIMEOUT`. A worker whose rank 0 dies sees the connection close and exits.
+``close()`` sends an empty message (the workers leave their loop), joins them and tears the groups down.
+
+NOTE: one tensor-parallel engine per process: the group is torch.distributed's default group.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from oscarkv.attention.step import AttentionBackend
+from oscarkv.config import EngineConfig
+from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner
+from oscarkv.engine.scheduler import ScheduledChunk
+from oscarkv.models.llama import PagedLM
+from oscarkv.models.parallel import TensorParallel, check_shardable, rank_state_dict, shard_codecs, sharded_model
+from oscarkv.quant.codec import KVCodec, LayerCodec
+
+log = logging.getLogger(__name__)
+
+STEP_TIMEOUT = timedelta(minutes=5)
+"""How long a device collective (and the start-up rendezvous) waits for the other ranks before it fails."""
+IDLE_TIMEOUT = timedelta(days=365)
+"""How long a worker waits for rank 0's next step: an idle server sends none (a dead rank 0 closes
+the connection, which ends the wait at once)."""
+JOIN_TIMEOUT_S = 30.0
+"""Seconds ``close()`` gives a worker to leave before it is killed."""
+
+
+class WorkerDied(RuntimeError):
+    """A tensor-parallel rank died, or the ranks fell out of step: the engine can run no more steps."""
+
+
+@dataclass
+class RankSpec:
+    """What one rank builds its runner from (pickled to a worker; its tensors travel through shared memory)."""
+
+    config: Any  # the whole model's transformers config
+    state: dict[str, torch.Tensor]  # the rank's shard, unfolded (parallel.rank_state_dict)
+    codecs: list[LayerCodec]  # per layer, the rank's KV heads
+    cfg: EngineConfig
+    backend: AttentionBackend
+    graph_buckets: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def rank_spec(model: PagedLM, state: dict[str, torch.Tensor], codec: KVCodec, cfg: EngineConfig,
+              backend: AttentionBackend, graph_buckets: tuple[int, ...], tp: TensorParallel) -> RankSpec:
+    """Rank ``tp.rank``'s spec from the whole (unfolded) model and its ``state_dict()``."""
+    config = model.config
+    return RankSpec(config, rank_state_dict(state, config, tp), shard_codecs(codec.layers, config.num_key_value_heads, tp),
+                    cfg, backend, graph_buckets, next(model.parameters()).dtype)
+
+
+def _build(spec: RankSpec, tp: TensorParallel, device: torch.device) -> ModelRunner:
+    model = sharded_model(spec.config, spec.state, tp, spec.dtype, device)
+    return build_runner(model, spec.codecs, spec.cfg, spec.backend, spec.graph_buckets, tp)
+
+
+def _device(base: torch.device, rank: int) -> torch.device:
+    """Rank ``rank``'s device: the ``rank``-th GPU after rank 0's, or the CPU."""
+    return torch.device("cuda", (base.index or 0) + rank) if base.type == "cuda" else base
+
+
+def _init_groups(rank: int, size: int, rendezvous: Path, device: torch.device) -> tuple[TensorParallel, Any]:
+    """Join the group: ``(TensorParallel over the default group, the gloo group of host messages)``."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=rendezvous.as_uri(),
+                            rank=rank, world_size=size, timeout=STEP_TIMEOUT)
+    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    return TensorParallel(rank, size, dist.group.WORLD), control
+
+
+def _handshake(runner: ModelRunner, control, size: int) -> None:
+    """Every rank's pool geometry, compared on rank 0 (the manager there decides pages for all)."""
+    geos: list = [None] * size
+    dist.all_gather_object(geos, runner.pools.geo, group=control)
+    if any(g != geos[0] for g in geos):
+        raise RuntimeError(f"tensor-parallel ranks sized different pools: {geos}")
+
+
+def _worker_main(rank: int, size: int, rendezvous: Path, spec: RankSpec, device: torch.device) -> None:
+    """A worker process: build the shard, then run every step rank 0 sends until it sends ``None``.
+    NOTE: an exception ends the process (its traceback on stderr): rank 0 then sees a dead rank."""
+    tp, control = _init_groups(rank, size, rendezvous, device)
+    runner = _build(spec, tp, device)
+    del spec
+    _handshake(runner, control, size)
+    with torch.inference_mode():
+        while True:
+            msg: list = [None]
+            dist.broadcast_object_list(msg, src=0, group=control)
+            if msg[0] is None:
+                break
+            runner.forward(msg[0], None)
+    dist.destroy_process_group()
+
+
+class ParallelRunner:
+    """Rank 0 of a tensor-parallel group, in the engine's process; ``run`` as :class:`ModelRunner`'s
+    (see the module docstring). ``model``: the whole model, unfolded; it is not changed."""
+
+    def __init__(self, model: PagedLM, codec: KVCodec, cfg: EngineConfig, backend: AttentionBackend,
+                 graph_buckets: tuple[int, ...] = ()) -> None:
+        size = cfg.tensor_parallel_size
+        check_shardable(model.config, size)
+        if dist.is_initialized():
+            raise RuntimeError("a tensor-parallel engine already runs in this process; close() it first")
+        device, state = next(model.parameters()).device, model.state_dict()
+        self._dir = Path(tempfile.mkdtemp(prefix="oscarkv-tp-"))
+        rendezvous, ctx = self._dir / "rendezvous", mp.get_context("spawn")
+        self.procs = []
+        for r in range(1, size):
+            spec = rank_spec(model, state, codec, cfg, backend, graph_buckets, TensorParallel(r, size))
+            self.procs.append(ctx.Process(target=_worker_main, args=(r, size, rendezvous, spec, _device(device, r)),
+                                          name=f"oscarkv-tp{r}", daemon=True))
+            self.procs[-1].start()
+            del spec
+        self.tp, self.control = _init_groups(0, size, rendezvous, device)
+        spec = rank_spec(model, state, codec, cfg, backend, graph_buckets, self.tp)
+        del state
+        self.local = _build(spec, self.tp, device)
+        _handshake(self.local, self.control, size)
+        self.pools, self.device, self.model, self.samples = self.local.pools, device, self.local.model, True
+        self._failure: str | None = None
+        self._closing, self._closed = threading.Event(), False
+        if device.type == "cuda":
+            threading.Thread(target=self._watch, name="oscarkv-tp-watch", daemon=True).start()
+
+    def run(self, chunks: list[ScheduledChunk], pending: PendingIds | None = None) -> RunnerOutput:
+        """Send the step's plans to every rank, then run rank 0's shard; raises :class:`WorkerDied` once the group is gone."""
+        self._check()
+        plans = [replace(c.plan, register=[], release=[]) for c in chunks]  # what the ranks read, no more
+        try:
+            dist.broadcast_object_list([plans], src=0, group=self.control)
+            return self.local.run(chunks, pending)
+        except Exception as e:
+            raise self._fail(e) from e
+
+    def _check(self) -> None:
+        if self._failure is None and (dead := self._dead()):
+            self._failure = _died(dead)
+        if self._failure is not None:
+            raise WorkerDied(self._failure)
+
+    def _dead(self, timeout: float = 0.0) -> list:
+        """The workers that exited. NOTE: by their sentinels, not ``is_alive()``: a process is reaped by one
+        thread only, and another thread's ``is_alive()`` then reads it as alive."""
+        ready = multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout)
+        return [p for p in self.procs if p.sentinel in ready]
+
+    def _fail(self, exc: Exception) -> WorkerDied:
+        """The group is gone after ``exc`` in a step: name the rank that died, else stop the workers
+        (they wait in a collective of a step that rank 0 abandoned)."""
+        dead = self._dead(timeout=1.0)  # a dying worker's connection may close before its process ends
+        if self._failure is None:
+            self._failure = _died(dead) if dead else (
+                f"tensor-parallel rank 0 failed a step ({type(exc).__name__}: {exc}); the ranks are out of step")
+        self._stop_workers()
+        return WorkerDied(self._failure)
+
+    def _watch(self) -> None:
+        """CUDA: abort the NCCL group when a worker exits unasked, so that no collective waits for it
+        (the step in flight then raises and :meth:`_fail` names the worker). Gloo needs no help."""
+        multiprocessing.connection.wait([p.sentinel for p in self.procs])
+        if not self._closing.is_set() and hasattr(dist.group.WORLD, "abort"):
+            log.error("a tensor-parallel worker exited; aborting the NCCL group")
+            dist.group.WORLD.abort()
+
+    def _stop_workers(self) -> None:
+        self._closing.set()
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+
+    def close(self) -> None:
+        """Let the workers leave, join them, tear the groups down (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._failure is None and not self._dead():
+            try:
+                dist.broadcast_object_list([None], src=0, group=self.control)
+            except RuntimeError:
+                log.warning("a tensor-parallel worker left before close()")
+        self._closing.set()
+        for p in self.procs:
+            p.join(timeout=JOIN_TIMEOUT_S)
+        self._stop_workers()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _died(dead: list) -> str:
+    for p in dead:
+        p.join(timeout=1.0)  # its exit code
+    names = ", ".join(f"{p.name} (pid {p.pid}, exit code {p.exitcode})" for p in dead)
+    return (f"tensor-parallel worker {names} died; the engine can run no more steps "
+            "(its requests fail; restart the engine)")

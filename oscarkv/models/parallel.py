@@ -1,0 +1,162 @@
+"""Tensor parallelism, Megatron style, for :class:`~oscarkv.models.llama.PagedLM`: which rows each rank holds.
+
+Role: cut a model's weights and its per-head KV codecs into the shard of one rank, and sum the
+partial outputs of the row-parallel projections across ranks. The processes, their groups and
+the per-step hand-off live in ``oscarkv.engine.workers``; this module only needs the rank, the
+number of ranks and the process group that carries the all-reduces (:class:`TensorParallel`).
+
+Rank ``r`` of ``n``, in each decoder layer (``Hq`` query heads, ``H`` KV heads, ``I`` MLP width):
+
+* ``qkv_proj`` (column parallel): the rows of query heads ``[r Hq/n, (r+1) Hq/n)`` and of its
+  KV heads, ``[r H/n, (r+1) H/n)`` when ``n <= H``, else the one head ``r H // n`` (replicated on
+  ``n / H`` ranks; ``max(1, H // n)`` per rank). Query head ``g`` reads KV head
+  ``g // (Hq / H)``, so the query heads of a rank read exactly its KV heads.
+* ``o_proj`` (row parallel): the columns of its query heads; one all-reduce sums the partial
+  outputs. The bias is a partial sum too: rank 0 holds the checkpoint's, every rank adds its
+  share of the folded value mean (``oscarkv.models.folding`` sums over the rank's query heads).
+* ``gate_up_proj`` (column parallel): rows ``[r I/n, (r+1) I/n)`` of gate and of up;
+  ``down_proj`` (row parallel) the matching columns, one all-reduce, its bias on rank 0.
+* embeddings, norms and ``lm_head``: replicated (only rank 0 forms logits).
+
+A rank's codecs are those of its KV heads (:func:`shard_codecs`: rows of every ``[H, ...]``
+tensor of a rotation artifact), so the value rotations fold into its own rows of ``qkv_proj``
+and ``o_proj`` and its pools store only its heads.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from oscarkv.models.llama import PagedLM
+from oscarkv.quant.codec import LayerCodec, TensorCodec
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """Rank ``rank`` of ``size``; ``group``: the torch.distributed process group of the device
+    collectives (NCCL on CUDA, gloo on the CPU), ``None`` when ``size == 1``."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+
+    def q_heads(self, num_heads: int) -> slice:
+        """This rank's query heads."""
+        n = num_heads // self.size
+        return slice(self.rank * n, (self.rank + 1) * n)
+
+    def kv_heads(self, num_kv_heads: int) -> slice:
+        """This rank's KV heads: its share, or the one head it replicates when ranks outnumber them."""
+        if self.size <= num_kv_heads:
+            n = num_kv_heads // self.size
+            return slice(self.rank * n, (self.rank + 1) * n)
+        h = self.rank * num_kv_heads // self.size
+        return slice(h, h + 1)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum ``x`` over the ranks in place (nothing with one rank)."""
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` of rank 0 on every rank, in place."""
+        if self.size > 1:
+            dist.broadcast(x, src=dist.get_global_rank(self.group, 0), group=self.group)
+        return x
+
+
+def check_shardable(config, size: int) -> None:
+    """Raise ``ValueError`` naming the numbers unless ``config`` splits over ``size`` ranks."""
+    hq, h, i = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
+    if size < 1 or hq % size or i % size or (h % size and size % h):
+        raise ValueError(f"tensor_parallel_size={size} does not split the model: it must divide the "
+                         f"{hq} query heads and the MLP width {i}, and divide or be a multiple of the {h} KV heads")
+
+
+def shard_config(config, tp: TensorParallel):
+    """A copy of ``config`` with one rank's head counts and MLP width (``head_dim`` explicit)."""
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    out = copy.deepcopy(config)
+    out.head_dim = d
+    out.num_attention_heads = config.num_attention_heads // tp.size
+    kv = tp.kv_heads(config.num_key_value_heads)
+    out.num_key_value_heads = kv.stop - kv.start
+    out.intermediate_size = config.intermediate_size // tp.size
+    return out
+
+
+def rank_state_dict(state: dict[str, torch.Tensor], config, tp: TensorParallel) -> dict[str, torch.Tensor]:
+    """One rank's shard of a (fused, unfolded) :class:`PagedLM` state dict: contiguous copies, on the CPU."""
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    hq, h, i = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
+    q, kv = _rows(tp.q_heads(hq), d), _rows(tp.kv_heads(h), d)
+    qkv = [q, _shift(kv, hq * d), _shift(kv, (hq + h) * d)]
+    mlp = tp.q_heads(i)  # MLP channels split like heads of width 1
+    gate_up = [mlp, _shift(mlp, i)]
+    out = {}
+    for key, t in state.items():
+        if ".qkv_proj." in key:
+            t = torch.cat([t[s] for s in qkv])
+        elif ".gate_up_proj." in key:
+            t = torch.cat([t[s] for s in gate_up])
+        elif key.endswith("o_proj.weight"):
+            t = t[:, q]
+        elif key.endswith("down_proj.weight"):
+            t = t[:, mlp]
+        elif key.endswith(("o_proj.bias", "down_proj.bias")) and tp.rank:
+            t = torch.zeros_like(t)  # a partial sum: the checkpoint's bias is added once, by rank 0
+        out[key] = t.detach().to("cpu").contiguous().clone()
+    return out
+
+
+def _rows(heads: slice, d: int) -> slice:
+    return slice(heads.start * d, heads.stop * d)
+
+
+def _shift(s: slice, by: int) -> slice:
+    return slice(s.start + by, s.stop + by)
+
+
+class RowParallelLinear(nn.Linear):
+    """``nn.Linear`` over this rank's input columns; the ranks' partial outputs are summed (one all-reduce)."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(super().forward(x))
+
+
+def sharded_model(config, state: dict[str, torch.Tensor], tp: TensorParallel, dtype: torch.dtype,
+                  device: torch.device | str) -> PagedLM:
+    """A :class:`PagedLM` of one rank's shape holding ``state`` (:func:`rank_state_dict`), its
+    ``o_proj`` and ``down_proj`` row parallel over ``tp``."""
+    with torch.device(device):
+        model = PagedLM(shard_config(config, tp))
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.o_proj = RowParallelLinear(attn.o_proj.in_features, attn.o_proj.out_features, tp)
+            mlp.down_proj = RowParallelLinear(mlp.down_proj.in_features, mlp.down_proj.out_features, tp,
+                                              mlp.down_proj.bias is not None)
+    model = model.to(dtype)
+    model.load_state_dict(state)
+    return model.eval().requires_grad_(False)
+
+
+def shard_codecs(layers: tuple[LayerCodec, ...] | list[LayerCodec], num_kv_heads: int,
+                 tp: TensorParallel) -> list[LayerCodec]:
+    """The codecs of this rank's KV heads: rows of every per-head tensor (rotation, mean, inverse)."""
+    heads = tp.kv_heads(num_kv_heads)
+
+    def cut(c: TensorCodec) -> TensorCodec:
+        return replace(c, **{f: getattr(c, f)[heads].clone() for f in ("rotation", "mean", "inverse")
+                             if getattr(c, f) is not None})
+    return [LayerCodec(cut(layer.key), cut(layer.value)) for layer in layers]

@@ -1,0 +1,122 @@
+"""Tensor parallelism on the CPU: two gloo ranks (spawned worker processes) against one process.
+
+Each engine with ``tensor_parallel_size=2`` runs one scenario — a shared prefix (prefix-cache
+hits, in the first wave and the second), pools too small for the batch (preemptions), an aborted request, prompt
+log-probabilities, and for oscar the overlap path (pending ids broadcast on the device) — and the
+same scenario runs on a ``tp=1`` engine whose pools have the same pages (``kv_memory_bytes`` is a
+per-rank budget: half of it for ranks holding half the KV heads). Tokens must be equal and
+log-probabilities equal within float tolerance: the ranks' row-parallel partial sums are added in
+another order than one GEMM's (measured here: < 2e-5). Spawning a rank (a fresh Python importing
+torch) is most of the time, so there are three tp=2 engines: bf16 and oscar on the tiny Llama
+(2 KV heads: one per rank), oscar on a tiny Qwen3 with 1 KV head (replicated on both ranks,
+the artifact's rotation sliced to it) — that one's worker is then killed, and its requests must
+fail with an error that says so, without a hang.
+"""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.request import SamplingParams
+from tests.engine.conftest import engine_config, make_artifact, prompts, tiny_config
+
+TOL = 1e-4
+TIGHT = dict(prefill_chunk=16, max_num_batched_tokens=32)  # prefix hits at chunk starts (as test_scheduler's)
+MEMORY = {"bf16": dict(kv_memory_bytes=98_304), "oscar": dict(kv_memory_bytes=65_536, bf16_fraction=0.5)}
+"""Pools of a tp=1 engine too small for the scenario's batch (the tp=2 engine: these pages per rank)."""
+
+
+def _tiny(arch: str, kv_heads: int):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, num_key_value_heads=kv_heads)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.15)
+    return model
+
+
+def _pair(model, method: str, tp_budget: int, **kw) -> tuple[LLMEngine, LLMEngine]:
+    """(tp=1, tp=2) engines whose pools hold the same pages (``tp_budget``: rank's share of the budget)."""
+    art = make_artifact(model.config) if method == "oscar" else None
+    cfg = engine_config(method, **{**TIGHT, **MEMORY[method], **kw})
+    one = LLMEngine.from_hf(model, cfg, art)
+    two = LLMEngine.from_hf(model, replace(cfg, tensor_parallel_size=2,
+                                           kv_memory_bytes=cfg.kv_memory_bytes // tp_budget), art)
+    assert two.runner.pools.geo.bf16_pages == one.runner.pools.geo.bf16_pages
+    assert two.runner.pools.geo.int2_pages == one.runner.pools.geo.int2_pages
+    return one, two
+
+
+def scenario(engine: LLMEngine) -> tuple[dict, tuple]:
+    """Two waves over a shared prefix, one request aborted after 8 steps; outputs by id and counters."""
+    shared = prompts(1, 24, seed=3)[0]
+    ps = [shared + p for p in prompts(3, 6, seed=4)]
+    sp = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=True)
+    done, steps = {}, 0
+    for wave in range(2):
+        for i, p in enumerate(ps):
+            engine.add_request(f"{wave}-{i}", p, replace(sp, prompt_logprobs=1) if i == 0 else sp)
+        while engine.has_unfinished():
+            done |= {o.request_id: o for o in engine.step() if o.finished}
+            steps += 1
+            if steps == 8:
+                done["0-2"] = engine.abort("0-2")
+    m = engine.manager
+    assert not engine.seqs and m.bf16.num_used == 0 and (m.int2 is None or m.int2.num_used == 0)  # back to baseline
+    return done, (engine.scheduler.num_preemptions, m.hit_tokens)
+
+
+def same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = a[k], b[k]
+        assert (x.token_ids, x.finish_reason, x.error) == (y.token_ids, y.finish_reason, y.error), k
+        assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0) < TOL, k
+        for p, q in zip(x.prompt_logprobs or [], y.prompt_logprobs or []):
+            assert (p is None) == (q is None) and (p is None or p.keys() == q.keys())
+            assert p is None or max(abs(p[t] - q[t]) for t in p) < TOL
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_tp2_equals_tp1(llama, method):
+    one, two = _pair(llama, method, 2, overlap=method == "oscar")
+    try:
+        ref, counters = scenario(one)
+        assert counters[0] > 0 and counters[1] > 0, "meant to preempt and to hit the prefix cache"
+        got, counters2 = scenario(two)
+        same(got, ref)
+        assert counters2 == counters
+        assert two.describe()["pool_bytes"] == {k: 2 * v for k, v in two.runner.local.pools.nbytes().items()}
+        assert two.stats().bpe_at_capacity == one.stats().bpe_at_capacity
+    finally:
+        two.close()
+
+
+def test_replicated_kv_head_and_a_dying_worker():
+    """1 KV head over 2 ranks: each holds it (and its rotation); then rank 1 is killed mid-run."""
+    model = _tiny("Qwen3ForCausalLM", kv_heads=1)
+    one, two = _pair(model, "oscar", 1, kv_memory_bytes=32_768)  # pages of one KV head
+    try:
+        ref, counters = scenario(one)
+        got, counters2 = scenario(two)
+        same(got, ref)
+        assert counters2 == counters and counters[0] > 0
+        for i, p in enumerate(prompts(2, 30, seed=9)):
+            two.add_request(f"k{i}", p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+        two.step()
+        two.runner.procs[0].kill()
+        outs = {}
+        for _ in range(10):  # bounded: a hang would fail here, not wait
+            outs |= {o.request_id: o for o in two.step() if o.finished}
+            if not two.has_unfinished():
+                break
+        assert set(outs) == {"k0", "k1"}
+        for o in outs.values():
+            assert o.finish_reason == "error" and "oscarkv-tp1" in o.error and "died" in o.error
+    finally:
+        two.close()
+    assert not two.runner.procs[0].is_alive()
