@@ -103,6 +103,9 @@ class EngineBench:
     """Prompt tokens per sequence."""
     new_tokens: int = 32
     """Decode tokens per sequence."""
+    tensor_parallel_size: int = 1
+    """Processes the model is split over (``EngineConfig.tensor_parallel_size``, gloo on the CPU); KV
+    bytes are the whole group's."""
 
 
 @dataclass(frozen=True)

@@ -26,24 +26,33 @@ from oscarkv.bench.configs import EngineBench
 
 
 def held_bytes(engine: LLMEngine) -> tuple[int, int, int]:
-    """(bytes held, tokens held, KV elements held) over the running sequences, from the page lists."""
-    geo = engine.runner.pools.geo
+    """(bytes held, tokens held, KV elements stored) over the running sequences, from the page lists; with
+    tensor parallelism the group's (a page id names one page on every rank, each for its KV heads)."""
+    geo, n = engine.runner.pools.geo, engine.runner.tp.size
     b = i = tokens = 0
     for seq in engine.scheduler.running:
         b += len(seq.kv.sink) + len(seq.kv.recent)
         i += len(seq.kv.history)
         tokens += seq.num_computed
     # NOTE: partially filled BF16 pages count whole: that is what the pool holds.
-    nbytes = b * geo.bf16_page_bytes() + i * geo.int2_page_bytes()
-    return nbytes, tokens, tokens * 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim
+    nbytes = n * (b * geo.bf16_page_bytes() + i * geo.int2_page_bytes())
+    return nbytes, tokens, tokens * 2 * geo.num_layers * geo.num_kv_heads * n * geo.head_dim
 
 
 def bench_one(loaded, method: str, batch: int, spec: EngineBench, artifact) -> dict:
     cfg = EngineConfig(KVConfig(method), kv_memory_bytes=1 << 30, max_num_seqs=batch,
-                       max_num_batched_tokens=max(2048, spec.prompt_len + batch), prefill_chunk=512)
+                       max_num_batched_tokens=max(2048, spec.prompt_len + batch), prefill_chunk=512,
+                       tensor_parallel_size=spec.tensor_parallel_size)
     engine = LLMEngine.from_hf(loaded.model, cfg, artifact if method == "oscar" else None, loaded.tokenizer)
+    try:
+        return _timed(engine, method, batch, spec)
+    finally:
+        engine.close()
+
+
+def _timed(engine: LLMEngine, method: str, batch: int, spec: EngineBench) -> dict:
     g = torch.Generator().manual_seed(batch)
-    vocab = loaded.config.vocab_size
+    vocab = engine.runner.model.config.vocab_size
     params = SamplingParams(max_tokens=spec.new_tokens + 1, temperature=0, ignore_eos=True)
     for i in range(batch):
         engine.add_request(str(i), torch.randint(0, vocab, (spec.prompt_len,), generator=g).tolist(), params)
