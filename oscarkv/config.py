@@ -298,3 +298,32 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
         if self.protect_metrics and not self.api_key:
             raise ValueError("ServerConfig.protect_metrics needs an api_key (--api-key or OSCARKV_API_KEY)")
+
+
+@dataclass(frozen=True)
+class ReferenceRecipe:
+    """What the OSCAR reference's rotation files leave out (``oscarkv import-rotations``).
+
+    The published files carry rotations only; clips, group size and windows come from this
+    recipe, whose defaults are the reference's published ones. A value other than the default is
+    recorded in the artifact's manifest as a model-specific override."""
+
+    key_clip: float = 0.96
+    """Clip ratio of the keys in every layer (the ⌊c·G⌋-th smallest |x| of a group bounds it)."""
+    value_clip: float = 0.92
+    """Clip ratio of the values in every layer."""
+    group_size: int = 128
+    """Channels per INT2 group; heads narrower than this use one group per head."""
+    sink: int = 64
+    """Leading tokens the reference keeps in BF16 (recorded; the engine's ``KVConfig.sink``)."""
+    recent: int = 256
+    """Most recent tokens the reference keeps in BF16 (recorded; the engine's ``KVConfig.recent``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("key_clip", "value_clip"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"ReferenceRecipe.{name} must lie in (0, 1], got {getattr(self, name)}")
+        if self.group_size < 4:
+            raise ValueError(f"ReferenceRecipe.group_size must be >= 4, got {self.group_size}")
+        if self.sink < 0 or self.recent < 0:
+            raise ValueError(f"ReferenceRecipe.sink and recent must be >= 0, got {self.sink}, {self.recent}")

@@ -12,12 +12,13 @@ import argparse
 import logging
 import sys
 
-from oscarkv.cli import bench, calibrate, demo, evaluate, generate, report, serve
+from oscarkv.cli import bench, calibrate, demo, evaluate, export_rotations, generate, import_rotations, report, serve
 from oscarkv.cli.flags import UserError
 from oscarkv.config import __version__
 
 COMMANDS = {"demo": demo, "calibrate": calibrate, "eval": evaluate, "report": report,
-            "generate": generate, "serve": serve, "bench": bench}
+            "generate": generate, "serve": serve, "bench": bench,
+            "import-rotations": import_rotations, "export-rotations": export_rotations}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -159,3 +159,8 @@ def _load_gguf(path: Path):
         raise ModelLoadError(f"GGUF file {path}: missing tensors {missing[:5]}, unexpected {unexpected[:5]}")
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return model, tok
+
+
+def bf16_layers(config) -> frozenset[int]:
+    """Layers that never store INT2 history: none in the architectures supported here."""
+    return frozenset()
