@@ -22,7 +22,7 @@ import torch
 from oscarkv.calibrate.solve import Solution, solve
 from oscarkv.calibrate.stats import HeldoutCapture, StatsCollector, run_forward
 from oscarkv.config import CalibrationConfig
-from oscarkv.models.loader import LoadedModel
+from oscarkv.models.loader import LoadedModel, is_default_model
 from oscarkv.quant.artifact import Artifact, ModelFingerprint, new_manifest
 from oscarkv.quant.codec import default_group
 
@@ -78,11 +78,17 @@ def calibrate_variants(loaded: LoadedModel, cfgs: dict[str, CalibrationConfig], 
     out = {}
     for name, cfg in cfgs.items():
         solution = solve(stats, capture, cfg, group)
-        calibration = {"source": data_desc or f"{len(texts)} caller-supplied text(s)", "model_source": loaded.source,
+        calibration = {"source": data_desc or f"{len(texts)} caller-supplied text(s)", "model_source": model_source(loaded),
                        "tokens": cfg.tokens, "heldout_tokens": heldout.numel(),
                        "seconds": round(time.perf_counter() - start, 2)}
         out[name] = Artifact(build_manifest(fp, cfg, group, solution, calibration), solution.tensors), solution.rows
     return out
+
+
+def model_source(loaded: LoadedModel) -> str:
+    """The model as the manifest records it: ``default`` for the embedded model (the shipped artifact
+    then names no machine's install path), else the resolved path."""
+    return "default" if is_default_model(loaded) else loaded.source
 
 
 def _default_text() -> str:

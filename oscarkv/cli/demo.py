@@ -12,23 +12,31 @@ def setup(p: argparse.ArgumentParser) -> None:
     """Compare bf16/naive/quarot/oscar KV caches on needle retrieval at 2K-4K with the default model."""
     p.add_argument("--samples", type=int, default=4, help="samples per context (default: 4)")
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="report directory (default: runs/demo)")
+    p.add_argument("--rotations", type=Path, default=None,
+                   help="OSCAR artifact directory, e.g. from 'oscarkv calibrate --model default --out DIR' "
+                        "(default: the artifact shipped with the package)")
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
-                   help=f"where the default model's artifact is cached (default: {CACHE_DIR})")
+                   help=f"where the default model's artifact is cached when the shipped one does not fit "
+                        f"(default: {CACHE_DIR})")
 
 
 def run(args: argparse.Namespace) -> int:
-    from oscarkv.calibrate.default import default_artifact
-    from oscarkv.cli.flags import load
+    from oscarkv.calibrate.default import RECALIBRATE, artifact_for
+    from oscarkv.cli.flags import UserError, load
     from oscarkv.config import EvalConfig
     from oscarkv.eval.report import write_report
     from oscarkv.eval.runner import evaluate
 
     loaded = load("default", "auto")
-    artifact = default_artifact(loaded, args.cache_dir)
+    try:
+        artifact = artifact_for(loaded, "oscar", args.rotations, args.cache_dir)
+    except ValueError as e:
+        raise UserError(str(e)) from e
     cfg = EvalConfig(methods=("bf16", "naive", "quarot", "oscar"), tasks=("niah_single",),
                      contexts=(2048, 4096), samples=args.samples)
     records, meta = evaluate(loaded, cfg, {"": artifact})
     write_report(records, args.out, meta)
     print((args.out / "results.md").read_text())
     print(f"report, plot and JSON in {args.out}")
+    print(f"to recalibrate the OSCAR rotations: {RECALIBRATE.replace('--rotations', 'oscarkv demo --rotations')}")
     return 0

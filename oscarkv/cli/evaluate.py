@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def artifacts_for(loaded, args) -> dict:
-    """``{variant name: artifact}`` from ``--rotations`` (the default model: its cached calibration)."""
+    """``{variant name: artifact}`` from ``--rotations`` (the default model: its shipped artifact)."""
     from oscarkv.calibrate.default import default_artifact
     from oscarkv.models.loader import is_default_model
     from oscarkv.quant.artifact import Artifact, ArtifactError, ModelFingerprint

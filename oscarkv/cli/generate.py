@@ -17,7 +17,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     model_args(p, "auto")
     p.add_argument("--kv", choices=ENGINE_METHODS, default="oscar", help="KV storage method (default: oscar)")
     p.add_argument("--rotations", type=Path, default=None,
-                   help="artifact directory for --kv oscar (default: the default model's cached calibration)")
+                   help="artifact directory for --kv oscar (default: the default model's artifact, shipped with oscarkv)")
     add_fields(p, KVConfig, ["sink", "recent", "page_size"])
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
                                  "enable_prefix_caching", "overlap", "tensor_parallel_size"])

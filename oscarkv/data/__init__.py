@@ -6,7 +6,13 @@
   tasks (``oscarkv.eval.tasks``) and the perplexity windows (``oscarkv.eval.perplexity_data``).
 
 ``SOURCES.md`` states where each came from, why it is public domain and which slice was kept.
-The files ship as package data (``[tool.setuptools.package-data] "oscarkv.data" = ["*.txt", "*.md"]``).
+
+One derived file ships too: ``default_rotations/`` (:func:`default_rotations_dir`), the OSCAR
+artifact of the default model (``rotations.safetensors`` + ``manifest.json``, ~6 MB), made by
+``oscarkv calibrate --model default --out oscarkv/data/default_rotations`` from
+``calibration.txt`` with the recipe's defaults, so that the default model starts without the
+one-time calibration (``oscarkv.calibrate.default``).
+The files ship as package data (``[tool.setuptools.package-data]`` in ``pyproject.toml``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from importlib import resources
 
 NAMES = ("calibration.txt", "eval.txt")
 """The text files this package holds."""
+
+DEFAULT_ROTATIONS = "default_rotations"
+"""The folder of the default model's shipped OSCAR artifact."""
 
 
 def data_path(name: str) -> pathlib.Path:
@@ -31,3 +40,8 @@ def data_path(name: str) -> pathlib.Path:
 def read_text(name: str) -> str:
     """Contents of a bundled data file (UTF-8)."""
     return data_path(name).read_text(encoding="utf-8")
+
+
+def default_rotations_dir() -> pathlib.Path:
+    """Folder of the default model's shipped artifact (loading validates it: ``oscarkv.quant.artifact``)."""
+    return pathlib.Path(str(resources.files(__name__).joinpath(DEFAULT_ROTATIONS)))

@@ -1,0 +1,80 @@
+"""The default model's artifact ships with the package and is what ``oscarkv calibrate --model default`` makes.
+
+The shipped files (``oscarkv/data/default_rotations``) were written by that command with the
+recipe's defaults. Reproducing them in full streams 16K tokens through all 30 layers (~90 s of
+CPU on one core), so the default suite reproduces the first two layers instead: a layer's
+statistics depend only on the layers below it and every layer is solved on its own, so
+calibrating the model cut to two layers must give the shipped layers 0 and 1. The full
+reproduction is marked ``full_calibration`` (deselected by default; ``pytest -m full_calibration``).
+
+NOTE: "reproduces" is bit for bit (``torch.equal``), on the CPU in float32: the shipped files were
+made with the same kernels (CPU, 2 threads and 1 thread gave identical bytes). Another BLAS may
+round a matmul differently; the tolerance below then says by how much it may move
+(``TOL``: the rotations are solved in fp64 from fp32 Gram sums, whose rounding is ~1e-6 relative).
+"""
+
+import pytest
+import torch
+
+from oscarkv.calibrate.default import current_recipe, default_artifact
+from oscarkv.calibrate.run import calibrate
+from oscarkv.config import CalibrationConfig
+from oscarkv.data import default_rotations_dir
+from oscarkv.quant.artifact import Artifact
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def shipped() -> Artifact:
+    return Artifact.load(default_rotations_dir())
+
+
+def test_shipped_artifact_is_current(shipped):
+    """Valid, fitted with the current recipe (a recipe change must re-ship it), and names no machine path."""
+    assert shipped.manifest["options"] == current_recipe()
+    assert shipped.manifest["calibration"]["model_source"] == "default"
+    fp = shipped.fingerprint
+    assert (fp.architecture, fp.num_layers, fp.num_kv_heads, fp.head_dim) == ("LlamaForCausalLM", 30, 3, 64)
+
+
+def cut(loaded, layers: int):
+    loaded.model.model.layers = loaded.model.model.layers[:layers]
+    loaded.model.config.num_hidden_layers = layers
+    return loaded
+
+
+def assert_reproduces(got: Artifact, shipped: Artifact, layers: int) -> None:
+    for name, t in got.tensors.items():
+        ref = shipped.tensors[name][:layers]
+        if not torch.equal(t, ref):
+            err = ((t - ref).abs().max() / ref.abs().max()).item()
+            assert err < TOL, f"{name}: relative difference {err:.2e}"
+    for kind in ("key", "value"):
+        assert got.manifest["clip"][kind] == shipped.manifest["clip"][kind][:layers], kind
+
+
+@pytest.mark.slow
+def test_first_layers_reproduce_the_shipped_artifact(shipped, monkeypatch, tmp_path):
+    """The default model uses the shipped artifact without calibrating; its first two layers recalibrate to it."""
+    import oscarkv.calibrate.default as cd
+    from oscarkv.models.loader import load_model
+
+    loaded = load_model("default", torch.float32)
+    monkeypatch.setattr(cd, "calibrate", lambda *a: pytest.fail("the default model was calibrated"))
+    assert default_artifact(loaded, tmp_path).manifest == shipped.manifest
+    got, _ = calibrate(cut(loaded, 2), CalibrationConfig())
+    assert_reproduces(got, shipped, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.full_calibration
+def test_calibrate_default_reproduces_the_shipped_artifact(shipped, tmp_path):
+    from oscarkv.cli.main import main
+
+    assert main(["calibrate", "--model", "default", "--out", str(tmp_path)]) == 0
+    got = Artifact.load(tmp_path)
+    assert_reproduces(got, shipped, 30)
+    skip = {"calibration", "oscarkv_version"}  # seconds taken; the version that made it
+    assert {k: v for k, v in got.manifest.items() if k not in skip} == \
+        {k: v for k, v in shipped.manifest.items() if k not in skip}
