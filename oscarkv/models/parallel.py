@@ -75,6 +75,8 @@ class TensorParallel:
 def check_shardable(config, size: int) -> None:
     """Raise ``ValueError`` naming the numbers unless ``config`` splits over ``size`` ranks."""
     hq, h, i = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
+    if size > 1 and getattr(config, "num_experts", 0):
+        raise ValueError(f"tensor_parallel_size={size}: the experts of a mixture-of-experts model are not sharded; use 1")
     if size < 1 or hq % size or i % size or (h % size and size % h):
         raise ValueError(f"tensor_parallel_size={size} does not split the model: it must divide the "
                          f"{hq} query heads and the MLP width {i}, and divide or be a multiple of the {h} KV heads")
