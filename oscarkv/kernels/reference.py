@@ -64,15 +64,17 @@ def gather_sequence(kv: LayerKV, tables: PageTables, b: int) -> tuple[torch.Tens
 
 # ------------------------------------------------------------------------------ attention
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """GQA attention: ``q [T, Hq, d]``, ``k/v [H, n, d]``, ``mask bool [T, n]`` (True = visible) → ``[T, Hq, d]``."""
+    """GQA attention: ``q [T, Hq, d]``, ``k/v [H, n, d]``, ``mask bool [T, n]`` (True = visible) → ``[T, Hq, d]``.
+
+    NOTE: fp32 softmax(q·kᵀ·scale)·v through PyTorch's fused attention (query head ``i`` reads
+    KV head ``i // (Hq / H)``); on a CPU it is several times faster than the unfused einsum,
+    mask and softmax it computes exactly (the long-context evaluation runs through it)."""
     t, hq, d = q.shape
     h = k.shape[0]
-    qg = q.float().reshape(t, h, hq // h, d).permute(1, 0, 2, 3)  # [H, T, rep, d]
-    logits = torch.einsum("htrd,hnd->htrn", qg, k) * scale  # [H, T, rep, n]
-    if mask is not None:
-        logits = logits.masked_fill(~mask[None, :, None, :], float("-inf"))
-    out = torch.einsum("htrn,hnd->htrd", logits.softmax(-1), v)  # [H, T, rep, d]
-    return out.permute(1, 0, 2, 3).reshape(t, hq, d)
+    qh = q.float().permute(1, 0, 2)[None]  # [1, Hq, T, d]: 4-D reaches the fused CPU kernel
+    kh, vh = k.repeat_interleave(hq // h, 0)[None], v.repeat_interleave(hq // h, 0)[None]  # [1, Hq, n, d]
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    return out[0].permute(1, 0, 2)
 
 
 def decode_attention_ref(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float) -> torch.Tensor:
