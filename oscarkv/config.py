@@ -31,6 +31,9 @@ CENTER_MODES = ("both", "keys", "values", "none")
 CLIP_MODES = ("fitted", "fixed", "none")
 """How ``CalibrationConfig.clip`` sets a kind's clip ratio."""
 
+HAYSTACKS = ("eval", "gazetteer", "calibration")
+"""Filler texts of the synthetic tasks (``oscarkv.eval.tasks.HAYSTACKS`` maps them to files)."""
+
 METHODS = ("bf16", "int4", "naive", "quarot", "kivi", "oscar")
 """KV storage methods, all served by one codec path (``oscarkv.quant.codec``)."""
 
@@ -166,11 +169,22 @@ class EvalConfig:
     """Samples per (task, context); for ``ppl``, the number of text windows."""
     seed: int = 0
     """Seed of the task generators and text windows."""
-    haystack: str = "eval"
-    """Filler text of the synthetic tasks: ``eval`` (Shakespeare) for measurements, or
-    ``calibration`` (the calibration source) for development studies that choose settings."""
+    haystacks: tuple[str, ...] = ("eval", "gazetteer")
+    """Filler texts of the synthetic tasks, each a separate cell: ``eval`` (Shakespeare, verse
+    drama) and ``gazetteer`` (expository prose) for measurements, or ``calibration`` (the
+    calibration source) for development studies that choose settings."""
     kv: KVConfig = field(default_factory=KVConfig)
     """Window and page geometry shared by all methods (its ``method`` is ignored)."""
+    diagnostic: bool = True
+    """With the engine backend, also score the teacher-forced single-chunk diagnostic on the
+    same samples (every configuration, served or not)."""
+    free: tuple[str, ...] = ()
+    """With the engine backend, the methods run free-running (each costs a prefill per sample);
+    empty: every served one. The others get the teacher-forced diagnostic only."""
+    bf16_on_engine: bool = True
+    """With the engine backend, generate BF16's free-running answers on the engine; off: by
+    greedy generation from the diagnostic's full-precision prefill (the same computation, as
+    the engine keeps an fp32 model's ``bf16`` K/V unrounded, at one prefill less per sample)."""
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -185,8 +199,9 @@ class EvalConfig:
             raise ValueError(f"EvalConfig.samples must be >= 1, got {self.samples}")
         if not self.windows:
             raise ValueError("EvalConfig.windows must hold True, False or both")
-        if self.haystack not in ("eval", "calibration"):
-            raise ValueError(f"EvalConfig.haystack must be eval or calibration, got {self.haystack!r}")
+        bad = [h for h in self.haystacks if h not in HAYSTACKS]
+        if bad or not self.haystacks:
+            raise ValueError(f"EvalConfig.haystacks: unknown {bad or 'empty list'}; choose from {HAYSTACKS}")
 
 
 ENGINE_METHODS = ("bf16", "naive", "quarot", "oscar")

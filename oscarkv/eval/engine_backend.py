@@ -1,54 +1,80 @@
-"""The synthetic-task evaluation through the paged engine (``oscarkv eval --backend engine``).
+"""The synthetic tasks through the paged engine: what ``serve`` returns (``oscarkv eval --backend engine``).
 
-Role: the same protocol as :func:`oscarkv.eval.runner.run_tasks`, but every sample runs on
-the serving path with real packed pages: one request per (sample, KV method) whose prompt is
-``document + question + answer[:-1]`` with an explicit chunk end after the document — so the
-document is prefilled at full precision and stored per method, and the question and
-teacher-forced answer form the next chunk, attending to the document as stored (exactly the
-HF path's two chunks). ``prompt_logprobs=1`` returns, per position, the argmax; an answer span
-counts when every one of its tokens is the argmax. The same samples (same seed) are scored,
-so the two backends agree within floating-point noise.
+Role: the headline protocol, **free-running** (:func:`score_free`): one request per (sample, KV
+configuration) whose prompt is ``document + question``, prefilled by the engine's own chunked
+prefill (chunks of ``EngineConfig.prefill_chunk`` tokens, each attending to the earlier ones as
+stored), then greedy generation token by token from the cache as stored; the answer is scored
+from the generated text with RULER's string match (:func:`oscarkv.eval.tasks.score_text`).
+Only configurations the engine serves run here (:func:`served`): methods in ``ENGINE_METHODS``
+with their BF16 windows; the others are measured by the teacher-forced diagnostic alone and
+labelled "not served". The runner (``oscarkv.eval.runner``) drives the loop and scores the
+diagnostic on the same samples.
 
-Records go to :class:`oscarkv.eval.runner.Tally` like the HF path's. Methods the engine does
-not serve (``int4``, ``kivi``) raise a clear error.
+:func:`score_engine` keeps the teacher-forced protocol on the engine (document as one chunk,
+question and gold answer as the next, argmax per answer token): it is the bridge that shows
+the engine and the HF path score alike (``tests/engine/test_engine_backend.py``).
 """
 
 from __future__ import annotations
 
-from oscarkv.config import ENGINE_METHODS, EngineConfig, EvalConfig
+from oscarkv.config import ENGINE_METHODS, EngineConfig, EvalConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.eval import tasks as task_lib
-from oscarkv.eval.samples import answer_spans, task_samples
 from oscarkv.quant.codec import KVCodec
+
+EXTRA_TOKENS = 8
+"""Tokens generated beyond the gold answer's length (room for a space or a stray token)."""
+
+
+def served(kv: KVConfig) -> bool:
+    """Whether ``serve`` can run this configuration: an engine method, and low-bit methods only
+    with their BF16 windows (the engine demotes whole pages behind a recent window)."""
+    return kv.method in ENGINE_METHODS and (kv.method == "bf16" or kv.sink > 0 or kv.recent > 0)
 
 
 def build_engines(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, artifacts) -> dict[str, LLMEngine]:
     """One engine per report label, sized for one sequence of the largest context."""
     engines = {}
+    c = loaded.model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    budget = max(cfg.contexts) + 1024
+    # one sequence held entirely in BF16 (K and V, every layer), with room to spare
+    memory = 2 * budget * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * 2
     for label, codec in codecs.items():
         kv = codec.config
         if kv.method not in ENGINE_METHODS:
             raise ValueError(f"eval --backend engine serves {ENGINE_METHODS}; {label!r} needs --backend hf")
         name = label.split(":", 1)[1].split("+")[0] if label.startswith("oscar:") else ""
         art = (artifacts or {}).get(name) if kv.method == "oscar" else None
-        budget = max(cfg.contexts) + 1024
-        ecfg = EngineConfig(kv, kv_memory_bytes=1 << 30, max_num_seqs=1, max_num_batched_tokens=budget,
+        ecfg = EngineConfig(kv, kv_memory_bytes=memory, max_num_seqs=1, max_num_batched_tokens=budget,
                             prefill_chunk=512 - 512 % kv.page_size or kv.page_size, enable_prefix_caching=False)
         engines[label] = LLMEngine.from_hf(loaded.model, ecfg, art, loaded.tokenizer)
     return engines
 
 
-def score_engine(engine: LLMEngine, doc: list[int], question: list[int], target: list[int],
-                 spans: list[tuple[int, int]]) -> tuple[float, float]:
-    """(fraction of answer spans predicted exactly, BPE of the stored sequence)."""
-    prompt = doc + question + target[:-1]
-    engine.add_request("eval", prompt, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1,
-                                                      ignore_eos=True), chunk_ends=(len(doc),))
+def _run(engine: LLMEngine, prompt: list[int], params: SamplingParams, chunk_ends: tuple[int, ...] = ()):
+    engine.add_request("eval", prompt, params, chunk_ends=chunk_ends)
     out = None
     while engine.has_unfinished():
         for o in engine.step():
             out = o
+    return out
+
+
+def score_free(engine: LLMEngine, prompt: list[int], sample: task_lib.Sample, answer_tokens: int) -> tuple[float, float, str]:
+    """(string-match score of the greedy generation, BPE of the stored sequence, the text)."""
+    params = SamplingParams(max_tokens=answer_tokens + EXTRA_TOKENS, temperature=0)
+    out = _run(engine, prompt, params)
+    return task_lib.score_text(sample, out.text), engine.bpe(len(prompt) + len(out.token_ids)), out.text
+
+
+def score_engine(engine: LLMEngine, doc: list[int], question: list[int], target: list[int],
+                 spans: list[tuple[int, int]]) -> tuple[float, float]:
+    """Teacher-forced on the engine: (fraction of answer spans predicted exactly, BPE of the stored sequence)."""
+    prompt = doc + question + target[:-1]
+    out = _run(engine, prompt, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1, ignore_eos=True),
+               chunk_ends=(len(doc),))
     rows = out.prompt_logprobs + [None]  # row i: distribution of token i given tokens < i
     first = len(doc) + len(question)
     pred = [max(rows[first + j].items(), key=lambda kv: kv[1])[0] for j in range(len(target) - 1)]
@@ -56,20 +82,3 @@ def score_engine(engine: LLMEngine, doc: list[int], question: list[int], target:
     ok = [p == t for p, t in zip(pred, target)]
     acc = sum(all(ok[a:b]) for a, b in spans) / len(spans)
     return acc, engine.bpe(len(prompt))
-
-
-def run_tasks_engine(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, artifacts, bar, tally) -> list[dict]:
-
-    engines = build_engines(loaded, codecs, cfg, artifacts)
-    tok = loaded.tokenizer
-    for ctx in cfg.contexts:
-        for task in (t for t in cfg.tasks if t != "ppl"):
-            for sample in task_samples(loaded, task, ctx, cfg):
-                doc = tok(sample.document, add_special_tokens=False).input_ids
-                q = tok(sample.question, add_special_tokens=False).input_ids
-                target, spans = answer_spans(tok, task_lib.answer_target(sample), sample.answers)
-                for label, engine in engines.items():
-                    acc, bpe = score_engine(engine, doc, q, target[0].tolist(), spans)
-                    tally.add((label, task, ctx), acc, bpe)
-                bar.update(len(engines))
-    return tally.records("accuracy")

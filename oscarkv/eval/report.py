@@ -1,16 +1,21 @@
 """Turn evaluation records into ``results.json``, ``results.md`` and plots.
 
-Input: the records of ``oscarkv.eval.runner`` — one dict per (method, task, context) with
-``method`` (a KV label such as ``oscar`` or ``oscar+win``), ``task``, ``context``,
-``samples``, ``bpe`` (bits per KV element stored) and either ``accuracy`` (0..1) or
-``perplexity``; other keys are carried into the JSON and otherwise ignored — plus a ``meta``
-dict describing the run. Output, in ``out_dir``:
+Input: the records of ``oscarkv.eval.runner`` — one dict per (method, task, context, haystack,
+protocol) with ``method`` (a KV label such as ``oscar`` or ``oscar+win``), ``task``,
+``context``, ``haystack``, ``protocol`` (``free``, ``forced`` or ``faithful``; records without
+one count as ``forced`` on ``eval``), ``samples``, ``bpe`` (bits per KV element stored), either
+``accuracy`` (0..1) or ``perplexity``, and optionally ``window`` / ``history`` sub-records (the
+samples whose needles lay in the BF16 window or in low-bit history); other keys are carried
+into the JSON — plus a ``meta`` dict describing the run. Output, in ``out_dir``:
 
 * ``results.json`` — ``{"meta": meta, "records": records}``, the source of truth;
-* ``results.md`` — accuracy per method × task for each context (with its BPE and the mean
-  over tasks), a summary per method × context, and perplexity per method × context;
-* ``accuracy.png`` — mean accuracy over tasks against context, one line per method, BF16
-  dashed; ``perplexity.png`` likewise when there are perplexity records.
+* ``results.md`` — per protocol and haystack, accuracy per method × task for each context (with
+  its BPE and the mean over tasks) and a summary per method × context; free-running beside
+  teacher-forced per method; needles in the window apart from those in history; perplexity;
+* ``accuracy.png`` — mean accuracy over tasks and haystacks against context (the headline
+  protocol: free-running where measured), one line per method, BF16 dashed;
+  ``pareto.png`` — that accuracy against bits per element, one panel per context;
+  ``perplexity.png`` likewise when there are perplexity records.
 
 Plots use matplotlib's object API (``Figure`` renders with Agg), so no global backend is set.
 """
@@ -21,6 +26,8 @@ import json
 import pathlib
 from collections import defaultdict
 from statistics import mean
+
+from oscarkv.config import ENGINE_METHODS
 
 REFERENCE = "bf16"
 """The method drawn dashed as the full-precision reference."""
@@ -37,8 +44,10 @@ def write_report(records: list[dict], out_dir: pathlib.Path, meta: dict) -> None
     (out_dir / "results.md").write_text(markdown(acc, ppl, meta))
     title = pathlib.Path(str(meta.get("model", ""))).name
     if acc:
-        _plot(_by_method_context(acc, "accuracy"), "mean accuracy over tasks", title, out_dir / "accuracy.png",
-              percent=True)
+        head = headline(acc)
+        label = f"mean accuracy over tasks ({_protocol(head[0])})"
+        _plot(_by_method_context(head, "accuracy"), label, title, out_dir / "accuracy.png", percent=True)
+        pareto_plot(head, out_dir / "pareto.png", f"{title} — {_protocol(head[0])}")
     if ppl:
         _plot(_by_method_context(ppl, "perplexity"), "perplexity", title, out_dir / "perplexity.png")
 
@@ -47,16 +56,93 @@ def write_report(records: list[dict], out_dir: pathlib.Path, meta: dict) -> None
 def markdown(acc: list[dict], ppl: list[dict], meta: dict) -> str:
     """The whole ``results.md`` text."""
     parts = ["# oscarkv evaluation", "", *_meta_lines(meta), ""]
-    if acc:
-        parts += ["## Accuracy (%)", "", *_summary_table(acc), ""]
-        for ctx in sorted({r["context"] for r in acc}):
-            rows = [r for r in acc if r["context"] == ctx]
-            parts += [f"### Context {ctx}", "", _samples(rows), "", *_context_table(rows), ""]
+    for (protocol, haystack), rows in _sections(acc).items():
+        parts += [f"## Accuracy (%): {PROTOCOL_NAMES.get(protocol, protocol)}, haystack {haystack}", "",
+                  *_summary_table(rows), ""]
+        for ctx in sorted({r["context"] for r in rows}):
+            ctx_rows = [r for r in rows if r["context"] == ctx]
+            parts += [f"### Context {ctx}", "", _samples(ctx_rows), "", *_context_table(ctx_rows), ""]
+    if len({_protocol(r) for r in acc}) > 1:
+        parts += ["## Free-running vs teacher-forced (%, mean over tasks)", "", *_protocol_table(acc), ""]
+    if any("window" in r or "history" in r for r in acc):
+        parts += ["## Needles in low-bit history vs in the BF16 window (%, mean over tasks)", "",
+                  *_place_table(acc), ""]
     if ppl:
         parts += ["## Perplexity (decode-faithful)", "", _samples(ppl), "", *_ppl_table(ppl), ""]
     if not acc and not ppl:
         parts += ["No records.", ""]
     return "\n".join(parts)
+
+
+PROTOCOL_NAMES = {"free": "free-running through the engine (as served)",
+                  "forced": "teacher-forced single chunk (diagnostic)"}
+"""Section titles per protocol."""
+
+
+def _protocol(r: dict) -> str:
+    return r.get("protocol", "forced")
+
+
+def _sections(acc: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Records by (protocol, haystack): free-running first."""
+    out: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in sorted(acc, key=lambda r: _protocol(r) != "free"):
+        out[(_protocol(r), r.get("haystack", "eval"))].append(r)
+    return out
+
+
+def headline(acc: list[dict]) -> list[dict]:
+    """The records of the headline protocol: free-running where measured, else teacher-forced."""
+    free = [r for r in acc if _protocol(r) == "free"]
+    return free or acc
+
+
+def _cell_mean(rows: list[dict], key: str = "accuracy") -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return mean(vals) if vals else None
+
+
+def _protocol_table(acc: list[dict]) -> list[str]:
+    """Per method, each (haystack, context): free-running / teacher-forced."""
+    cols = sorted({(r.get("haystack", "eval"), r["context"]) for r in acc})
+    lines = _header(["method", *(f"{h} {c}: free / forced" for h, c in cols), "BPE (free)"])
+    for m in _methods(acc):
+        cells = []
+        for h, c in cols:
+            mine = [r for r in acc if r["method"] == m and r.get("haystack", "eval") == h and r["context"] == c]
+            free = _cell_mean([r for r in mine if _protocol(r) == "free"])
+            forced = _cell_mean([r for r in mine if _protocol(r) == "forced"])
+            cells.append(f"{_unserved(m) if free is None else _pct(free)} / {_pct(forced)}")
+        lines.append(_row([m, *cells, _bpe([r for r in acc if r["method"] == m and _protocol(r) == "free"])]))
+    return lines
+
+
+def _unserved(label: str) -> str:
+    """Why a configuration has no free-running figure: the engine cannot serve it, or it was not run."""
+    method = label.split("+")[0].split(":")[0]
+    ok = method == "bf16" or (method in ENGINE_METHODS and label.endswith("+win"))
+    return "not run" if ok else "not served"
+
+
+def _place_table(acc: list[dict]) -> list[str]:
+    """Per protocol and method, each (haystack, context): history % (n) · window % (n)."""
+    cols = sorted({(r.get("haystack", "eval"), r["context"]) for r in acc})
+    lines = _header(["protocol", "method", *(f"{h} {c}: history · window" for h, c in cols)])
+    for protocol in dict.fromkeys(_protocol(r) for r in sorted(acc, key=lambda r: _protocol(r) != "free")):
+        for m in _methods([r for r in acc if _protocol(r) == protocol]):
+            cells = []
+            for h, c in cols:
+                mine = [r for r in acc if (r["method"], _protocol(r), r.get("haystack", "eval"), r["context"])
+                        == (m, protocol, h, c)]
+                cells.append(" · ".join(_place_cell(mine, p) for p in ("history", "window")))
+            lines.append(_row([protocol, m, *cells]))
+    return lines
+
+
+def _place_cell(rows: list[dict], place: str) -> str:
+    subs = [r[place] for r in rows if place in r]
+    n = sum(s["samples"] for s in subs)
+    return f"{_pct(sum(s['accuracy'] * s['samples'] for s in subs) / n)} ({n})" if n else "– (0)"
 
 
 def _meta_lines(meta: dict) -> list[str]:
@@ -196,3 +282,38 @@ def _bars(ax, grid: dict[str, dict[int, float]], context: int, scale: float) -> 
     for y, v in enumerate(values):
         ax.text(v, y, f" {v:.3g}", va="center", fontsize="small")
     ax.grid(axis="x", alpha=0.3)
+
+
+def pareto_plot(acc: list[dict], path: pathlib.Path, title: str) -> None:
+    """Accuracy (mean over tasks and haystacks) against bits per element, one point per
+    method, one panel per context, BF16 as a dashed line; the upper-left frontier is drawn."""
+    from matplotlib.figure import Figure
+
+    contexts = sorted({r["context"] for r in acc})
+    fig = Figure(figsize=(4.2 * len(contexts), 4.0), layout="constrained")
+    for i, ctx in enumerate(contexts):
+        ax = fig.add_subplot(1, len(contexts), i + 1)
+        pts = []
+        for m in _methods(acc):
+            rows = [r for r in acc if r["method"] == m and r["context"] == ctx]
+            if rows:
+                pts.append((mean(r["bpe"] for r in rows), 100 * mean(r["accuracy"] for r in rows), m))
+        for x, y, m in pts:
+            if m == REFERENCE:
+                ax.axhline(y, color="black", linestyle="--", linewidth=1)
+            ax.scatter([x], [y], color="black" if m == REFERENCE else None, zorder=3)
+            ax.annotate(m, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+        front, best = [], -1.0
+        for x, y, _ in sorted(pts):
+            if y > best:
+                front.append((x, y))
+                best = y
+        ax.plot(*zip(*front), color="grey", alpha=0.5, drawstyle="steps-post")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bits per KV element stored")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(-2, 102)
+        ax.set_title(f"context {ctx}", fontsize="medium")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize="medium")
+    fig.savefig(path, dpi=120)

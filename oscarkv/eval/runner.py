@@ -1,19 +1,25 @@
 """The accuracy harness behind ``oscarkv eval`` and ``oscarkv demo``.
 
-Two measurements per KV configuration (a :class:`~oscarkv.config.KVConfig`, with and without
-BF16 windows):
+Measurements per KV configuration (a :class:`~oscarkv.config.KVConfig`, with and without
+BF16 windows), each record tagged with its protocol (``PROTOCOLS``) and haystack:
 
-* **Synthetic retrieval (RULER-style, ``oscarkv.eval.tasks``).** The document is prefilled
-  once per sample — prefill attention inside a chunk is full precision, so the document's
-  K/V are the same for every method — then, per method, those K/V are written into an
-  :class:`~oscarkv.cache.hf_cache.OscarCache` exactly as a prefill would store them, and the
-  question is run as the next chunk against the cache *as stored*. Scoring is teacher-forced
-  greedy match: an answer counts when every one of its tokens is the argmax given the gold
-  prefix, which for the first answer is exactly "greedy decoding starts with the answer".
+* **Free-running through the engine** (``backend="engine"``, the headline: what ``serve``
+  returns): :mod:`oscarkv.eval.engine_backend` — chunked prefill, greedy generation, answers
+  string-matched in the generated text. Configurations the engine cannot serve (no windows,
+  methods without engine pages) are not run there.
+* **Teacher-forced single chunk** (``backend="hf"``, and the diagnostic beside the engine's on
+  the same samples). The document is prefilled once per sample at full precision, then, per
+  method, its K/V are written into an :class:`~oscarkv.cache.hf_cache.OscarCache` exactly as a
+  prefill would store them, and the question *and the gold answer* run as the next
+  full-precision chunk against the cache as stored: an answer counts when every one of its
+  tokens is the argmax given the gold prefix. Kinder than serving: no question or answer token
+  ever reads another from low-bit storage, and the document never attends to stored chunks.
   Multi-answer tasks score the fraction of answers matched (RULER's partial credit).
 * **Decode-faithful perplexity (``oscarkv.eval.faithful``)** on natural text windows.
 
-Records (one per method × task × context) go to ``oscarkv.eval.report``.
+Each synthetic sample is also tagged with where its needles lie (``window``: in the BF16
+recent window or sink when generation starts; ``history``: in low-bit storage), so records split
+the two. Records go to ``oscarkv.eval.report``.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from transformers import DynamicCache
 
 from oscarkv.cache.hf_cache import TIERS, OscarCache
 from oscarkv.config import EvalConfig, KVConfig
+from oscarkv.eval import engine_backend
 from oscarkv.eval import tasks as task_lib
-from oscarkv.eval.samples import answer_spans, task_samples
+from oscarkv.eval.samples import answer_spans, needle_place, task_samples
 from oscarkv.eval.faithful import faithful_logits
 from oscarkv.eval.perplexity_data import max_windows, text_windows
 from oscarkv.quant.codec import KVCodec, build_codec
@@ -89,26 +96,39 @@ def score_sample(model, doc: DynamicCache, codec: KVCodec, q_ids: torch.Tensor, 
     return sum(bool(ok[a:b].all()) for a, b in spans) / len(spans), answer_nll, cache
 
 
+Key = tuple[str, str, int, str, str]
+"""A cell: (method label, task, context, haystack, protocol)."""
+
+FORCED, FREE, FAITHFUL = "forced", "free", "faithful"
+"""Protocols: teacher-forced single chunk (diagnostic), free-running greedy generation through
+the engine (what ``serve`` returns), decode-faithful perplexity."""
+
+
 class Tally:
-    """Running sums per (label, task, context) → records; every sample is also logged as a
-    JSON line as soon as it is scored, so an interrupted run loses nothing."""
+    """Running sums per cell → records; every sample is also logged as a JSON line as soon as
+    it is scored, so an interrupted run loses nothing. Samples tagged with a needle ``place``
+    (``window`` / ``history``, :func:`oscarkv.eval.samples.needle_place`) are also summed apart."""
 
     def __init__(self, log: TextIO | None = None) -> None:
-        self.sums: dict[tuple[str, str, int], list[float]] = {}
-        self.nll: dict[tuple[str, str, int], list[float]] = {}  # answer NLLs, where measured
+        self.sums: dict[Key, list[float]] = {}
+        self.nll: dict[Key, list[float]] = {}  # answer NLLs, where measured
+        self.places: dict[Key, dict[str, list[float]]] = {}
         self.log = log
 
-    def add(self, key: tuple[str, str, int], value: float, bpe: float, kv_bytes: int | None = None,
-            answer_nll: float | None = None) -> None:
+    def add(self, key: Key, value: float, bpe: float, kv_bytes: int | None = None,
+            answer_nll: float | None = None, place: str | None = None) -> None:
         if self.log is not None:
-            row = {"method": key[0], "task": key[1], "context": key[2], "value": value, "bpe": bpe,
-                   "kv_bytes": kv_bytes}
-            if answer_nll is not None:
-                row["answer_nll"] = answer_nll
+            row = dict(zip(("method", "task", "context", "haystack", "protocol"), key), value=value, bpe=bpe,
+                       kv_bytes=kv_bytes)
+            row |= {k: v for k, v in (("answer_nll", answer_nll), ("place", place)) if v is not None}
             self.log.write(json.dumps(row) + "\n")
             self.log.flush()
         if answer_nll is not None:
             self.nll.setdefault(key, []).append(answer_nll)
+        if place is not None:
+            p = self.places.setdefault(key, {}).setdefault(place, [0.0, 0])
+            p[0] += value
+            p[1] += 1
         s = self.sums.setdefault(key, [0.0, 0, 0.0, 0])
         s[0] += value
         s[1] += 1
@@ -117,13 +137,16 @@ class Tally:
 
     def records(self, metric: str) -> list[dict]:
         out = []
-        for (label, task, ctx), (total, n, bpe, nbytes) in self.sums.items():
-            rec = {"method": label, "task": task, "context": ctx, "samples": n, "bpe": round(bpe / n, 4)}
+        for key, (total, n, bpe, nbytes) in self.sums.items():
+            rec = dict(zip(("method", "task", "context", "haystack", "protocol"), key), samples=n,
+                       bpe=round(bpe / n, 4))
             rec[metric] = math.exp(total / n) if metric == "perplexity" else total / n
             if nbytes:
                 rec["kv_bytes"] = nbytes // n
-            if key_nll := self.nll.get((label, task, ctx)):
+            if key_nll := self.nll.get(key):
                 rec["answer_nll"] = round(sum(key_nll) / len(key_nll), 4)
+            for place, (v, k) in sorted(self.places.get(key, {}).items()):
+                rec[place] = {"samples": k, metric: v / k}
             out.append(rec)
         return out
 
@@ -131,32 +154,96 @@ class Tally:
 def records_from_log(lines) -> list[dict]:
     """Rebuild the records of a run from its per-sample JSON lines (an interrupted run included).
 
-    ``ppl`` lines hold a token-mean negative log-likelihood, the others an accuracy."""
+    ``ppl`` lines hold a token-mean negative log-likelihood, the others an accuracy. Lines of
+    older runs without haystack or protocol count as ``eval`` and teacher-forced."""
     tallies = {"accuracy": Tally(), "perplexity": Tally()}
     for line in lines:
         if line.strip():
             row = json.loads(line)
-            metric = "perplexity" if row["task"] == "ppl" else "accuracy"
-            tallies[metric].add((row["method"], row["task"], row["context"]), row["value"], row["bpe"],
-                                row.get("kv_bytes"), row.get("answer_nll"))
+            ppl = row["task"] == "ppl"
+            key = (row["method"], row["task"], row["context"], row.get("haystack", "eval"),
+                   row.get("protocol", FAITHFUL if ppl else FORCED))
+            tallies["perplexity" if ppl else "accuracy"].add(key, row["value"], row["bpe"], row.get("kv_bytes"),
+                                                             row.get("answer_nll"), row.get("place"))
     return [rec for metric, tally in tallies.items() for rec in tally.records(metric)]
 
 
-def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, tally: Tally) -> list[dict]:
-    model, tok = loaded.model, loaded.tokenizer
+def cells(loaded, cfg: EvalConfig):
+    """Every (context, task, haystack, sample) of the synthetic tasks, in run order."""
     for ctx in cfg.contexts:
         for task in (t for t in cfg.tasks if t != "ppl"):
-            for sample in task_samples(loaded, task, ctx, cfg):
-                doc_ids = tok(sample.document, add_special_tokens=False, return_tensors="pt").input_ids
-                q_ids = tok(sample.question, add_special_tokens=False, return_tensors="pt").input_ids
-                target, spans = answer_spans(tok, task_lib.answer_target(sample), sample.answers)
-                doc = prefill(model, doc_ids)
-                for label, codec in codecs.items():
-                    acc, nll, cache = score_sample(model, doc, codec, q_ids, target, spans)
-                    # measured from the bytes the cache holds (document + question + answer)
-                    held = sum(v for k, v in cache.memory_bytes().items() if k in TIERS)
-                    tally.add((label, task, ctx), acc, cache.bpe(), held, nll)
-                bar.update(len(codecs))
+            for haystack in cfg.haystacks:
+                for sample in task_samples(loaded, task, ctx, cfg, haystack):
+                    yield ctx, task, haystack, sample
+
+
+def score_forced(loaded, codecs: dict[str, KVCodec], sample, place: str, tally: Tally) -> DynamicCache:
+    """The teacher-forced single-chunk protocol for one sample: one prefill, every codec.
+    Returns the document's full-precision cache (no codec changes it)."""
+    tok = loaded.tokenizer
+    doc_ids = tok(sample.document, add_special_tokens=False, return_tensors="pt").input_ids
+    q_ids = tok(sample.question, add_special_tokens=False, return_tensors="pt").input_ids
+    target, spans = answer_spans(tok, task_lib.answer_target(sample), sample.answers)
+    doc = prefill(loaded.model, doc_ids)
+    for label, codec in codecs.items():
+        acc, nll, cache = score_sample(loaded.model, doc, codec, q_ids, target, spans)
+        # measured from the bytes the cache holds (document + question + answer)
+        held = sum(v for k, v in cache.memory_bytes().items() if k in TIERS)
+        tally.add((label, sample.task, sample.context, sample.haystack, FORCED), acc, cache.bpe(), held, nll, place)
+    return doc
+
+
+@torch.inference_mode()
+def greedy_full_precision(loaded, doc: DynamicCache, sample, max_tokens: int) -> str:
+    """Greedy generation after ``document + question`` from the document's full-precision cache
+    (extended in place): BF16's free-running answer without a second prefill. The engine's
+    ``bf16`` pools of an fp32 model hold K/V unrounded, so this is the engine's computation."""
+    tok, model = loaded.tokenizer, loaded.model
+    ids = tok(sample.question, add_special_tokens=False, return_tensors="pt").input_ids
+    eos = {tok.eos_token_id} | set(_as_list(getattr(model.config, "eos_token_id", None)))
+    out: list[int] = []
+    for _ in range(max_tokens):
+        start = doc.get_seq_length()
+        pos = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
+        logits = model(ids, past_key_values=doc, position_ids=pos, use_cache=True, logits_to_keep=1).logits
+        nxt = int(logits[0, -1].argmax())
+        if nxt in eos:
+            break
+        out.append(nxt)
+        ids = torch.tensor([[nxt]])
+    return tok.decode(out, skip_special_tokens=True)
+
+
+def _as_list(x) -> list:
+    return [x] if isinstance(x, int) else list(x or [])
+
+
+def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, tally: Tally,
+              backend: str = "hf", artifacts: dict | None = None) -> list[dict]:
+    """Score every sample: teacher-forced single chunk (``hf``), or free-running through the
+    engine for the served configurations with the teacher-forced diagnostic beside it
+    (``engine``; ``cfg.diagnostic``), on the same samples. With ``cfg.bf16_on_engine`` off,
+    BF16's free-running answer comes from :func:`greedy_full_precision` on the diagnostic's prefill."""
+    served = {k: c for k, c in codecs.items() if backend == "engine" and engine_backend.served(c.config)
+              and (not cfg.free or c.config.method in cfg.free)}
+    on_hf = {k for k, c in served.items() if c.config.method == "bf16" and not cfg.bf16_on_engine}
+    engines = engine_backend.build_engines(loaded, {k: c for k, c in served.items() if k not in on_hf}, cfg, artifacts)
+    tok = loaded.tokenizer
+    for _, _, _, sample in cells(loaded, cfg):
+        place = needle_place(tok, sample, cfg.kv)
+        prompt = tok(sample.document, add_special_tokens=False).input_ids + tok(
+            sample.question, add_special_tokens=False).input_ids
+        n_answer = len(tok(task_lib.answer_target(sample), add_special_tokens=False).input_ids)
+        for label, engine in engines.items():
+            acc, bpe, _ = engine_backend.score_free(engine, prompt, sample, n_answer)
+            tally.add((label, sample.task, sample.context, sample.haystack, FREE), acc, bpe, place=place)
+        if backend == "hf" or cfg.diagnostic or on_hf:
+            doc = score_forced(loaded, codecs, sample, place, tally)
+            for label in on_hf:
+                text = greedy_full_precision(loaded, doc, sample, n_answer + engine_backend.EXTRA_TOKENS)
+                tally.add((label, sample.task, sample.context, sample.haystack, FREE),
+                          task_lib.score_text(sample, text), 16.0, place=place)
+        bar.update(len(codecs))
     return tally.records("accuracy")
 
 
@@ -168,7 +255,7 @@ def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqd
             for label, codec in codecs.items():
                 logits = faithful_logits(loaded.model, ids, codec).float()
                 nll = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])
-                tally.add((label, "ppl", ctx), float(nll), codec.bpe(ctx))
+                tally.add((label, "ppl", ctx, "eval", FAITHFUL), float(nll), codec.bpe(ctx))
                 bar.update(1)
     return tally.records("perplexity")
 
@@ -176,26 +263,32 @@ def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqd
 def evaluate(loaded, cfg: EvalConfig, artifacts: dict[str, object] | None = None,
              sample_log: TextIO | None = None, backend: str = "hf") -> tuple[list[dict], dict]:
     """Run every configured measurement; returns (records, meta). Per-sample scores are
-    written to ``sample_log`` (JSON lines) as they are measured. ``backend="engine"`` scores
-    the synthetic tasks on the paged engine (``oscarkv.eval.engine_backend``)."""
+    written to ``sample_log`` (JSON lines) as they are measured. ``backend="engine"`` adds the
+    free-running protocol through the paged engine (``oscarkv.eval.engine_backend``)."""
     codecs = build_codecs(loaded.model, cfg, artifacts)
     n_tasks = sum(t != "ppl" for t in cfg.tasks)
-    total = len(cfg.contexts) * cfg.samples * (n_tasks + ("ppl" in cfg.tasks)) * len(codecs)
+    total = len(cfg.contexts) * cfg.samples * (n_tasks * len(cfg.haystacks) + ("ppl" in cfg.tasks)) * len(codecs)
     t0 = time.time()
     with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True) as bar:
-        if backend == "engine" and n_tasks:
-            from oscarkv.eval.engine_backend import run_tasks_engine
-
-            records = run_tasks_engine(loaded, codecs, cfg, artifacts, bar, Tally(sample_log))
-        else:
-            records = run_tasks(loaded, codecs, cfg, bar, Tally(sample_log)) if n_tasks else []
+        tally = Tally(sample_log)
+        records = run_tasks(loaded, codecs, cfg, bar, tally, backend, artifacts) if n_tasks else []
         if "ppl" in cfg.tasks:
             records += run_perplexity(loaded, codecs, cfg, bar, Tally(sample_log))
+    served = [k for k, c in codecs.items() if backend == "engine" and engine_backend.served(c.config)
+              and (not cfg.free or c.config.method in cfg.free)]
     meta = {"model": loaded.source, "backend": backend, "configs": {k: vars(c.config) for k, c in codecs.items()},
-            "contexts": list(cfg.contexts), "samples": cfg.samples, "seed": cfg.seed, "haystack": cfg.haystack,
+            "contexts": list(cfg.contexts), "samples": cfg.samples, "seed": cfg.seed, "haystacks": list(cfg.haystacks),
             "tasks": list(cfg.tasks), "seconds": round(time.time() - t0, 1),
-            "dtype": str(next(loaded.model.parameters()).dtype),
+            "dtype": str(next(loaded.model.parameters()).dtype), "served": served,
             "artifacts": {name or "oscar": a.manifest for name, a in (artifacts or {}).items()},
-            "protocol": "document prefilled at full precision, stored per method; question+answer as the next "
-                        "chunk; teacher-forced greedy span match; perplexity decode-faithful"}
+            "protocol": PROTOCOLS}
     return records, meta
+
+
+PROTOCOLS = {FREE: "free-running: prompt prefilled by the engine's chunked prefill, greedy generation token by "
+                   "token through the paged engine as served; answers string-matched in the generated text",
+             FORCED: "teacher-forced diagnostic: document prefilled at full precision in one chunk and stored "
+                     "per method; question + gold answer as one more full-precision chunk; an answer counts when "
+                     "each of its tokens is the argmax",
+             FAITHFUL: "perplexity: decode-faithful (every token reads the cache as stored)"}
+"""What each protocol measures (the report prints it)."""

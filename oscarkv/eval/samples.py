@@ -1,4 +1,4 @@
-"""The evaluation samples of a task and the answer tokens each is scored on.
+"""The evaluation samples of a task, the answer tokens each is scored on, and where its needles lie.
 
 Shared by both task backends (``oscarkv.eval.runner`` over transformers + ``OscarCache``, and
 ``oscarkv.eval.engine_backend`` over the paged engine), so that both score the same tokens.
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from oscarkv.config import EvalConfig
+from oscarkv.config import EvalConfig, KVConfig
 from oscarkv.eval import tasks as task_lib
 
 
-def task_samples(loaded, task: str, context: int, cfg: EvalConfig) -> list[task_lib.Sample]:
-    """The samples of ``task`` at ``context``: prompt and answer within the model's positions."""
+def task_samples(loaded, task: str, context: int, cfg: EvalConfig, haystack: str) -> list[task_lib.Sample]:
+    """The samples of ``task`` at ``context`` on ``haystack``: prompt and answer within the model's positions."""
     limit = getattr(loaded.model.config, "max_position_embeddings", None)
-    return task_lib.generate(task, context, cfg.samples, loaded.tokenizer, seed=cfg.seed, haystack=cfg.haystack,
+    return task_lib.generate(task, context, cfg.samples, loaded.tokenizer, seed=cfg.seed, haystack=haystack,
                              limit=limit)
 
 
@@ -29,3 +29,19 @@ def answer_spans(tokenizer, target: str, answers: tuple[str, ...]) -> tuple[torc
         toks = [i for i, (s, e) in enumerate(offsets) if s < b and e > a]
         spans.append((toks[0], toks[-1] + 1))
     return torch.tensor([enc["input_ids"]]), spans
+
+
+def needle_place(tokenizer, sample: task_lib.Sample, kv: KVConfig) -> str:
+    """``"window"`` when every gold answer's first occurrence in the document lies in the BF16
+    tiers at the end of the prompt (the first ``kv.sink`` or the last ``kv.recent`` prompt
+    tokens, which a windowed cache holds in BF16 when generation starts), else ``"history"``
+    (low-bit storage for a windowed low-bit method)."""
+    enc = tokenizer(sample.document, add_special_tokens=False, return_offsets_mapping=True)
+    n = len(enc["input_ids"]) + len(tokenizer(sample.question, add_special_tokens=False).input_ids)
+    for ans in sample.answers:
+        a = sample.document.index(ans)
+        first = next(i for i, (s, e) in enumerate(enc["offset_mapping"]) if e > a)
+        last = next(i for i, (s, e) in enumerate(enc["offset_mapping"]) if e >= a + len(ans))
+        if not (last < kv.sink or first >= n - kv.recent):
+            return "history"
+    return "window"

@@ -7,10 +7,11 @@ the assistant turn and an answer prefix) is run next against the cache as stored
 :func:`answer_target` is the continuation the model should produce; :func:`score_text` is
 RULER's string-match metric. The runner (``oscarkv.eval.runner``) consumes all three.
 
-Haystack: consecutive lines of ``eval.txt`` (Shakespeare, a different source from the
-calibration text) from a seed-dependent paragraph — or, for development studies that must not
-touch evaluation samples, of ``calibration.txt`` (``haystack="calibration"``) — filled until ``document + question`` is
-within ``MARGIN`` tokens below ``context``. Needles are paragraphs of their own at paragraph
+Haystack: consecutive lines of one text (``HAYSTACKS``) from a seed-dependent paragraph:
+``eval.txt`` (Shakespeare, verse drama) or ``gazetteer.txt`` (generated expository prose) for
+measurements, both from sources other than the calibration text; for development studies that
+must not touch evaluation samples, ``calibration.txt`` (``haystack="calibration"``). It is
+filled until ``document + question`` is within ``MARGIN`` tokens below ``context``. Needles are paragraphs of their own at paragraph
 boundaries; the first needle's depth is spread evenly over ``[0, 1)`` across the samples of
 one call, the others sit at evenly spaced depths after it.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 import bisect
 import functools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oscarkv.config import TASKS
 from oscarkv.data import read_text
@@ -79,6 +80,8 @@ class Sample:
     """Appended right after ``document``: question, end of user turn, assistant start, answer prefix."""
     answers: tuple[str, ...]
     """Gold answers in the order the answer prefix expects them."""
+    haystack: str = "eval"
+    """Name of the filler text (``HAYSTACKS``)."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,9 @@ class _Corpus:
     starts: tuple[int, ...]  # indexes of lines that begin a paragraph
 
 
-HAYSTACKS = {"eval": "eval.txt", "calibration": "calibration.txt"}
-"""Haystack sources: ``eval`` for measurements, ``calibration`` for development studies."""
+HAYSTACKS = {"eval": "eval.txt", "gazetteer": "gazetteer.txt", "calibration": "calibration.txt"}
+"""Haystack sources: ``eval`` (verse drama) and ``gazetteer`` (expository prose) for
+measurements, ``calibration`` (the calibration text) for development studies."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -284,7 +288,7 @@ def generate(task: str, context: int, n: int, tokenizer, seed: int = 0, haystack
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     corpus = _corpus(tokenizer, haystack)
-    return [_sample(task, context, seed, i, d, tokenizer, corpus, limit)
+    return [replace(_sample(task, context, seed, i, d, tokenizer, corpus, limit), haystack=haystack)
             for i, d in enumerate(first_depths(task, n, seed))]
 
 

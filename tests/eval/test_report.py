@@ -70,10 +70,34 @@ def test_records_rebuilt_from_the_sample_log(tmp_path):
     log = io.StringIO()
     tally, ppl = Tally(log), Tally(log)
     for i, (m, v) in enumerate([("bf16", 1.0), ("oscar", 0.0), ("oscar", 1.0), ("bf16", 1.0)]):
-        tally.add((m, "niah_single", 4096), v, 2.5 if m == "oscar" else 16.0, 1000 + i, answer_nll=0.5 * i)
-    ppl.add(("oscar", "ppl", 1024), 2.0, 2.5)
+        tally.add((m, "niah_single", 4096, "eval", "forced"), v, 2.5 if m == "oscar" else 16.0, 1000 + i,
+                  answer_nll=0.5 * i, place="window" if i == 2 else "history")
+    ppl.add(("oscar", "ppl", 1024, "eval", "faithful"), 2.0, 2.5)
     rebuilt = records_from_log(log.getvalue().splitlines())
     want = tally.records("accuracy") + ppl.records("perplexity")
     key = lambda r: (r["method"], r["task"])  # noqa: E731
     assert sorted(rebuilt, key=key) == sorted(want, key=key)
     assert {r["method"]: r["answer_nll"] for r in want if "answer_nll" in r} == {"bf16": 0.75, "oscar": 0.75}
+    oscar = next(r for r in want if r["method"] == "oscar")
+    assert oscar["window"] == {"samples": 1, "accuracy": 1.0} and oscar["history"] == {"samples": 1, "accuracy": 0.0}
+
+
+def test_free_running_beside_teacher_forced(tmp_path):
+    """Both protocols and both haystacks get their own sections; the comparison table pairs
+    them per method, a configuration the engine did not run is labelled not served, and the
+    needle-place table splits history from window; the Pareto plot is a real PNG."""
+    recs = []
+    for h in ("eval", "gazetteer"):
+        for protocol, methods in (("free", ("bf16", "oscar+win")), ("forced", ("bf16", "oscar+win", "oscar"))):
+            for m in methods:
+                acc = {"bf16": 1.0, "oscar+win": 0.5 if protocol == "free" else 0.75, "oscar": 0.25}[m]
+                recs.append({"method": m, "task": "niah_single", "context": 4096, "haystack": h, "protocol": protocol,
+                             "samples": 4, "accuracy": acc, "bpe": 16.0 if m == "bf16" else 2.5,
+                             "history": {"samples": 3, "accuracy": acc}, "window": {"samples": 1, "accuracy": 1.0}})
+    write_report(recs, tmp_path, {"model": "tiny"})
+    md = (tmp_path / "results.md").read_text()
+    assert md.count("## Accuracy (%): free-running") == 2 and md.count("## Accuracy (%): teacher-forced") == 2
+    assert "| oscar+win | 50.0 / 75.0 | 50.0 / 75.0 |" in md
+    assert "| oscar | not served / 25.0 | not served / 25.0 |" in md
+    assert "| free | oscar+win | 50.0 (3) · 100.0 (1) |" in md
+    assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"

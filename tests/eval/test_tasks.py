@@ -150,6 +150,28 @@ def test_haystack_sources(tok):
     assert all(ln in read_text("eval.txt") for ln in body(ev))
 
 
+def test_gazetteer_haystack(tok):
+    """The second evaluation haystack is prose from its own file, and samples know their haystack."""
+    from oscarkv.data import read_text
+
+    s = T.generate("niah_single", 1024, 2, tok, seed=3, haystack="gazetteer")[1]
+    body = [ln for ln in s.document.split("\n") if len(ln) > 40 and "magic" not in ln][2:6]
+    assert s.haystack == "gazetteer" and all(ln in read_text("gazetteer.txt") for ln in body)
+    assert s.answers[0] in s.document and not any(c.isdigit() for c in read_text("gazetteer.txt"))
+
+
+def test_needle_place(tok):
+    """A needle counts as in the BF16 window only when it lies in the last ``recent`` prompt tokens."""
+    from oscarkv.config import KVConfig
+    from oscarkv.eval.samples import needle_place
+
+    samples = T.generate("niah_single", 1024, 8, tok, seed=5)
+    places = [needle_place(tok, s, KVConfig(sink=4, recent=128)) for s in samples]
+    assert places[0] == "history" and "window" in places  # depths spread over [0, 1)
+    assert all(needle_place(tok, s, KVConfig(sink=0, recent=0)) == "history" for s in samples)
+    assert all(needle_place(tok, s, KVConfig(sink=0, recent=1024)) == "window" for s in samples)
+
+
 def test_text_windows(tok):
     w = text_windows(tok, 512, 4, seed=0)
     assert [x.shape for x in w] == [(512,)] * 4

