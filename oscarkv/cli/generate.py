@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from oscarkv.cli.flags import add_fields, config_from, model_args
+from oscarkv.cli.flags import UserError, add_fields, config_from, model_args
 from oscarkv.config import ENGINE_METHODS, EngineConfig, KVConfig
 
 
@@ -24,6 +24,9 @@ def engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    if args.rotations is not None and args.kv != "oscar":
+        raise UserError(f"--rotations {args.rotations}: only --kv oscar uses a rotation artifact, and --kv {args.kv} "
+                        "would ignore it; drop --rotations or use --kv oscar")
     kv = config_from(KVConfig, argparse.Namespace(method=args.kv, sink=args.sink, recent=args.recent,
                                                   page_size=args.page_size))
     return config_from(EngineConfig, args, kv=kv)
@@ -43,7 +46,7 @@ def setup(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oscarkv.cli.flags import UserError, artifact, load
+    from oscarkv.cli.flags import artifact, load
     from oscarkv.engine.request import SamplingParams
     from oscarkv.llm import LLM
 

@@ -1,21 +1,32 @@
 """``oscarkv serve``: the OpenAI-compatible API over the paged engine (``oscarkv.server``).
 
 Flags derive from :class:`~oscarkv.config.EngineConfig`, :class:`~oscarkv.config.KVConfig`
-(shared with ``oscarkv generate``) and :class:`~oscarkv.config.ServerConfig`. Start-up refuses a
-rotation artifact that does not match the model (the field named, exit status 2; never a
-fallback to an identity rotation); ``--model default --kv oscar`` without ``--rotations`` uses
-the default model's cached calibration.
+(shared with ``oscarkv generate``) and :class:`~oscarkv.config.ServerConfig`. Every start-up
+fault is one line and exit status 2, found as early as it can be: the ``serve`` extra and the
+flags first, then the port (bound before the model loads), then the model and the rotation
+artifact (the file, tensor or field named; never a fallback to an identity rotation).
+``--model default --kv oscar`` without ``--rotations`` uses the default model's cached
+calibration.
+
+The API key comes from ``--api-key`` or, so that it stays out of process listings, from the
+environment variable ``OSCARKV_API_KEY`` (:data:`API_KEY_ENV`) — the one environment read of
+oscarkv, done here in the command layer.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from oscarkv.cli.flags import UserError, add_fields, config_from
 from oscarkv.cli.generate import engine_args, engine_config
 from oscarkv.config import ServerConfig
 
-SERVER_FIELDS = ["host", "port", "served_model_name", "max_model_len", "default_max_tokens"]
+SERVER_FIELDS = ["host", "port", "served_model_name", "max_model_len", "default_max_tokens", "max_request_bytes",
+                 "shutdown_grace", "api_key", "protect_metrics"]
+API_KEY_ENV = "OSCARKV_API_KEY"
+"""Environment variable holding the API key when ``--api-key`` is not given (as vLLM's ``VLLM_API_KEY``)."""
+SERVE_EXTRA = ("fastapi", "starlette", "uvicorn", "prometheus_client", "pydantic")
 
 
 def setup(p: argparse.ArgumentParser) -> None:
@@ -24,26 +35,51 @@ def setup(p: argparse.ArgumentParser) -> None:
     add_fields(p, ServerConfig, SERVER_FIELDS)
 
 
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    key = args.api_key or os.environ.get(API_KEY_ENV, "")
+    return config_from(ServerConfig, args, served_model_name=args.served_model_name or args.model, api_key=key)
+
+
+def launch_module():
+    """``oscarkv.server.launch``, or a UserError when the ``serve`` extra is not installed."""
+    try:
+        from oscarkv.server import launch
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in SERVE_EXTRA:
+            raise
+        raise UserError(f"serving needs the 'serve' extra (module {e.name!r} is missing): "
+                        "pip install 'oscarkv[serve]'") from None
+    return launch
+
+
 def build(args: argparse.Namespace):
     """The parsed flags → a built server (``oscarkv.server.launch.Built``); a UserError on bad input."""
     from oscarkv.cli.flags import artifact, load
-    from oscarkv.server.launch import build_server
 
-    cfg = config_from(ServerConfig, args, served_model_name=args.served_model_name or args.model)
-    engine_cfg = engine_config(args)
+    launch = launch_module()
+    cfg, engine_cfg = server_config(args), engine_config(args)
     loaded = load(args.model, args.dtype)
     try:
-        return build_server(loaded, artifact(loaded, args.kv, args.rotations), engine_cfg, cfg)
+        return launch.build_server(loaded, artifact(loaded, args.kv, args.rotations), engine_cfg, cfg)
     except ValueError as e:
         raise UserError(str(e)) from e
 
 
 def run(args: argparse.Namespace) -> int:
-    from oscarkv.server.launch import serve
-
-    built = build(args)
+    launch = launch_module()
+    cfg = server_config(args)
+    engine_config(args)  # bad engine flags are reported before the port is taken
     try:
-        serve(built.app, built.cfg)
+        sock = launch.bind(cfg.host, cfg.port)
+    except OSError as e:
+        raise UserError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e} "
+                        "(is another server running there? choose another --port)") from None
+    try:
+        built = build(args)
+        try:
+            launch.serve(built, sock)
+        finally:
+            built.engine.close()
     finally:
-        built.engine.close()
+        sock.close()
     return 0

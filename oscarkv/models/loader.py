@@ -8,6 +8,12 @@ a ``.gguf`` file (dequantized on load; tokenizer read from the GGUF), or a Huggi
 dispatched on ``config.architectures[0]`` / the GGUF ``model_type`` — never on a fuzzy name.
 The loaded transformers model feeds calibration, the HF cache, evaluation and the engine.
 
+A model directory is checked before and after transformers loads it (:func:`scan_weights`,
+:func:`check_loaded`): a safetensors file cut short or overwritten, a weight that is not
+floating point, missing or of the wrong shape (transformers would initialize it at random), or
+holding NaN or Inf raises :class:`ModelLoadError` as one line naming the file, the tensor and
+the fault.
+
 A GGUF file is converted once into a Hugging Face directory (fp32 safetensors, config,
 tokenizer) under ``<cache_dir>/models/<stem>-<sha256 prefix>``: transformers parses the GGUF
 three times (config, tensors, tokenizer), ~40 s for the default model on two CPU cores,
@@ -139,8 +145,67 @@ def _load_hf_dir(path: Path):
     check_config(config, f"model directory {path}")
     if not list(path.glob("*.safetensors")):
         raise ModelLoadError(f"model directory {path}: no *.safetensors weights")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    files = scan_weights(path)
+    transformers_log = logging.getLogger("transformers.modeling_utils")
+    transformers_log.addFilter(_no_load_report)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True)
+    finally:
+        transformers_log.removeFilter(_no_load_report)
+    check_loaded(model, info, files, path)
     return model, AutoTokenizer.from_pretrained(path)
+
+
+def _no_load_report(record: logging.LogRecord) -> bool:
+    """Drops transformers' many-line load report (:func:`check_loaded` says its fault in one line)."""
+    return "LOAD REPORT" not in record.getMessage()
+
+
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+"""safetensors dtypes a weight may have (it is cast to the compute dtype); any other is a fault."""
+
+
+def scan_weights(path: Path) -> dict[str, str]:
+    """Tensor name → file name over the directory's safetensors, from their headers (no data read).
+    A file that cannot be read (cut short, overwritten) or a weight that is not floating point
+    raises :class:`ModelLoadError` naming the file and the tensor."""
+    from safetensors import SafetensorError, safe_open
+
+    files = {}
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "pt") as h:
+                for name in h.keys():
+                    dtype = h.get_slice(name).get_dtype()
+                    if dtype not in FLOAT_DTYPES:
+                        raise ModelLoadError(f"model file {f}: tensor {name}: dtype {dtype}, but weights must be "
+                                             f"floating point ({', '.join(FLOAT_DTYPES)})")
+                    files[name] = f.name
+        except SafetensorError as e:
+            raise ModelLoadError(f"model file {f}: unreadable, truncated or corrupt safetensors file ({e})") from e
+    return files
+
+
+def check_loaded(model: torch.nn.Module, info: dict, files: dict[str, str], path: Path) -> None:
+    """Refuse weights transformers would fill in at random (missing, or of the wrong shape) and
+    non-finite values, naming the file, the tensor and the fault."""
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(f"model directory {path}: tensor {missing[0]}: missing from "
+                             f"{', '.join(sorted(set(files.values())))}{more}")
+    for name, *shapes in info.get("mismatched_keys") or []:
+        where = path / files.get(name, "*.safetensors")
+        raise ModelLoadError(f"model file {where}: tensor {name}: shape mismatch, "
+                             + (f"{tuple(shapes[0])} in the file but the model needs {tuple(shapes[1])}" if len(shapes) == 2
+                                else "the file's shape is not the one the model's config needs"))
+    for name, p in model.named_parameters():
+        bad = ~torch.isfinite(p)
+        if bad.any():
+            kinds = " and ".join(k for k, m in (("NaN", p.isnan()), ("Inf", p.isinf())) if m.any())
+            raise ModelLoadError(f"model file {path / files.get(name, '*.safetensors')}: tensor {name}: contains "
+                                 f"{kinds} ({int(bad.sum())} of {p.numel()} values)")
 
 
 def _load_gguf_cached(path: Path, cache_dir: Path):

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from oscarkv.config import KVConfig, __version__
@@ -114,17 +115,29 @@ class Artifact:
 
     @classmethod
     def load(cls, path: str | Path, expect: ModelFingerprint | None = None) -> Artifact:
-        """Load and validate; ``expect`` is the fingerprint of the model it will serve."""
+        """Load and validate; ``expect`` is the fingerprint of the model it will serve. Every fault
+        raises :class:`ArtifactError` as one line naming the file, the tensor or field, and the fault."""
         path = Path(path)
         for name in (MANIFEST_FILE, TENSOR_FILE):
             if not (path / name).is_file():
                 raise ArtifactError(f"rotation artifact {path}: missing file {name}")
         try:
             manifest = json.loads((path / MANIFEST_FILE).read_text())
-        except json.JSONDecodeError as e:
-            raise ArtifactError(f"rotation artifact {path}: {MANIFEST_FILE} is not valid JSON ({e})") from e
-        art = cls(manifest, load_file(str(path / TENSOR_FILE)))
-        art.validate(expect)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ArtifactError(f"rotation artifact {path / MANIFEST_FILE}: not valid JSON ({e})") from e
+        if not isinstance(manifest, dict):
+            raise ArtifactError(f"rotation artifact {path / MANIFEST_FILE}: not a JSON object")
+        try:
+            tensors = load_file(str(path / TENSOR_FILE))
+        except (SafetensorError, OSError, ValueError) as e:  # cut short or overwritten: the header or data do not add up
+            raise ArtifactError(f"rotation artifact {path / TENSOR_FILE}: unreadable, truncated or corrupt "
+                                f"safetensors file ({e})") from e
+        art = cls(manifest, tensors)
+        try:
+            art.validate(expect)
+        except ArtifactError as e:
+            where = TENSOR_FILE if str(e).startswith("tensor ") else MANIFEST_FILE
+            raise ArtifactError(f"rotation artifact {path / where}: {e}") from e
         return art
 
     def validate(self, expect: ModelFingerprint | None = None) -> None:
@@ -154,16 +167,14 @@ class Artifact:
             t = self.tensors.get(name)
             if t is None:
                 raise ArtifactError(f"tensor {name}: missing")
-            if tuple(t.shape) != shape:
-                what = "layers" if t.dim() and t.shape[0] != L else "shape"
-                raise ArtifactError(f"tensor {name}: {what} mismatch, shape {tuple(t.shape)} but the model needs {shape}")
-            if not torch.isfinite(t).all():
-                raise ArtifactError(f"tensor {name}: contains NaN or Inf")
+            _check_tensor(name, t, shape, "layers" if t.dim() and t.shape[0] != L else "shape")
         for kind in ("key", "value"):
             t = self.tensors.get(f"{kind}.scale")
-            if t is not None and (tuple(t.shape) != (L, H, d) or not torch.isfinite(t).all() or (t <= 0).any()):
-                raise ArtifactError(f"tensor {kind}.scale: needs finite positive values of shape {(L, H, d)}, "
-                                    f"got shape {tuple(t.shape)}")
+            if t is not None:
+                _check_tensor(f"{kind}.scale", t, (L, H, d), "shape")
+                if (t <= 0).any():
+                    raise ArtifactError(f"tensor {kind}.scale: {int((t <= 0).sum())} value(s) <= 0 (the scales must "
+                                        f"be positive), e.g. at index {_first(t <= 0)}")
         for kind in ("key", "value"):
             err = orthogonality_error(self.tensors[f"{kind}.rotation"])
             if err > ORTHO_TOL:
@@ -181,6 +192,20 @@ class Artifact:
         if not isinstance(g, int) or g <= 0 or fp.head_dim % g:
             raise ArtifactError(f"field group_size: {g!r} does not divide head_dim {fp.head_dim}")
 
+    def summary(self) -> list[str]:
+        """The manifest in four lines (for a start-up log): the model, the recipe, the clips, the data."""
+        m, fp = self.manifest, self.manifest.get("model", {})
+        opts, cal, clips = m.get("options") or {}, m.get("calibration") or {}, m.get("clip") or {}
+        recipe = ", ".join(f"{k}={opts[k]}" for k in ("rotation", "center", "clip", "scaling", "value_objective")
+                           if k in opts)
+        return [f"rotation artifact: format {m.get('format_version')}, oscarkv {m.get('oscarkv_version')}, for "
+                f"{fp.get('architecture')} ({fp.get('num_layers')} layers, {fp.get('num_kv_heads')} KV heads, head_dim "
+                f"{fp.get('head_dim')}, config {fp.get('config_hash')})",
+                f"  recipe: {recipe or 'not recorded'}; group size {m.get('group_size')}",
+                f"  clip ratios per layer: keys {_span(clips.get('key'))}, values {_span(clips.get('value'))}",
+                f"  calibrated on {cal.get('tokens', '?')} + {cal.get('heldout_tokens', '?')} held-out tokens of "
+                f"{cal.get('source', '?')} ({cal.get('seconds', '?')} s)"]
+
     def codec(self, cfg: KVConfig, group: int) -> KVCodec:
         """OSCAR codecs for every layer; the clips were fitted for the artifact's group size."""
         if group != self.manifest["group_size"]:
@@ -194,6 +219,27 @@ class Artifact:
 
     def _tensor_codec(self, kind: str, layer: int, group: int) -> TensorCodec:
         return tensor_codec(self.tensors, kind, layer, group, _clip(self.manifest["clip"][kind][layer]))
+
+
+def _check_tensor(name: str, t: torch.Tensor, shape: tuple, what: str) -> None:
+    """Dtype, then shape, then finiteness: the first fault, named."""
+    if t.dtype not in (torch.float32, torch.float64):
+        raise ArtifactError(f"tensor {name}: dtype {str(t.dtype).removeprefix('torch.')}, but artifacts store float32")
+    if tuple(t.shape) != shape:
+        raise ArtifactError(f"tensor {name}: {what} mismatch, shape {tuple(t.shape)} but the model needs {shape}")
+    bad = ~torch.isfinite(t)
+    if bad.any():
+        kinds = " and ".join(k for k, m in (("NaN", t.isnan()), ("Inf", t.isinf())) if m.any())
+        raise ArtifactError(f"tensor {name}: contains {kinds} ({int(bad.sum())} of {t.numel()} values, "
+                            f"the first at index {_first(bad)})")
+
+
+def _span(values: list[float] | None) -> str:
+    return f"{min(values):.2f}-{max(values):.2f} (mean {sum(values) / len(values):.3f})" if values else "none"
+
+
+def _first(mask: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in mask.nonzero()[0])
 
 
 def tensor_codec(tensors: dict[str, torch.Tensor], kind: str, layer: int, group: int,

@@ -60,6 +60,15 @@ def model():
     return byte_model()
 
 
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, model, tok):
+    """The tiny model saved as a Hugging Face directory (what ``oscarkv serve --model DIR`` loads)."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def make_engine(model, tok, method: str = "bf16", artifact=None, **kw) -> LLMEngine:
     return LLMEngine.from_hf(model, engine_config(method, **kw), artifact, tok)
 

@@ -15,14 +15,6 @@ SMALL = ["--sink", "8", "--recent", "16", "--page-size", "8", "--prefill-chunk",
          "--max-num-batched-tokens", "80", "--max-num-seqs", "4", "--kv-memory-bytes", str(1 << 22)]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, model, tok):
-    path = tmp_path_factory.mktemp("tiny-model")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def test_oscar_serves_with_artifact_and_logs(model_dir, model, tmp_path, caplog):
     art = make_artifact(model.config).save(tmp_path / "rot")
     args = build_parser().parse_args(["serve", "--model", str(model_dir), "--kv", "oscar", "--rotations", str(art),
@@ -33,7 +25,7 @@ def test_oscar_serves_with_artifact_and_logs(model_dir, model, tmp_path, caplog)
         assert built.engine.engine.overlap  # steps launched ahead, as on a GPU (default there; off on a CPU)
         log = caplog.text
         assert "KV capacity bf16=" in log and "int2=" in log and "BPE at capacity" in log
-        assert "rotation artifact manifest" in log and '"format_version"' in log
+        assert "rotation artifact: format 2" in log and "recipe:" in log
         with serving_in_thread(built.app) as url:
             r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
                 "model": "tiny-oscar", "messages": [{"role": "user", "content": "x" * 70}],
