@@ -2,11 +2,11 @@
 
 Role: with ``EngineConfig.tensor_parallel_size = n > 1`` the engine's runner is a
 :class:`ParallelRunner`. It starts ranks ``1 .. n-1`` as processes of its own
-(``torch.multiprocessing``, spawn; no launcher), hands each its :class:`RankSpec` — its shard of
-the unfolded weights (``oscarkv.models.parallel.rank_state_dict``, through shared memory), the
-codecs of its KV heads and the engine config — and joins them in a torch.distributed group:
-the default group carries the device collectives (NCCL on CUDA, rank ``r`` on ``cuda:r``; gloo on
-the CPU), a second gloo group the host messages. Every rank folds its value codecs into its
+(``torch.multiprocessing``, spawn; no launcher) with a :class:`RankSpec` (config, engine config,
+backend) and joins them in a torch.distributed group: the default group carries the device
+collectives (NCCL on CUDA, rank ``r`` on ``cuda:r``; gloo on the CPU), a second gloo group the host
+messages. Rank 0 then sends each rank the codecs of its KV heads and its shard of the unfolded
+weights (``oscarkv.models.parallel.rank_tensors``), tensor by tensor over the device group. Every rank folds its value codecs into its
 shard and sizes its own pools from ``kv_memory_bytes`` (a per-device budget) for its KV heads,
 so every rank has the same pages (checked at start-up); rank 0's
 :class:`~oscarkv.cache.manager.KVCacheManager` decides for all of them.
@@ -51,8 +51,8 @@ from oscarkv.config import EngineConfig
 from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
-from oscarkv.models.parallel import TensorParallel, check_shardable, rank_state_dict, shard_codecs, sharded_model
-from oscarkv.quant.codec import KVCodec, LayerCodec
+from oscarkv.models.parallel import TensorParallel, check_shardable, rank_tensors, shard_codecs, sharded_model
+from oscarkv.quant.codec import KVCodec
 
 log = logging.getLogger(__name__)
 
@@ -71,28 +71,43 @@ class WorkerDied(RuntimeError):
 
 @dataclass
 class RankSpec:
-    """What one rank builds its runner from (pickled to a worker; its tensors travel through shared memory)."""
+    """What every rank builds its runner from, besides its weights and codecs (pickled to the workers at
+    their start: no tensors)."""
 
     config: Any  # the whole model's transformers config
-    state: dict[str, torch.Tensor]  # the rank's shard, unfolded (parallel.rank_state_dict)
-    codecs: list[LayerCodec]  # per layer, the rank's KV heads
     cfg: EngineConfig
     backend: AttentionBackend
     graph_buckets: tuple[int, ...]
     dtype: torch.dtype
 
 
-def rank_spec(model: PagedLM, state: dict[str, torch.Tensor], codec: KVCodec, cfg: EngineConfig,
-              backend: AttentionBackend, graph_buckets: tuple[int, ...], tp: TensorParallel) -> RankSpec:
-    """Rank ``tp.rank``'s spec from the whole (unfolded) model and its ``state_dict()``."""
+def _send_shard(model: PagedLM, codec: KVCodec, tp: TensorParallel, control) -> None:
+    """Rank 0: rank ``tp.rank``'s codecs (pickled, on the gloo group) and weights (tensor by tensor on the
+    device group: GPU to GPU with NCCL; no shared memory, no second copy of the model)."""
     config = model.config
-    return RankSpec(config, rank_state_dict(state, config, tp), shard_codecs(codec.layers, config.num_key_value_heads, tp),
-                    cfg, backend, graph_buckets, next(model.parameters()).dtype)
+    dist.send_object_list([shard_codecs(codec.layers, config.num_key_value_heads, tp)], dst=tp.rank, group=control)
+    for _, t in rank_tensors(model.state_dict(), config, tp):
+        dist.send(t, dst=tp.rank)
 
 
-def _build(spec: RankSpec, tp: TensorParallel, device: torch.device) -> ModelRunner:
-    model = sharded_model(spec.config, spec.state, tp, spec.dtype, device)
-    return build_runner(model, spec.codecs, spec.cfg, spec.backend, spec.graph_buckets, tp)
+def _receive_shard(spec: RankSpec, tp: TensorParallel, device: torch.device, control) -> ModelRunner:
+    """A worker: its codecs and weights from rank 0 (:func:`_send_shard`), then its runner."""
+    codecs: list = [None]
+    dist.recv_object_list(codecs, src=0, group=control)
+    model = sharded_model(spec.config, tp, spec.dtype, device)
+    for _, p in sorted(model.state_dict().items()):
+        dist.recv(p, src=0)  # NOTE: in place; a tied lm_head is its embedding, received twice
+    return build_runner(model, codecs[0], spec.cfg, spec.backend, spec.graph_buckets, tp)
+
+
+def _local_shard(model: PagedLM, codec: KVCodec, spec: RankSpec, tp: TensorParallel, device: torch.device) -> ModelRunner:
+    """Rank 0's own shard, copied tensor by tensor from the whole model, and its runner."""
+    shard = sharded_model(model.config, tp, spec.dtype, device)
+    mine = shard.state_dict()
+    for key, t in rank_tensors(model.state_dict(), model.config, tp):
+        mine[key].copy_(t)
+    codecs = shard_codecs(codec.layers, model.config.num_key_value_heads, tp)
+    return build_runner(shard, codecs, spec.cfg, spec.backend, spec.graph_buckets, tp)
 
 
 def _device(base: torch.device, rank: int) -> torch.device:
@@ -119,11 +134,10 @@ def _handshake(runner: ModelRunner, control, size: int) -> None:
 
 
 def _worker_main(rank: int, size: int, rendezvous: Path, spec: RankSpec, device: torch.device) -> None:
-    """A worker process: build the shard, then run every step rank 0 sends until it sends ``None``.
+    """A worker process: receive the shard, then run every step rank 0 sends until it sends ``None``.
     NOTE: an exception ends the process (its traceback on stderr): rank 0 then sees a dead rank."""
     tp, control = _init_groups(rank, size, rendezvous, device)
-    runner = _build(spec, tp, device)
-    del spec
+    runner = _receive_shard(spec, tp, device, control)
     _handshake(runner, control, size)
     with torch.inference_mode():
         while True:
@@ -145,20 +159,19 @@ class ParallelRunner:
         check_shardable(model.config, size)
         if dist.is_initialized():
             raise RuntimeError("a tensor-parallel engine already runs in this process; close() it first")
-        device, state = next(model.parameters()).device, model.state_dict()
+        device = next(model.parameters()).device
+        spec = RankSpec(model.config, cfg, backend, graph_buckets, next(model.parameters()).dtype)
         self._dir = Path(tempfile.mkdtemp(prefix="oscarkv-tp-"))
         rendezvous, ctx = self._dir / "rendezvous", mp.get_context("spawn")
-        self.procs = []
-        for r in range(1, size):
-            spec = rank_spec(model, state, codec, cfg, backend, graph_buckets, TensorParallel(r, size))
-            self.procs.append(ctx.Process(target=_worker_main, args=(r, size, rendezvous, spec, _device(device, r)),
-                                          name=f"oscarkv-tp{r}", daemon=True))
-            self.procs[-1].start()
-            del spec
+        self.procs = [ctx.Process(target=_worker_main, args=(r, size, rendezvous, spec, _device(device, r)),
+                                  name=f"oscarkv-tp{r}", daemon=True) for r in range(1, size)]
+        for p in self.procs:
+            p.start()
         self.tp, self.control = _init_groups(0, size, rendezvous, device)
-        spec = rank_spec(model, state, codec, cfg, backend, graph_buckets, self.tp)
-        del state
-        self.local = _build(spec, self.tp, device)
+        with torch.no_grad():
+            for r in range(1, size):
+                _send_shard(model, codec, TensorParallel(r, size), self.control)
+            self.local = _local_shard(model, codec, spec, self.tp, device)
         _handshake(self.local, self.control, size)
         self.pools, self.device, self.model, self.samples = self.local.pools, device, self.local.model, True
         self._failure: str | None = None

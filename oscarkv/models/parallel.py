@@ -26,6 +26,7 @@ and ``o_proj`` and its pools store only its heads.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -94,16 +95,17 @@ def shard_config(config, tp: TensorParallel):
     return out
 
 
-def rank_state_dict(state: dict[str, torch.Tensor], config, tp: TensorParallel) -> dict[str, torch.Tensor]:
-    """One rank's shard of a (fused, unfolded) :class:`PagedLM` state dict: contiguous copies, on the CPU."""
+def rank_tensors(state: dict[str, torch.Tensor], config, tp: TensorParallel) -> Iterator[tuple[str, torch.Tensor]]:
+    """One rank's shard of a (fused, unfolded) :class:`PagedLM` state dict, tensor by tensor in the order of
+    the sorted keys, contiguous, on the device of ``state`` (so that a shard is never whole in memory twice)."""
     d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     hq, h, i = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
     q, kv = _rows(tp.q_heads(hq), d), _rows(tp.kv_heads(h), d)
     qkv = [q, _shift(kv, hq * d), _shift(kv, (hq + h) * d)]
     mlp = tp.q_heads(i)  # MLP channels split like heads of width 1
     gate_up = [mlp, _shift(mlp, i)]
-    out = {}
-    for key, t in state.items():
+    for key in sorted(state):
+        t = state[key]
         if ".qkv_proj." in key:
             t = torch.cat([t[s] for s in qkv])
         elif ".gate_up_proj." in key:
@@ -114,8 +116,7 @@ def rank_state_dict(state: dict[str, torch.Tensor], config, tp: TensorParallel) 
             t = t[:, mlp]
         elif key.endswith(("o_proj.bias", "down_proj.bias")) and tp.rank:
             t = torch.zeros_like(t)  # a partial sum: the checkpoint's bias is added once, by rank 0
-        out[key] = t.detach().to("cpu").contiguous().clone()
-    return out
+        yield key, t.detach().contiguous()
 
 
 def _rows(heads: slice, d: int) -> slice:
@@ -137,10 +138,9 @@ class RowParallelLinear(nn.Linear):
         return self.tp.all_reduce(super().forward(x))
 
 
-def sharded_model(config, state: dict[str, torch.Tensor], tp: TensorParallel, dtype: torch.dtype,
-                  device: torch.device | str) -> PagedLM:
-    """A :class:`PagedLM` of one rank's shape holding ``state`` (:func:`rank_state_dict`), its
-    ``o_proj`` and ``down_proj`` row parallel over ``tp``."""
+def sharded_model(config, tp: TensorParallel, dtype: torch.dtype, device: torch.device | str) -> PagedLM:
+    """A :class:`PagedLM` of one rank's shape, its ``o_proj`` and ``down_proj`` row parallel over ``tp``;
+    its weights are still to be written (:func:`rank_tensors`, in the order of ``sorted(state_dict())``)."""
     with torch.device(device):
         model = PagedLM(shard_config(config, tp))
         for layer in model.model.layers:
@@ -148,9 +148,7 @@ def sharded_model(config, state: dict[str, torch.Tensor], tp: TensorParallel, dt
             attn.o_proj = RowParallelLinear(attn.o_proj.in_features, attn.o_proj.out_features, tp)
             mlp.down_proj = RowParallelLinear(mlp.down_proj.in_features, mlp.down_proj.out_features, tp,
                                               mlp.down_proj.bias is not None)
-    model = model.to(dtype)
-    model.load_state_dict(state)
-    return model.eval().requires_grad_(False)
+    return model.to(dtype).eval().requires_grad_(False)
 
 
 def shard_codecs(layers: tuple[LayerCodec, ...] | list[LayerCodec], num_kv_heads: int,

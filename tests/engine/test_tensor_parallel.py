@@ -13,6 +13,7 @@ the artifact's rotation sliced to it) — that one's worker is then killed, and 
 fail with an error that says so, without a hang.
 """
 
+import multiprocessing.connection
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -100,8 +101,9 @@ def test_tp2_equals_tp1(llama, method):
         two.close()
 
 
-def test_replicated_kv_head_and_a_dying_worker():
-    """1 KV head over 2 ranks: each holds it (and its rotation); then rank 1 is killed mid-run."""
+def test_replicated_kv_head_and_a_dying_worker(monkeypatch):
+    """1 KV head over 2 ranks: each holds it (and its rotation); then rank 1 is killed inside a step,
+    after the step's plans went out: rank 0's first all-reduce finds it gone."""
     model = _tiny("Qwen3ForCausalLM", kv_heads=1)
     one, two = _pair(model, "oscar", 1, kv_memory_bytes=32_768)  # pages of one KV head
     try:
@@ -112,7 +114,13 @@ def test_replicated_kv_head_and_a_dying_worker():
         for i, p in enumerate(prompts(2, 30, seed=9)):
             two.add_request(f"k{i}", p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
         two.step()
-        two.runner.procs[0].kill()
+        proc, real = two.runner.procs[0], two.runner.local.run
+
+        def die_then_run(*args):
+            proc.kill()
+            multiprocessing.connection.wait([proc.sentinel])
+            return real(*args)
+        monkeypatch.setattr(two.runner.local, "run", die_then_run)
         outs = {}
         for _ in range(10):  # bounded: a hang would fail here, not wait
             outs |= {o.request_id: o for o in two.step() if o.finished}
