@@ -54,10 +54,13 @@ class DecodeBench:
     decode 26 × 100K at once: ``--batch 26 --kv-gib 56`` times one such step)."""
     temperature: float = 0.0
     """Sampling temperature of the timed requests (0: greedy); drawn tokens are chosen on the GPU too."""
+    tensor_parallel_size: int = 1
+    """GPUs the model is split over (``EngineConfig.tensor_parallel_size``): floors are rank 0's, and the
+    graph cannot replay alone (``oscarkv.bench.decode``)."""
     profile: bool = False
-    """Also profile the graph of each row at the longest context (torch.profiler). NOTE: CUPTI stays
-    attached after a profile and slows later graph launches (seen on an H100, 2026-11-22: 21 µs
-    → 320 µs): time in one invocation, profile in another."""
+    """Also profile the graph of each row at the longest context (torch.profiler; with tensor parallelism,
+    whole engine steps). NOTE: CUPTI stays attached after a profile and slows later graph launches (seen
+    on an H100, 2026-11-22: 21 µs → 320 µs): time in one invocation, profile in another."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ logits, CUDA events); the host phases of a step (:func:`host_phases`); the floor
 the write path's share of a step = (36-layer K/V write of one token, as a CUDA graph +
 one page demotion per ``P`` steps, eager) / step time.
 
+Tensor parallelism (``--tensor-parallel-size``, one GPU per rank): the prompt's K/V is random on
+rank 0 and zeros on the other ranks (a decode step reads the same bytes); the floor is rank 0's
+(its weight shard, the replicated ``lm_head``, its KV heads); a rank's graph holds all-reduces and
+replays only with every rank's, so the graph-alone columns stay empty and ``--profile`` profiles
+whole engine steps (the NCCL kernels' rows: the all-reduce time per step, waits for the peers included).
+
 NOTE: reaches into the engine (``scheduler``, ``runner``, ``manager``, ``_launch``, ``_sample``,
 ``overlap``): it times a step's phases one by one, the CUDA graph replay alone and the write
 path, which the public API hides by design.
@@ -67,16 +73,17 @@ def write_path_us(engine) -> tuple[float, float]:
     return w, _events_us(lambda: r.backend.demote_all(r.pools, r.storage, page, page))
 
 
-def kernel_profile(graph, reps: int = 5, top: int = 14) -> list[dict]:
-    """Per-kernel GPU time of one replay of ``graph`` (torch.profiler over ``reps`` replays): name,
-    µs per step and launches per step, the ``top`` most expensive names, then the rest summed."""
+def kernel_profile(step, reps: int = 5, top: int = 14) -> list[dict]:
+    """Per-kernel GPU time of one call of ``step`` (a graph's ``replay``, or ``LLMEngine.step``; torch.profiler
+    over ``reps`` calls): name, µs per step and launches per step, the ``top`` most expensive names, then
+    the rest summed."""
     from torch.profiler import ProfilerActivity, profile
 
-    graph.replay()
+    step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            graph.replay()
+            step()
         torch.cuda.synchronize()
     rows = [dict(name=e.key[:90], us=getattr(e, "device_time_total", 0.0) / reps, count=e.count / reps)
             for e in prof.key_averages() if getattr(e, "device_time_total", 0.0) > 0]
@@ -178,13 +185,15 @@ def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -
             raise RuntimeError(f"decode bench: a request stopped early ({getattr(s, 'error', None)})")
     phases = host_phases(engine, cfg.steps)
     kv = e2e.kv_read_bytes(engine, seqs)
-    graph = engine.runner.graphs.graphs[engine.runner.graphs.bucket(cfg.batch)].graph
-    fwd_us = _events_us(graph.replay)
-    phases["launch_us"] = launch_us(graph)
+    fwd_us, solo = None, engine.runner.tp.size == 1  # NOTE: a tensor-parallel rank's graph replays only with all ranks'
+    if solo:
+        graph = engine.runner.graphs.graphs[engine.runner.graphs.bucket(cfg.batch)].graph
+        fwd_us = _events_us(graph.replay)
+        phases["launch_us"] = launch_us(graph)
     if cfg.profile and ctx == max(cfg.contexts):
         phases["host"] = host_profile(engine, cfg.steps)
         try:
-            phases["kernels"] = kernel_profile(graph)
+            phases["kernels"] = kernel_profile(graph.replay if solo else engine.step)
         except Exception as e:  # the profile is a diagnosis; the timings stand without it
             phases["kernels"] = [dict(name=f"profile failed: {e!r}"[:90], us=0.0, count=0)]
     tiers = list(engine.manager.tier_tokens(seq))
@@ -205,12 +214,12 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
     rows = []
     for shape in cfg.shapes:
         model = e2e.random_model(shape)
-        wbytes = e2e.weight_bytes(model)
         for method in cfg.methods:
             # NOTE: the step budget (chunk x seqs) sizes the BF16 pool; a batch uses bench capacity's small
             # INT2 chunk so that its sequences fit the KV budget
             engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), cfg.batch,
-                                      8192 if cfg.batch == 1 else 256)
+                                      8192 if cfg.batch == 1 else 256, cfg.tensor_parallel_size)
+            wbytes = e2e.weight_bytes(engine.runner.model)  # rank 0's shard with tensor parallelism
             w_us, d_us = write_path_us(engine)
             for ctx in cfg.contexts:
                 row = dict(shape=shape, method=method, write_us=w_us, demote_us=d_us,
@@ -218,6 +227,7 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
                 row["write_share"] = (w_us + d_us / engine.cfg.kv.page_size) / row["step_us"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+            engine.close()
             del engine
             e2e.release()
         del model
@@ -239,8 +249,10 @@ def format_table(rows: list[dict], copy_gbps: float) -> str:
     for r in rows:
         peer = by.get((r["shape"], r["context"], "bf16"))
         speed = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer and r["method"] != "bf16" else ""
+        graph = ("— | —" if r["graph_us"] is None else  # tensor parallel: no graph replay alone
+                 f"{r['graph_us'] / 1e3:.2f} | {(r['step_us'] - r['graph_us']) / 1e3:.2f}")
         lines.append(f"| {r['shape']} | {r['context']} | {r['method']} | {r['step_us'] / 1e3:.2f} | "
-                     f"{r['sequential_step_us'] / 1e3:.2f} | {r['tokens_per_s']:.1f} | {r['graph_us'] / 1e3:.2f} | {(r['step_us'] - r['graph_us']) / 1e3:.2f} | "
+                     f"{r['sequential_step_us'] / 1e3:.2f} | {r['tokens_per_s']:.1f} | {graph} | "
                      f"{r['runner_us']:.0f} | {r['outputs_us']:.0f} | {r['floor_us'] / 1e3:.2f} | "
                      f"{r['step_over_floor']:.2f} | {100 * r['write_share']:.1f}% | {speed} |")
     return "\n".join(lines)
@@ -254,6 +266,7 @@ def format_kernels(rows: list[dict]) -> str:
             lines.append(f"{r['shape']} {r['context']} {r['method']}: host (cProfile, own time) " +
                          "; ".join(f"{k['name'][-48:]} {k['us']:.0f}us" for k in r["host"]))
         if "kernels" in r:
-            lines.append(f"{r['shape']} {r['context']} {r['method']}: graph launch {r['launch_us']:.0f} us; kernels " +
+            launch = f"graph launch {r['launch_us']:.0f} us" if "launch_us" in r else "whole steps"
+            lines.append(f"{r['shape']} {r['context']} {r['method']}: {launch}; kernels " +
                          "; ".join(f"{k['name'][:48]} {k['us']:.0f}us x{k['count']:.0f}" for k in r["kernels"]))
     return "\n".join(lines)

@@ -45,12 +45,13 @@ def random_model(shape: str) -> PagedLM:
     return PagedLM.random(shape_config(shape), torch.bfloat16, "cuda")
 
 
-def build_engine(model: PagedLM, method: str, kv_bytes: int, max_num_seqs: int, chunk: int = 8192) -> LLMEngine:
+def build_engine(model: PagedLM, method: str, kv_bytes: int, max_num_seqs: int, chunk: int = 8192,
+                 tensor_parallel_size: int = 1) -> LLMEngine:
     """Engine over ``model`` (``bf16``, ``naive`` INT2, or ``oscar`` with :func:`random_artifact`), no prefix
-    caching, default windows (64 + 256, P = 64)."""
+    caching, default windows (64 + 256, P = 64); ``kv_bytes`` per GPU with tensor parallelism."""
     cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk,  # all advance
-                       enable_prefix_caching=False)
+                       enable_prefix_caching=False, tensor_parallel_size=tensor_parallel_size)
     return LLMEngine.from_paged(model, cfg, random_artifact(model.config) if method == "oscar" else None)
 
 
@@ -112,7 +113,8 @@ def add_prompts(engine: LLMEngine, n: int, length: int, new_tokens: int, seed: i
 
 
 def fill(engine: LLMEngine, chunks: list[ScheduledChunk]) -> None:
-    """Random stored-domain K/V into the chunks' slots and their demotions, through the write path."""
+    """Random stored-domain K/V into the chunks' slots and their demotions, through the write path (rank 0's
+    pools only with tensor parallelism: the other ranks' pages stay zero, which a decode step reads alike)."""
     r = engine.runner
     plans = [c.plan for c in chunks]
     slots = torch.tensor([s for p in plans for s in p.slots], dtype=torch.int32, device=r.device)

@@ -174,6 +174,7 @@ class ParallelRunner:
             self.local = _local_shard(model, codec, spec, self.tp, device)
         _handshake(self.local, self.control, size)
         self.pools, self.device, self.model, self.samples = self.local.pools, device, self.local.model, True
+        self.backend, self.storage, self.graphs = self.local.backend, self.local.storage, self.local.graphs  # rank 0's
         self._failure: str | None = None
         self._closing, self._closed = threading.Event(), False
         if device.type == "cuda":
