@@ -7,6 +7,7 @@ results directory those pages and the README name is committed.
 """
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,20 @@ def test_cited_files_exist(page):
     cited += [str((ROOT / page).parent.relative_to(ROOT) / link) for link in re.findall(r"\]\(([^)#:]+)\)", text)]
     missing = [c for c in cited if not (ROOT / c).exists()]
     assert cited and not missing, missing
+
+
+@pytest.mark.parametrize("page", FIGURE_PAGES)
+def test_figure_page_commands_parse(page):
+    """Each complete ``oscarkv ...`` command in a code block of the page parses with today's flags
+    (commands with ``...`` or ``[optional]`` parts are sketches and skipped)."""
+    from oscarkv.cli.main import build_parser
+
+    blocks = re.findall(r"```\n(.*?)```", (ROOT / page).read_text(), flags=re.S)
+    lines = [ln.split("  #")[0].strip() for b in blocks for ln in b.replace("\\\n", " ").splitlines()]
+    commands = [ln for ln in lines if ln.startswith("oscarkv ") and "..." not in ln and "[" not in ln]
+    assert commands
+    for command in commands:
+        try:
+            build_parser().parse_args(shlex.split(command)[1:])
+        except SystemExit:
+            pytest.fail(f"{page}: command does not parse: {command}")
