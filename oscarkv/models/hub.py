@@ -35,15 +35,15 @@ def split(spec: str) -> tuple[str, str | None]:
     return repo, rev or None
 
 
-def resolve(spec: str) -> Path:
-    """The snapshot directory of hub id ``spec`` (from the cache when offline)."""
+def resolve(spec: str, files: list[str] = FILES) -> Path:
+    """The snapshot directory of hub id ``spec`` holding ``files`` (patterns; from the cache when offline)."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     repo, rev = split(spec)
     offline = bool(constants.HF_HUB_OFFLINE)
     try:
-        return Path(snapshot_download(repo, revision=rev, allow_patterns=FILES))
+        return Path(snapshot_download(repo, revision=rev, allow_patterns=files))
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as e:
         where = (f"offline (HF_HUB_OFFLINE=1): not in the cache {constants.HF_HUB_CACHE}" if offline
                  else "online: not found on the Hub and not in the cache")

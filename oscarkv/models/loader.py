@@ -97,15 +97,7 @@ def load_model(spec: str, dtype: torch.dtype | str = torch.float32, cache_dir: P
 
     ``cache_dir`` holds converted GGUF models; ``None`` converts in memory every time."""
     dtype = resolve_dtype(dtype) if isinstance(dtype, str) else dtype
-    path = default_model_path() if spec == DEFAULT_MODEL else Path(spec)
-    if not path.exists() and is_hub_id(spec):
-        try:
-            path = resolve_hub(spec)
-        except HubError as e:
-            raise ModelLoadError(str(e)) from e
-    if not path.exists():
-        raise ModelLoadError(f"model not found: {spec} (expected 'default', a model directory, a .gguf file "
-                             "or a hub id ORG/NAME[@REVISION])")
+    path = model_path(spec)
     if path.is_file() and path.suffix == ".gguf":
         model, tok = _load_gguf_cached(path, cache_dir) if cache_dir else _load_gguf(path)
     elif path.is_dir():
@@ -114,6 +106,36 @@ def load_model(spec: str, dtype: torch.dtype | str = torch.float32, cache_dir: P
         raise ModelLoadError(f"model {spec}: not a directory or a .gguf file")
     model.config._attn_implementation = "sdpa"
     return LoadedModel(model.to(dtype).eval(), tok, str(path))
+
+
+def model_path(spec: str, weights: bool = True) -> Path:
+    """The local file or directory ``spec`` names (a hub id: its snapshot, fetched or from the cache;
+    without ``weights`` only its ``config.json``)."""
+    path = default_model_path() if spec == DEFAULT_MODEL else Path(spec)
+    if not path.exists() and is_hub_id(spec):
+        try:
+            path = resolve_hub(spec) if weights else resolve_hub(spec, ["config.json"])
+        except HubError as e:
+            raise ModelLoadError(str(e)) from e
+    if not path.exists():
+        raise ModelLoadError(f"model not found: {spec} (expected 'default', a model directory, a .gguf file "
+                             "or a hub id ORG/NAME[@REVISION])")
+    return path
+
+
+def load_config(spec: str, cache_dir: Path | None = CACHE_DIR):
+    """The checked transformers config of ``spec`` without its weights (a GGUF's config lives in the
+    file: it is loaded, once converted, as :func:`load_model` does)."""
+    path = model_path(spec, weights=False)
+    if not path.is_dir():
+        return load_model(spec, cache_dir=cache_dir).config
+    from transformers import AutoConfig
+
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model directory {path}: missing config.json")
+    config = AutoConfig.from_pretrained(path)
+    check_config(config, f"model directory {path}")
+    return config
 
 
 def check_architecture(arch: str | None, where: str) -> str:

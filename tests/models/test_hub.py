@@ -12,7 +12,7 @@ import pytest
 
 from oscarkv.cli.main import build_parser
 from oscarkv.cli.serve import build as build_server
-from oscarkv.models.loader import ModelLoadError, load_model
+from oscarkv.models.loader import ModelLoadError, load_config, load_model
 from oscarkv.server.launch import serving_in_thread
 from tests.server.conftest import byte_model, byte_tokenizer
 from tests.server.test_cli import SMALL
@@ -54,6 +54,10 @@ def test_hub_id_and_revision_load_from_the_cache(offline):
     for spec in (REPO, REPO + "@v1", f"{REPO}@{COMMIT}"):
         loaded = load_model(spec)
         assert Path(loaded.source).name == COMMIT and loaded.config.architectures == ["LlamaForCausalLM"]
+
+
+def test_config_alone(offline):
+    assert load_config(REPO).architectures == ["LlamaForCausalLM"]
 
 
 def test_missing_id_names_it_and_says_offline(offline):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from oscarkv.cli.main import main
-from oscarkv.quant.artifact import Artifact
+from oscarkv.quant.artifact import Artifact, ModelFingerprint
 from tests.quant.test_reference import per_head_files
 from tests.server.conftest import byte_model, byte_tokenizer
 
@@ -23,7 +23,8 @@ def test_import_then_export_gives_the_files_back(model_dir, tmp_path, capsys):
     assert main(["import-rotations", str(src), "--model", str(model_dir), "--out", str(tmp_path / "art"),
                  "--value-clip", "0.9"]) == 0
     assert "overrides {'value_clip': 0.9}" in capsys.readouterr().out
-    assert Artifact.load(tmp_path / "art").manifest["clip"]["value"] == [0.9, 0.9]
+    fp = ModelFingerprint.from_config(byte_model().config)  # the config alone was read: the same fingerprint
+    assert Artifact.load(tmp_path / "art", expect=fp).manifest["clip"]["value"] == [0.9, 0.9]
     assert main(["export-rotations", str(tmp_path / "art"), "--out", str(tmp_path / "out")]) == 0
     for name in ("k_rotation_tiny.pt", "v_rotation_tiny.pt"):
         a, b = (torch.load(d / name, weights_only=True) for d in (src, tmp_path / "out"))
