@@ -10,7 +10,7 @@ Modules (its config is :class:`oscarkv.config.ServerConfig`): ``protocol`` (Open
 (the FastAPI factory and routes, no globals), ``state`` (per-app :class:`Server`: the served
 model, request validation, generation with metrics), ``endpoints`` (completions and chat, JSON
 or SSE), ``streaming`` (SSE lines, usage, racing a client's disconnect), ``errors`` (OpenAI
-error bodies as exception handlers), ``metrics`` (Prometheus on a per-app registry),
+error bodies as exception handlers), ``middleware`` (response counts, the body limit, the API key), ``metrics`` (Prometheus on a per-app registry),
 and ``launch`` (build the server from typed configs, bind, run; ``oscarkv serve`` calls it). FastAPI, uvicorn and
 prometheus_client are imported only here, so the core package does not need them.
 """
