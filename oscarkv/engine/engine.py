@@ -1,7 +1,8 @@
 """The engine loop: add requests, step, report outputs; and its construction from a model.
 
 Role: :class:`LLMEngine` owns the scheduler, the model runner and the tokenizer. ``step()``
-= schedule → run → commit pages → sample → detokenize and check stops → outputs. It is
+= schedule → run → commit pages → sample → detokenize (incrementally,
+:mod:`oscarkv.engine.detokenizer`) and check stops → outputs. It is
 single-threaded; :class:`~oscarkv.llm.LLM` loops over it offline and
 :class:`~oscarkv.engine.async_engine.AsyncEngine` drives it from a thread for servers.
 
@@ -36,6 +37,7 @@ from oscarkv.config import EngineConfig
 from oscarkv.engine import sampler
 from oscarkv.attention.step import AttentionBackend
 from oscarkv.engine.cuda_graphs import DEFAULT_BUCKETS
+from oscarkv.engine.detokenizer import Detokenizer, IncrementalText
 from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.engine.scheduler import Scheduler, SchedulerOutput
@@ -67,6 +69,7 @@ class LLMEngine:
     def __init__(self, runner: ModelRunner, codec: KVCodec, cfg: EngineConfig, tokenizer=None,
                  eos_token_ids: tuple[int, ...] = ()) -> None:
         self.runner, self.codec, self.cfg, self.tokenizer = runner, codec, cfg, tokenizer
+        self.detokenizer = Detokenizer(tokenizer) if tokenizer is not None else None
         geo = runner.pools.geo
         self.manager = KVCacheManager(cfg.kv, PagePool(geo.bf16_pages),
                                       PagePool(geo.int2_pages) if geo.int2_pages else None,
@@ -164,7 +167,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
         schedule = self.check_request(request_id, ids, params, chunk_ends)
-        seq = Sequence(request_id, ids, params, schedule, self.cfg.seed, self.runner.device)
+        detok = IncrementalText(self.detokenizer, params.stop) if self.detokenizer is not None else None
+        seq = Sequence(request_id, ids, params, schedule, self.cfg.seed, self.runner.device, detok)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         self.num_prompt_tokens += len(ids)
@@ -342,28 +346,16 @@ class LLMEngine:
             reason = self._check_stop(seq, tok)
             if reason is not None:
                 self._finish_seq(seq, reason)
-            outputs.append(seq.output(self._holdback(seq)))
+            outputs.append(seq.output())
         return outputs
 
     def _check_stop(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
-        stopped = tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos)
-        if self.tokenizer is not None:
-            seq.text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-            for s in p.stop:
-                at = seq.text.find(s)
-                if at >= 0:
-                    seq.text = seq.text[:at]
-                    return "stop"
-        if stopped:
+        if seq.detok is not None and seq.detok.add(tok):
+            return "stop"
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos):
             return "stop"
         return "length" if len(seq.output_ids) >= p.max_tokens else None
-
-    @staticmethod
-    def _holdback(seq: Sequence) -> int:
-        """Characters kept back from a stream: a possible stop-string prefix, an unfinished UTF-8 char."""
-        n = max((len(s) - 1 for s in seq.params.stop), default=0)
-        return n + (1 if seq.text.endswith("\ufffd") else 0)
 
     def close(self) -> None:
         """Stop the tensor-parallel worker processes, if any (the engine runs no steps afterwards)."""

