@@ -4,15 +4,12 @@ artifact (the field named, exit status 2, no fallback), and the start-up log."""
 import logging
 
 import httpx
-import pytest
 
 from oscarkv.cli.main import build_parser, main
 from oscarkv.cli.serve import build as build_server
 from oscarkv.server.launch import serving_in_thread
+from tests.cli.conftest import SMALL
 from tests.engine.conftest import make_artifact, tiny_config
-
-SMALL = ["--sink", "8", "--recent", "16", "--page-size", "8", "--prefill-chunk", "64",
-         "--max-num-batched-tokens", "80", "--max-num-seqs", "4", "--kv-memory-bytes", str(1 << 22)]
 
 
 def test_oscar_serves_with_artifact_and_logs(model_dir, model, tmp_path, caplog):
