@@ -1,4 +1,5 @@
-"""``oscarkv demo``: the default model's needle retrieval with BF16, naive INT2, QuaRot-style INT2 and OSCAR."""
+"""``oscarkv demo``: the default model's needle retrieval with the unquantized cache, naive INT2, QuaRot-style
+INT2 and OSCAR. The unquantized row is labelled with the dtype it stores: ``fp32`` on a CPU, ``bf16`` on a GPU."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from oscarkv.config import CACHE_DIR
 
 
 def setup(p: argparse.ArgumentParser) -> None:
-    """Compare bf16/naive/quarot/oscar KV caches on needle retrieval at 2K-4K with the default model."""
+    """Compare unquantized (fp32 on a CPU, bf16 on a GPU), naive, quarot and oscar KV caches on needle retrieval
+    at 2K-4K with the default model."""
     p.add_argument("--samples", type=int, default=4, help="samples per context (default: 4)")
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="report directory (default: runs/demo)")
     p.add_argument("--rotations", type=Path, default=None,

@@ -13,7 +13,8 @@ into the JSON — plus a ``meta`` dict describing the run. Output, in ``out_dir`
   its BPE and the mean over tasks) and a summary per method × context; free-running beside
   teacher-forced per method; needles in the window apart from those in history; perplexity;
 * ``accuracy.png`` — mean accuracy over tasks and haystacks against context (the headline
-  protocol: free-running where measured), one line per method, BF16 dashed;
+  protocol: free-running where measured), one line per method, the
+  unquantized one dashed;
   ``pareto.png`` — that accuracy against bits per element, one panel per context;
   ``perplexity.png`` likewise when there are perplexity records.
 
@@ -29,8 +30,9 @@ from statistics import mean
 
 from oscarkv.config import ENGINE_METHODS
 
-REFERENCE = "bf16"
-"""The method drawn dashed as the full-precision reference."""
+REFERENCES = ("bf16", "fp16", "fp32")
+"""Labels of the unquantized method (its cache's dtype, ``oscarkv.eval.runner.baseline_label``),
+drawn dashed / in black as the full-precision reference."""
 
 
 def write_report(records: list[dict], out_dir: pathlib.Path, meta: dict) -> None:
@@ -120,7 +122,7 @@ def _protocol_table(acc: list[dict]) -> list[str]:
 def _unserved(label: str) -> str:
     """Why a configuration has no free-running figure: the engine cannot serve it, or it was not run."""
     method = label.split("+")[0].split(":")[0]
-    ok = method == "bf16" or (method in ENGINE_METHODS and label.endswith("+win"))
+    ok = method in REFERENCES or (method in ENGINE_METHODS and label.endswith("+win"))
     return "not run" if ok else "not served"
 
 
@@ -258,7 +260,7 @@ def _plot(grid: dict[str, dict[int, float]], ylabel: str, title: str, path: path
     for method, by_ctx in grid.items():
         xs = list(by_ctx)
         ys = [scale * by_ctx[x] for x in xs]
-        ref = method == REFERENCE
+        ref = method in REFERENCES
         ax.plot(xs, ys, linestyle="--" if ref else "-", marker=None if ref else "o",
                 color="black" if ref else None, label=method)
     ax.set_xscale("log", base=2)
@@ -277,7 +279,7 @@ def _bars(ax, grid: dict[str, dict[int, float]], context: int, scale: float) -> 
     """Horizontal bars, one per method in report order, the reference in black, values labelled."""
     methods = list(grid)[::-1]  # first method on top
     values = [scale * grid[m][context] for m in methods]
-    colors = ["black" if m == REFERENCE else f"C{i % 10}" for i, m in enumerate(methods)]
+    colors = ["black" if m in REFERENCES else f"C{i % 10}" for i, m in enumerate(methods)]
     ax.barh(methods, values, color=colors)
     for y, v in enumerate(values):
         ax.text(v, y, f" {v:.3g}", va="center", fontsize="small")
@@ -286,7 +288,7 @@ def _bars(ax, grid: dict[str, dict[int, float]], context: int, scale: float) -> 
 
 def pareto_plot(acc: list[dict], path: pathlib.Path, title: str) -> None:
     """Accuracy (mean over tasks and haystacks) against bits per element, one point per
-    method, one panel per context, BF16 as a dashed line; the upper-left frontier is drawn."""
+    method, one panel per context, the unquantized one as a dashed line; the upper-left frontier is drawn."""
     from matplotlib.figure import Figure
 
     contexts = sorted({r["context"] for r in acc})
@@ -299,9 +301,9 @@ def pareto_plot(acc: list[dict], path: pathlib.Path, title: str) -> None:
             if rows:
                 pts.append((mean(r["bpe"] for r in rows), 100 * mean(r["accuracy"] for r in rows), m))
         for x, y, m in pts:
-            if m == REFERENCE:
+            if m in REFERENCES:
                 ax.axhline(y, color="black", linestyle="--", linewidth=1)
-            ax.scatter([x], [y], color="black" if m == REFERENCE else None, zorder=3)
+            ax.scatter([x], [y], color="black" if m in REFERENCES else None, zorder=3)
             ax.annotate(m, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
         front, best = [], -1.0
         for x, y, _ in sorted(pts):

@@ -19,7 +19,10 @@ BF16 windows), each record tagged with its protocol (``PROTOCOLS``) and haystack
 
 Each synthetic sample is also tagged with where its needles lie (``window``: in the BF16
 recent window or sink when generation starts; ``history``: in low-bit storage), so records split
-the two. Records go to ``oscarkv.eval.report``.
+the two. Records go to ``oscarkv.eval.report``. The unquantized method
+(``bf16``) stores K/V in the model's dtype, so its rows are labelled with that dtype
+(:func:`baseline_label`: ``fp32`` for a float32 model on the CPU, ``bf16`` on a GPU) and carry
+its BPE (32 or 16).
 """
 
 from __future__ import annotations
@@ -55,9 +58,23 @@ def kv_configs(cfg: EvalConfig) -> list[KVConfig]:
     return out
 
 
+DTYPE_LABELS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def baseline_label(dtype: torch.dtype) -> str:
+    """Report label of the unquantized method: the dtype its cache stores (the model's)."""
+    return DTYPE_LABELS.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def full_bits(loaded) -> float:
+    """BPE of the unquantized method: the width of the model's dtype, which its cache stores."""
+    return 8.0 * next(loaded.model.parameters()).dtype.itemsize
+
+
 def build_codecs(model, cfg: EvalConfig, artifacts: dict[str, object] | None = None) -> dict[str, KVCodec]:
     """One codec per report label. ``artifacts`` maps a variant name to an OSCAR artifact;
-    the unnamed variant ``""`` is reported as ``oscar``, others as ``oscar:NAME``."""
+    the unnamed variant ``""`` is reported as ``oscar``, others as ``oscar:NAME``; ``bf16`` is
+    reported as :func:`baseline_label`."""
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
@@ -66,6 +83,8 @@ def build_codecs(model, cfg: EvalConfig, artifacts: dict[str, object] | None = N
         variants = (artifacts or {"": None}) if kv.method == "oscar" else {"": None}
         for name, art in variants.items():
             label = kv.label().replace("oscar", f"oscar:{name}", 1) if name else kv.label()
+            if kv.method == "bf16":
+                label = baseline_label(next(model.parameters()).dtype)
             out[label] = build_codec(kv, *dims, art)
     return out
 
@@ -242,7 +261,7 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, ta
             for label in on_hf:
                 text = greedy_full_precision(loaded, doc, sample, n_answer + engine_backend.EXTRA_TOKENS)
                 tally.add((label, sample.task, sample.context, sample.haystack, FREE),
-                          task_lib.score_text(sample, text), 16.0, place=place)
+                          task_lib.score_text(sample, text), full_bits(loaded), place=place)
         bar.update(len(codecs))
     return tally.records("accuracy")
 
@@ -255,7 +274,8 @@ def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqd
             for label, codec in codecs.items():
                 logits = faithful_logits(loaded.model, ids, codec).float()
                 nll = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])
-                tally.add((label, "ppl", ctx, "eval", FAITHFUL), float(nll), codec.bpe(ctx))
+                bpe = codec.bpe(ctx) if codec.quantized else full_bits(loaded)
+                tally.add((label, "ppl", ctx, "eval", FAITHFUL), float(nll), bpe)
                 bar.update(1)
     return tally.records("perplexity")
 

@@ -44,15 +44,15 @@ def test_both_protocols_on_the_same_samples(loaded):
     records, meta = evaluate(loaded, cfg, {"": make_artifact(loaded.model.config)}, log, backend="engine")
     rows = [json.loads(line) for line in log.getvalue().splitlines()]
     count = lambda m, p: sum(r["method"] == m and r["protocol"] == p for r in rows)  # noqa: E731
-    assert count("bf16", "free") == count("oscar+win", "free") == 4  # 2 samples x 2 haystacks
+    assert count("fp32", "free") == count("oscar+win", "free") == 4  # 2 samples x 2 haystacks
     assert count("oscar", "free") == 0 and count("oscar", "forced") == 4  # no windows: not served
-    assert count("bf16", "forced") == count("oscar+win", "forced") == 4
+    assert count("fp32", "forced") == count("oscar+win", "forced") == 4
     assert {r["haystack"] for r in rows} == {"eval", "gazetteer"} and all(r["place"] in ("window", "history") for r in rows)
     free = [r for r in rows if r["protocol"] == "free" and r["method"] == "oscar+win"]
     assert all(2.0 < r["bpe"] < 16.0 for r in free)  # a windowed INT2 sequence
-    assert meta["served"] == ["bf16", "oscar+win"]
+    assert meta["served"] == ["fp32", "oscar+win"]  # bf16: labelled with the dtype it stores
     assert {(r["method"], r["protocol"]) for r in records} == {
-        ("bf16", "free"), ("oscar+win", "free"), ("bf16", "forced"), ("oscar+win", "forced"), ("oscar", "forced")}
+        ("fp32", "free"), ("oscar+win", "free"), ("fp32", "forced"), ("oscar+win", "forced"), ("oscar", "forced")}
 
 
 def test_bf16_free_running_on_the_hf_path_matches_the_engine(loaded):
@@ -62,7 +62,7 @@ def test_bf16_free_running_on_the_hf_path_matches_the_engine(loaded):
     from oscarkv.eval.runner import build_codecs, greedy_full_precision, prefill
 
     cfg = EvalConfig(methods=("bf16",), tasks=("niah_single",), contexts=(256,), samples=2)
-    engine = build_engines(loaded, build_codecs(loaded.model, cfg), cfg, None)["bf16"]
+    engine = build_engines(loaded, build_codecs(loaded.model, cfg), cfg, None)["fp32"]  # the fp32 model's
     tok = loaded.tokenizer
     for s in task_lib.generate("niah_single", 256, 2, tok, seed=4, haystack="gazetteer"):
         doc_ids = tok(s.document, add_special_tokens=False).input_ids
