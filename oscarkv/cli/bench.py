@@ -38,8 +38,8 @@ def setup(p: argparse.ArgumentParser) -> None:
             b.add_argument("--model", default="default", help="model spec (default: default)")
             b.add_argument("--rotations", type=Path, default=None,
                            help="artifact for oscar (default: the default model's cached calibration)")
-        b.add_argument("--out", type=Path, default=None if name in ("engine", "serve") else Path(f"bench_{name}.json"),
-                       help=f"JSON file to write (default: {'none' if name in ('engine', 'serve') else f'bench_{name}.json'})")
+        out = None if name in ("engine", "serve") else Path(f"bench_{name}.json")  # CPU benches: a table only
+        b.add_argument("--out", type=Path, default=out, help=f"JSON file to write (default: {out or 'none'})")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 ``add_fields`` turns dataclass fields into ``--flags`` whose help is the field's docstring (as
 plain text) and whose default is shown as it would be typed; ``config_from`` builds the config
 back from the parsed arguments. Lists are always comma-separated (``--contexts 4096,8192``).
+``engine_args``/``engine_config``: the engine's flags, shared by ``generate`` and ``serve``.
 Nothing here imports torch: ``oscarkv --help`` answers without it.
 """
 
@@ -17,7 +18,7 @@ from dataclasses import MISSING, fields
 from functools import cache
 from pathlib import Path
 
-from oscarkv.config import DTYPES
+from oscarkv.config import DTYPES, ENGINE_METHODS, EngineConfig, KVConfig
 
 
 class UserError(Exception):
@@ -116,3 +117,25 @@ def artifact(loaded, kv: str, rotations: Path | None):
         return artifact_for(loaded, kv, rotations)
     except ValueError as e:  # ArtifactError names the file and the field
         raise UserError(str(e)) from e
+
+
+def engine_args(p: argparse.ArgumentParser) -> None:
+    """The engine's flags (``generate`` and ``serve``): model, KV method and artifact, KVConfig windows,
+    EngineConfig sizes."""
+    model_args(p, "auto")
+    p.add_argument("--kv", choices=ENGINE_METHODS, default="oscar", help="KV storage method (default: oscar)")
+    p.add_argument("--rotations", type=Path, default=None,
+                   help="artifact directory for --kv oscar (default: the default model's artifact, shipped with oscarkv)")
+    add_fields(p, KVConfig, ["sink", "recent", "page_size"])
+    add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
+                                 "enable_prefix_caching", "overlap", "tensor_parallel_size"])
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The :class:`EngineConfig` the flags of :func:`engine_args` name; a bad value is a UserError."""
+    if args.rotations is not None and args.kv != "oscar":
+        raise UserError(f"--rotations {args.rotations}: only --kv oscar uses a rotation artifact, and --kv {args.kv} "
+                        "would ignore it; drop --rotations or use --kv oscar")
+    kv = config_from(KVConfig, argparse.Namespace(method=args.kv, sink=args.sink, recent=args.recent,
+                                                  page_size=args.page_size))
+    return config_from(EngineConfig, args, kv=kv)

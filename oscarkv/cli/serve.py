@@ -1,12 +1,12 @@
 """``oscarkv serve``: the OpenAI-compatible API over the paged engine (``oscarkv.server``).
 
-Flags derive from :class:`~oscarkv.config.EngineConfig`, :class:`~oscarkv.config.KVConfig`
-(shared with ``oscarkv generate``) and :class:`~oscarkv.config.ServerConfig`. Every start-up
-fault is one line and exit status 2, found as early as it can be: the ``serve`` extra and the
-flags first, then the port (bound before the model loads), then the model and the rotation
-artifact (the file, tensor or field named; never a fallback to an identity rotation).
-``--model default --kv oscar`` without ``--rotations`` uses the default model's cached
-calibration.
+Flags derive from :class:`~oscarkv.config.EngineConfig` and :class:`~oscarkv.config.KVConfig`
+(:func:`oscarkv.cli.flags.engine_args`, shared with ``oscarkv generate``) and from
+:class:`~oscarkv.config.ServerConfig`. Every start-up fault is one line and exit status 2, found
+as early as it can be: the ``serve`` extra and the flags first, then the port (bound before the
+model loads), then the model and the rotation artifact (the file, tensor or field named; never a
+fallback to an identity rotation). ``--model default --kv oscar`` without ``--rotations`` uses the
+default model's shipped artifact.
 
 The API key comes from ``--api-key`` or, so that it stays out of process listings, from the
 environment variable ``OSCARKV_API_KEY`` (:data:`API_KEY_ENV`) — the one environment read of
@@ -18,8 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from oscarkv.cli.flags import UserError, add_fields, config_from
-from oscarkv.cli.generate import engine_args, engine_config
+from oscarkv.cli.flags import UserError, add_fields, config_from, engine_args, engine_config
 from oscarkv.config import ServerConfig
 
 SERVER_FIELDS = ["host", "port", "served_model_name", "max_model_len", "default_max_tokens", "max_request_bytes",

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from oscarkv.cli.generate import engine_config
+from oscarkv.cli.flags import engine_config
 from oscarkv.cli.main import build_parser
 from oscarkv.engine.request import SamplingParams
 from oscarkv.llm import LLM
