@@ -37,7 +37,7 @@ def setup(p: argparse.ArgumentParser) -> None:
         if name in ("engine", "serve"):
             b.add_argument("--model", default="default", help="model spec (default: default)")
             b.add_argument("--rotations", type=Path, default=None,
-                           help="artifact for oscar (default: the default model's cached calibration)")
+                           help="artifact for oscar (default: the default model's artifact, shipped with oscarkv)")
         out = None if name in ("engine", "serve") else Path(f"bench_{name}.json")  # CPU benches: a table only
         b.add_argument("--out", type=Path, default=out, help=f"JSON file to write (default: {out or 'none'})")
 

@@ -14,7 +14,7 @@ def setup(p: argparse.ArgumentParser) -> None:
     model_args(p, "auto")
     p.add_argument("--rotations", type=csv(), default=None, metavar="[NAME=]DIR,...",
                    help="artifact directories for 'oscar', comma-separated; NAME=DIR entries add variants reported "
-                        "as oscar:NAME (ablations) (default: the default model's cached calibration)")
+                        "as oscar:NAME (ablations) (default: the default model's artifact, shipped with oscarkv)")
     p.add_argument("--out", type=Path, required=True, help="directory for results.json, results.md and plots")
     p.add_argument("--contexts", type=csv(int), default=EvalConfig().contexts, metavar="CONTEXTS",
                    help=f"prompt lengths in tokens, comma-separated (default: {','.join(map(str, EvalConfig().contexts))})")
