@@ -52,7 +52,7 @@ def bench_one(loaded, method: str, batch: int, spec: EngineBench, artifact) -> d
 
 def _timed(engine: LLMEngine, method: str, batch: int, spec: EngineBench) -> dict:
     g = torch.Generator().manual_seed(batch)
-    vocab = engine.runner.model.config.vocab_size
+    vocab = engine.vocab_size
     params = SamplingParams(max_tokens=spec.new_tokens + 1, temperature=0, ignore_eos=True)
     for i in range(batch):
         engine.add_request(str(i), torch.randint(0, vocab, (spec.prompt_len,), generator=g).tolist(), params)
