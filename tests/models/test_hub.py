@@ -15,7 +15,7 @@ from oscarkv.cli.serve import build as build_server
 from oscarkv.models.loader import ModelLoadError, load_config, load_model
 from oscarkv.server.launch import serving_in_thread
 from tests.server.conftest import byte_model, byte_tokenizer
-from tests.server.test_cli import SMALL
+from tests.server.conftest import SMALL
 
 REPO, COMMIT = "tiny-org/tiny-llama", "0123456789abcdef0123456789abcdef01234567"
 

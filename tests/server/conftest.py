@@ -60,6 +60,11 @@ def model():
     return byte_model()
 
 
+SMALL = ["--sink", "8", "--recent", "16", "--page-size", "8", "--prefill-chunk", "64",
+         "--max-num-batched-tokens", "80", "--max-num-seqs", "4", "--kv-memory-bytes", str(1 << 22)]
+"""Engine flags small enough for the tiny model (``oscarkv serve``/``generate`` tests)."""
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory, model, tok):
     """The tiny model saved as a Hugging Face directory (what ``oscarkv serve --model DIR`` loads)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.test_cli import SMALL
+from tests.server.conftest import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
 BODY = {"model": "tiny", "prompt": "drain me", "temperature": 0, "ignore_eos": True, "stream": True}

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from oscarkv.cli.main import main
 from oscarkv.quant.artifact import TENSOR_FILE
 from tests.engine.conftest import make_artifact
-from tests.server.test_cli import SMALL
+from tests.server.conftest import SMALL
 
 WEIGHT = "model.layers.0.self_attn.q_proj.weight"
 
