@@ -30,7 +30,8 @@ class LLM:
         ``kv`` overrides ``config.kv.method``; ``rotations``: the artifact directory for ``oscar``
         (or ``artifact``, one already loaded; the default model needs neither);
         ``tensor_parallel_size`` overrides ``config.tensor_parallel_size`` (ranks > 1 are worker
-        processes until :meth:`close`)."""
+        processes until :meth:`close`; they are spawned and import the main module, so a script that
+        builds this needs the ``if __name__ == "__main__":`` guard)."""
         if isinstance(model, str):
             model = load_model(model, dtype)
         config = config or EngineConfig()

@@ -27,7 +27,9 @@ once; on CUDA a watcher thread aborts the NCCL group when a worker process exits
 no GPU), and collectives time out after :data:`STEP_TIMEOUT`. A worker whose rank 0 dies sees the connection close and exits.
 ``close()`` sends an empty message (the workers leave their loop), joins them and tears the groups down.
 
-NOTE: one tensor-parallel engine per process: the group is torch.distributed's default group.
+NOTE: one tensor-parallel engine per process: the group is torch.distributed's default group. The
+workers are spawned, so they import the main module: a script that builds a tensor-parallel engine
+needs the ``if __name__ == "__main__":`` guard (``python -m oscarkv.cli`` needs none).
 """
 
 from __future__ import annotations
@@ -167,16 +169,21 @@ class ParallelRunner:
                                   name=f"oscarkv-tp{r}", daemon=True) for r in range(1, size)]
         for p in self.procs:
             p.start()
-        self.tp, self.control = _init_groups(0, size, rendezvous, device)
-        with torch.no_grad():
-            for r in range(1, size):
-                _send_shard(model, codec, TensorParallel(r, size), self.control)
-            self.local = _local_shard(model, codec, spec, self.tp, device)
-        _handshake(self.local, self.control, size)
-        self.pools, self.device, self.model, self.samples = self.local.pools, device, self.local.model, True
-        self.backend, self.storage, self.graphs = self.local.backend, self.local.storage, self.local.graphs  # rank 0's
         self._failure: str | None = None
         self._closing, self._closed = threading.Event(), False
+        try:
+            self.tp, self.control = _init_groups(0, size, rendezvous, device)
+            with torch.no_grad():
+                for r in range(1, size):
+                    _send_shard(model, codec, TensorParallel(r, size), self.control)
+                self.local = _local_shard(model, codec, spec, self.tp, device)
+            _handshake(self.local, self.control, size)
+        except BaseException:  # a rank that failed to start (its traceback on stderr): leave nothing behind
+            self._closed = True
+            self._teardown()
+            raise
+        self.pools, self.device, self.model, self.samples = self.local.pools, device, self.local.model, True
+        self.backend, self.storage, self.graphs = self.local.backend, self.local.storage, self.local.graphs  # rank 0's
         if device.type == "cuda":
             threading.Thread(target=self._watch, name="oscarkv-tp-watch", daemon=True).start()
 
@@ -240,9 +247,16 @@ class ParallelRunner:
         self._closing.set()
         for p in self.procs:
             p.join(timeout=JOIN_TIMEOUT_S)
+        self._teardown()
+
+    def _teardown(self) -> None:
+        """Kill the workers still there, leave the groups, remove the rendezvous file."""
         self._stop_workers()
         if dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                dist.destroy_process_group()
+            except RuntimeError:  # e.g. an aborted NCCL group
+                log.warning("tearing down the tensor-parallel group failed", exc_info=True)
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
