@@ -25,6 +25,9 @@ engine's overlap of host and device work), after an untimed warm-up run at 2K co
 JIT, graph capture of the buckets used). jobs/s = requests / that time. (Until 2026-11-23 the
 time excluded scheduling and the engine ran its steps without overlap.)
 
+Tensor parallelism (``--tensor-parallel-size n``): ``kv_gib`` per GPU for one rank's KV heads (the
+sizing above with ``max(1, H_kv / n)`` heads), bytes per token for the whole group.
+
 NOTE: reads ``engine.runner.pools.geo`` to check the built engine's pools against the sizing
 computed here.
 """
@@ -60,9 +63,8 @@ def geometry(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_
     kv = KVConfig(method)
     step = dict(max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk) if chunk else {}
     ecfg = EngineConfig(kv, kv_memory_bytes=int(cfg.kv_gib * 2**30), max_num_seqs=max_num_seqs, **step)
-    d = s["head_dim"]
-    return plan_pools(ecfg, s["num_hidden_layers"], s["num_key_value_heads"], d, default_group(d, kv.group_size),
-                      torch.bfloat16)
+    d, heads = s["head_dim"], max(1, s["num_key_value_heads"] // cfg.tensor_parallel_size)  # one rank's
+    return plan_pools(ecfg, s["num_hidden_layers"], heads, d, default_group(d, kv.group_size), torch.bfloat16)
 
 
 def fits(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_seqs: int = 32) -> dict:
@@ -76,9 +78,9 @@ def fits(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_seqs
         hist = (history_end(t, kv.sink, kv.recent, P) - kv.sink) // P
         window = -(-(kv.sink + kv.recent + P) // P) + 1
         seqs = min((geo.int2_pages - 1) // hist, (geo.bf16_pages - 1) // window)
-    cap = geo.capacity()
+    cap, n = geo.capacity(), cfg.tensor_parallel_size
     return dict(method=method, **cap, tokens=cap["bf16_tokens"] + cap["int2_tokens"], seqs_fit=seqs,
-                bytes_per_token=geo.bytes_per_token())
+                bytes_per_token={k: v * n for k, v in geo.bytes_per_token().items()})
 
 
 def capacity_rows(cfg: CapacityBench) -> list[dict]:
@@ -109,7 +111,7 @@ def throughput(cfg: CapacityBench, model, method: str) -> dict:
     """The job-throughput run of ``method`` (see the module docstring) on the GPU."""
     chunk = dict(cfg.chunks)[method]
     conc = max(1, min(32, fits(cfg, method, chunk)["seqs_fit"]))
-    engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), conc, chunk)
+    engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), conc, chunk, cfg.tensor_parallel_size)
     if engine.runner.pools.geo != geometry(cfg, method, chunk, conc):
         raise RuntimeError(f"capacity bench: the engine's {method} pools {engine.runner.pools.geo} are not the "
                            f"sizing computed here {geometry(cfg, method, chunk, conc)}")
@@ -118,6 +120,7 @@ def throughput(cfg: CapacityBench, model, method: str) -> dict:
         e2e.drive(engine)
     e2e.add_prompts(engine, cfg.requests, cfg.context, cfg.new_tokens)
     st = e2e.drive(engine)
+    engine.close()
     del engine
     e2e.release()
     return dict(concurrency=conc, model_s=st.model_s, fill_s=st.fill_s, model_steps=st.steps,

@@ -79,6 +79,9 @@ class CapacityBench:
     """Greedy tokens decoded per request."""
     methods: tuple[str, ...] = ("bf16", "naive")
     """KV methods to run, in order; each needs a chunk in :attr:`chunks`, and ``bf16`` must be one."""
+    tensor_parallel_size: int = 1
+    """GPUs the model is split over (``EngineConfig.tensor_parallel_size``): each holds ``kv_gib`` for its
+    ``max(1, H_kv / n)`` KV heads; bytes per token are the group's."""
     chunks: tuple[tuple[str, int], ...] = (("bf16", 2048), ("naive", 256), ("oscar", 256))
     """Prefill chunk per method for the throughput run; the token budget is ``chunk × seqs + seqs``
     so that every running sequence advances each step (a wave prefills, then decodes, together)."""

@@ -20,7 +20,7 @@ BENCHES = {
                ["shapes", "contexts", "methods", "steps", "kv_gib", "batch", "temperature", "tensor_parallel_size",
                 "profile"]),
     "capacity": (CapacityBench, "GPU: tokens in one KV budget and the job throughput of many long requests",
-                 ["shape", "kv_gib", "context", "requests", "new_tokens", "methods"]),
+                 ["shape", "kv_gib", "context", "requests", "new_tokens", "methods", "tensor_parallel_size"]),
     "engine": (EngineBench, "CPU: engine decode tokens/s per batch size and KV bytes per token, real model",
                ["methods", "batches", "prompt_len", "new_tokens", "tensor_parallel_size"]),
     "serve": (ServeBench, "loopback server: requests/s, TTFT and TPOT per concurrency and KV method (openai client)",

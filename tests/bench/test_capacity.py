@@ -19,6 +19,18 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             head_dim=32, vocab_size=128, tie_word_embeddings=True)
 
 
+@pytest.mark.parametrize("n", [2, 16])
+def test_tensor_parallel_sizing_is_one_rank_of_the_whole(n):
+    """n ranks, each with the budget share of its KV heads, hold the pages and sequences one GPU holds; bytes
+    per token are the group's (n = 16 > 8 KV heads: one replicated head per rank, twice the bytes)."""
+    heads = max(1, 8 // n)  # qwen3-32b: 8 KV heads
+    whole = capacity.fits(capacity.CapacityBench(shape="qwen3-32b", kv_gib=8.0), "naive")
+    split = capacity.fits(capacity.CapacityBench(shape="qwen3-32b", kv_gib=8.0 * heads / 8,
+                                                 tensor_parallel_size=n), "naive")
+    assert (split["tokens"], split["seqs_fit"]) == (whole["tokens"], whole["seqs_fit"]) and whole["seqs_fit"] >= 1
+    assert split["bytes_per_token"] == {k: v * n * heads / 8 for k, v in whole["bytes_per_token"].items()}
+
+
 def _parse(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="oscarkv bench")
     setup_bench(p)
