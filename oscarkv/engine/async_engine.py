@@ -70,8 +70,9 @@ class AsyncEngine:
         self._commands.put(("abort", request_id))
 
     def is_alive(self) -> bool:
-        """Whether the worker thread runs (it stops only on ``close()``)."""
-        return self._thread.is_alive()
+        """Whether the worker thread runs (it stops only on ``close()``) and the engine can run steps (with
+        tensor parallelism every rank lives: ``LLMEngine.failure``)."""
+        return self._thread.is_alive() and self.engine.failure() is None
 
     def close(self) -> None:
         """Stop the thread, then the engine (its tensor-parallel workers, if any)."""

@@ -361,6 +361,11 @@ class LLMEngine:
         """Stop the tensor-parallel worker processes, if any (the engine runs no steps afterwards)."""
         self.runner.close()
 
+    def failure(self) -> str | None:
+        """Why the engine can run no more steps — a tensor-parallel rank died (every request then fails with
+        this error) — or ``None``."""
+        return self.runner.failure()
+
     def status_of(self, request_id: str) -> Status | None:
         seq = self.seqs.get(request_id)
         return None if seq is None else seq.status

@@ -176,6 +176,10 @@ class ModelRunner:
     def close(self) -> None:
         """Nothing to release here (the pools go with the object; ``workers.ParallelRunner`` stops processes)."""
 
+    def failure(self) -> str | None:
+        """Why no more steps can run (``workers.ParallelRunner``: a rank died); ``None`` here."""
+        return None
+
     @staticmethod
     def _prompt_hidden(chunks: list[ScheduledChunk], hidden: torch.Tensor, cu: list[int]) -> dict[int, torch.Tensor]:
         out = {}

@@ -197,10 +197,15 @@ class ParallelRunner:
         except Exception as e:
             raise self._fail(e) from e
 
-    def _check(self) -> None:
+    def failure(self) -> str | None:
+        """Why the group can run no more steps (a rank died, or the ranks fell out of step); ``None`` while
+        every rank lives. Safe from any thread (a server's health check)."""
         if self._failure is None and (dead := self._dead()):
             self._failure = _died(dead)
-        if self._failure is not None:
+        return self._failure
+
+    def _check(self) -> None:
+        if self.failure() is not None:
             raise WorkerDied(self._failure)
 
     def _dead(self, timeout: float = 0.0) -> list:

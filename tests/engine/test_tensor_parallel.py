@@ -110,7 +110,7 @@ def test_replicated_kv_head_and_a_dying_worker(monkeypatch):
         ref, counters = scenario(one)
         got, counters2 = scenario(two)
         same(got, ref)
-        assert counters2 == counters and counters[0] > 0
+        assert counters2 == counters and counters[0] > 0 and two.failure() is None
         for i, p in enumerate(prompts(2, 30, seed=9)):
             two.add_request(f"k{i}", p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
         two.step()
@@ -126,7 +126,7 @@ def test_replicated_kv_head_and_a_dying_worker(monkeypatch):
             outs |= {o.request_id: o for o in two.step() if o.finished}
             if not two.has_unfinished():
                 break
-        assert set(outs) == {"k0", "k1"}
+        assert set(outs) == {"k0", "k1"} and "oscarkv-tp1" in two.failure()
         for o in outs.values():
             assert o.finish_reason == "error" and "oscarkv-tp1" in o.error and "died" in o.error
     finally:
