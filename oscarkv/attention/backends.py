@@ -10,7 +10,9 @@ device (:func:`default_backend` picks), the Triton kernels of ``oscarkv.kernels`
 * ``demote`` — :func:`oscarkv.kernels.write.demote_pages` (bit-identical to
   ``TensorCodec.encode`` of the BF16 page); ``demote_all`` —
   :func:`oscarkv.kernels.write.demote_layers`, every layer in one launch per clip rank.
-* ``extend`` — :func:`oscarkv.kernels.extend.extend_attention` (prefill chunks; mixed steps).
+* ``extend`` — a chunk of at least ``prefill.MIN_CHUNK`` tokens: :func:`oscarkv.kernels.prefill.prefill_attention`
+  (its prefix staged in bf16 segments, cuDNN attention, a log-sum-exp merge with its causal self part);
+  shorter chunks (the decode rows of a mixed step): :func:`oscarkv.kernels.extend.extend_attention`.
 * ``decode`` — :func:`oscarkv.kernels.decode.decode_attention` (pure decode steps);
   ``decode_inputs`` — :func:`oscarkv.kernels.fused.qk_map`: an OSCAR layer's query map and key
   rotation (and centering) in one launch instead of ~10 PyTorch kernels (0.9 ms of a 6.6 ms
@@ -34,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from oscarkv.cache.kv_pools import KVPools
-from oscarkv.cache.paged_layout import LayerKV, PageTables
+from oscarkv.cache.paged_layout import LayerKV, PageTables, device_tensor
 from oscarkv.attention.step import AttentionBackend, LayerStorage, QKRope, stored_domain
 from oscarkv.kernels import reference as ref
 from oscarkv.quant.codec import TensorCodec
@@ -56,7 +58,7 @@ class TorchAttention(AttentionBackend):
         ref.demote_ref(kv.bf16_k, src, kv.int2_k, dst, key)
         ref.demote_ref(kv.bf16_v, src, kv.int2_v, dst, value)
 
-    def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale):
+    def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host=None):
         return ref.extend_attention_ref(q, k_new, v_new, kv, tables, cu_seqlens, scale)
 
     def decode(self, q, kv, tables, scale, out_dtype=None):
@@ -104,10 +106,31 @@ class TritonAttention(AttentionBackend):
         return qk_norm_rope_map(x, rope.num_q, rope.q_weight, rope.k_weight, rope.cos, rope.sin, rope.eps,
                                 (*maps, st.key.mean))
 
-    def extend(self, q, k_new, v_new, kv, tables: PageTables, cu_seqlens, scale):
+    def extend(self, q, k_new, v_new, kv, tables: PageTables, cu_seqlens, scale, cu_host=None):
         from oscarkv.kernels.extend import extend_attention
+        from oscarkv.kernels.prefill import MIN_CHUNK, prefill_attention
 
-        return extend_attention(q.contiguous(), k_new.contiguous(), v_new.contiguous(), kv, tables, cu_seqlens, scale)
+        cu = cu_host or tuple(cu_seqlens.tolist())
+        spans = [(cu[b], cu[b + 1]) for b in range(len(cu) - 1)]
+        long = [b for b, (lo, hi) in enumerate(spans) if hi - lo >= MIN_CHUNK]
+        if not long:
+            return extend_attention(q.contiguous(), k_new.contiguous(), v_new.contiguous(), kv, tables, cu_seqlens,
+                                    scale, max_chunk=max(hi - lo for lo, hi in spans))
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        lens = tables.lens()
+        for b in long:  # NOTE: one sequence at a time: the staged prefix workspace is per sequence
+            lo, hi = spans[b]
+            out[lo:hi] = prefill_attention(q[lo:hi], k_new[lo:hi], v_new[lo:hi], kv, tables, b,
+                                           (lens[0][b], lens[1][b]), scale)
+        short = [b for b, (lo, hi) in enumerate(spans) if 0 < hi - lo < MIN_CHUNK]
+        if short:  # the other chunks (decode rows of a mixed step): the tile kernel over their rows
+            rows = device_tensor([r for b in short for r in range(*spans[b])], q.device, torch.long)
+            sub = [0]
+            for b in short:
+                sub.append(sub[-1] + spans[b][1] - spans[b][0])
+            out[rows] = extend_attention(q[rows], k_new[rows], v_new[rows], kv, tables.select(short),
+                                         device_tensor(sub, q.device), scale, max_chunk=MIN_CHUNK).float()
+        return out
 
     def decode(self, q, kv, tables: PageTables, scale, out_dtype=None):
         from oscarkv.kernels.decode import decode_attention

@@ -78,8 +78,10 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def extend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV,
-               tables: PageTables, cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
-        """Rotated ``q [T, Hq, d]`` over each sequence's cached prefix plus its chunk → fp32 ``[T, Hq, d]``."""
+               tables: PageTables, cu_seqlens: torch.Tensor, scale: float,
+               cu_host: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Rotated ``q [T, Hq, d]`` over each sequence's cached prefix plus its chunk → fp32 ``[T, Hq, d]``
+        (``cu_host``: ``cu_seqlens`` on the host, if the caller has it)."""
 
     @abstractmethod
     def decode(self, q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float,
@@ -155,6 +157,8 @@ class StepContext:
     demote_dst: torch.Tensor
     scale: float
     decode: bool = False
+    cu_host: tuple[int, ...] | None = None
+    """``cu_seqlens`` on the host, when the builder has it (spares ``extend`` a device sync)."""
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this step's K/V of ``layer``, demote, attend (see the module docstring)."""
@@ -165,7 +169,8 @@ class StepContext:
         self.backend.write(kv, k_rot, v_rot, self.slots)
         if self.demote_src.numel():
             self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
-        return self.backend.extend(st.rotate_queries(q), k_rot, v_rot, kv, self.tables, self.cu_seqlens, self.scale)
+        return self.backend.extend(st.rotate_queries(q), k_rot, v_rot, kv, self.tables, self.cu_seqlens, self.scale,
+                                   self.cu_host)
 
     def attention_from_qkv(self, layer: int, qkv: torch.Tensor, rope: QKRope) -> torch.Tensor | None:
         """:meth:`attention` of the un-normed, un-roped projection ``qkv [T, Hq + 2H, d]`` (q, k, v heads)

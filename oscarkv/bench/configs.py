@@ -98,6 +98,24 @@ class CapacityBench:
 
 
 @dataclass(frozen=True)
+class PrefillBench:
+    """What ``oscarkv bench prefill`` measures: time to first token of one long prompt through the engine."""
+
+    shapes: tuple[str, ...] = ("qwen3-4b", "qwen3-8b")
+    """Model shapes (oscarkv.models.shapes)."""
+    contexts: tuple[int, ...] = (8192, 32768, 102400)
+    """Prompt tokens."""
+    methods: tuple[str, ...] = ("bf16", "oscar")
+    """KV methods (bf16, naive, oscar: a random artifact)."""
+    chunks: tuple[int, ...] = (2048, 8192)
+    """Prefill chunk sizes (tokens per engine step)."""
+    kv_gib: float = 16.0
+    """KV pool budget in GiB."""
+    profile_context: int = 32768
+    """Context of the profiled runs that split the time by part (one per shape, method and chunk; 0: none)."""
+
+
+@dataclass(frozen=True)
 class EngineBench:
     """What ``oscarkv bench engine`` measures (on the CPU)."""
 

@@ -87,6 +87,19 @@ class PageTables:
     bf16_lens: torch.Tensor  # int32 [B]
     int2_table: torch.Tensor  # int32 [B, Mi] (Mi may be 0)
     int2_lens: torch.Tensor  # int32 [B], multiples of P
+    host_lens: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    """``(bf16_lens, int2_lens)`` as host ints when the builder has them (the model runner does), so that a
+    launcher sizing work by them needs no device sync; ``None``: read from the tensors."""
+
+    def lens(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(bf16_lens, int2_lens)`` on the host (``host_lens``, else one read of the tensors)."""
+        return self.host_lens or (tuple(self.bf16_lens.tolist()), tuple(self.int2_lens.tolist()))
+
+    def select(self, rows: list[int]) -> PageTables:
+        """The tables of sequences ``rows`` only, in that order."""
+        idx = device_tensor(rows, self.bf16_table.device, torch.long)
+        host = self.host_lens and tuple(tuple(x[r] for r in rows) for x in self.host_lens)
+        return PageTables(self.bf16_table[idx], self.bf16_lens[idx], self.int2_table[idx], self.int2_lens[idx], host)
 
 
 def device_tensor(values: list, device: torch.device, dtype: torch.dtype = torch.int32) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""``oscarkv bench {attention, decode, capacity, engine, serve}``: each prints a table and writes JSON.
+"""``oscarkv bench {attention, decode, prefill, capacity, engine, serve}``: each prints a table and writes JSON.
 
-``attention``, ``decode`` and ``capacity`` need a GPU (random weights at real model shapes);
+``attention``, ``decode``, ``prefill`` and ``capacity`` need a GPU (random weights at real model shapes);
 ``engine`` runs the engine on the CPU with a real model; ``serve`` drives a loopback server.
 Flags derive from the dataclasses of :mod:`oscarkv.bench.configs`.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from oscarkv.bench.configs import AttentionBench, CapacityBench, DecodeBench, EngineBench, ServeBench
+from oscarkv.bench.configs import AttentionBench, CapacityBench, DecodeBench, EngineBench, PrefillBench, ServeBench
 from oscarkv.cli.flags import UserError, add_fields, config_from, load
 
 BENCHES = {
@@ -19,6 +19,8 @@ BENCHES = {
     "decode": (DecodeBench, "GPU: end-to-end decode ms per step vs the byte floor, BF16 vs INT2 (random weights)",
                ["shapes", "contexts", "methods", "steps", "kv_gib", "batch", "temperature", "tensor_parallel_size",
                 "profile"]),
+    "prefill": (PrefillBench, "GPU: time to first token of long prompts through the engine vs the floor, BF16 vs OSCAR",
+                ["shapes", "contexts", "methods", "chunks", "kv_gib", "profile_context"]),
     "capacity": (CapacityBench, "GPU: tokens in one KV budget and the job throughput of many long requests",
                  ["shape", "kv_gib", "context", "requests", "new_tokens", "methods", "tensor_parallel_size"]),
     "engine": (EngineBench, "CPU: engine decode tokens/s per batch size and KV bytes per token, real model",
@@ -59,10 +61,11 @@ def run(args: argparse.Namespace) -> int:
 
         print(serve.run(cfg, args.model, args.rotations, args.out))
         return 0
-    from oscarkv.bench import attention, capacity, decode
+    from oscarkv.bench import attention, capacity, decode, prefill
 
     try:
-        print({"attention": attention, "decode": decode, "capacity": capacity}[args.bench].run(cfg, args.out))
+        print({"attention": attention, "decode": decode, "capacity": capacity, "prefill": prefill}[args.bench].run(
+            cfg, args.out))
     except ValueError as e:
         raise UserError(str(e)) from e
     return 0

@@ -115,15 +115,18 @@ class ModelRunner:
         """Slots, demotions and prefix views of a step as tensors (decode: views include the new token)."""
         dev = self.device
         views = [self.decode_view(p) if decode else (p.view_bf16, p.view_bf16_len) for p in plans]
+        bf16_lens = tuple(v[1] for v in views)
+        int2_lens = tuple(len(p.view_int2) * self.pools.geo.page_size for p in plans)
         tables = PageTables(
             bf16_table=_table([v[0] for v in views], dev),
-            bf16_lens=device_tensor([v[1] for v in views], dev),
+            bf16_lens=device_tensor(list(bf16_lens), dev),
             int2_table=_table([p.view_int2 for p in plans], dev),
-            int2_lens=device_tensor([len(p.view_int2) * self.pools.geo.page_size for p in plans], dev))
+            int2_lens=device_tensor(list(int2_lens), dev), host_lens=(bf16_lens, int2_lens))
         return StepContext(self.backend, self.pools, self.storage, tables, device_tensor(cu, dev),
                            device_tensor([s for p in plans for s in p.slots], dev),
                            device_tensor([s for p in plans for s in p.demote_src], dev),
-                           device_tensor([s for p in plans for s in p.demote_dst], dev), self.scale, decode)
+                           device_tensor([s for p in plans for s in p.demote_dst], dev), self.scale, decode,
+                           cu_host=tuple(cu))
 
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk], pending: PendingIds | None = None) -> RunnerOutput:

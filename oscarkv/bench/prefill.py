@@ -1,0 +1,187 @@
+"""``oscarkv bench prefill``: time to first token of one long prompt through the engine, BF16 vs OSCAR.
+
+For each model shape (random bf16 weights, :mod:`oscarkv.bench.e2e`), KV method and prefill chunk, one
+engine serves one request of ``context`` random tokens with ``max_tokens = 1``: every prefill chunk runs
+the model (``LLMEngine.step``: QKV, the write path, extend attention — ``oscarkv.kernels.prefill`` for
+long chunks —, the MLP; prompt middles demoted to INT2 as they fill), the last chunk samples the token.
+TTFT = wall time from ``add_request`` to the finished output, synchronized; one untimed request of
+``2 · chunk + 64`` tokens per engine first (JIT, cuDNN plans, graph captures).
+
+The floor of the same run: causal attention over the whole prompt with PyTorch SDPA (its fastest
+backend, native GQA) in every layer, plus the linear layers at their measured rate (one layer's
+projections timed on a ``chunk``-token batch, scaled to the prompt and the layers). The embedding, norms,
+RoPE and the write path are left out of it.
+
+Breakdown (``profile_context``): one more TTFT run under ``torch.profiler``, its GPU kernel time split
+into the cached prefix (staging BF16 pages, dequantizing INT2 pages, the prefix attention), the chunk's
+own causal attention, the log-sum-exp merge, the tile kernel of short chunks, GEMMs, the write path and
+demotion, and the rest (norms, RoPE, activations, casts).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from oscarkv.bench import e2e
+from oscarkv.bench.configs import PrefillBench
+
+
+def ttft(engine, context: int, seed: int = 0) -> float:
+    """Seconds from queueing one ``context``-token prompt (``max_tokens = 1``) to its finished output."""
+    from oscarkv.engine.request import SamplingParams
+
+    ids = torch.randint(0, engine.runner.model.config.vocab_size, (context,),
+                        generator=torch.Generator().manual_seed(seed)).tolist()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    engine.add_request(f"p{seed}-{context}", ids, SamplingParams(max_tokens=1, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def _time(fn, reps: int = 3) -> float:
+    """Seconds per call (CUDA events, after one warm-up call)."""
+    fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / reps / 1e3
+
+
+@torch.inference_mode()
+def floor(model, context: int, chunk: int) -> dict:
+    """The floor's two terms (module docstring): SDPA causal attention and the linear layers, seconds."""
+    cfg = model.config
+    hq, h, d, L = cfg.num_attention_heads, cfg.num_key_value_heads, model.head_dim, cfg.num_hidden_layers
+    q = torch.randn(1, hq, context, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, h, context, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    attn = _time(lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True)) * L
+    del q, k, v
+    layer = model.model.layers[0]
+    x = torch.randn(chunk, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    xo = torch.randn(chunk, hq * d, device="cuda", dtype=torch.bfloat16)
+    xi = torch.randn(chunk, cfg.intermediate_size, device="cuda", dtype=torch.bfloat16)
+    a, m = layer.self_attn, layer.mlp
+
+    def linears():
+        a.qkv_proj(x), a.o_proj(xo), m.gate_up_proj(x), m.down_proj(xi)
+    gemm = _time(linears, reps=10) * L * context / chunk
+    return dict(attention_s=attn, gemm_s=gemm, floor_s=attn + gemm,
+                attention_tflops=4 * hq * d * context * context / 2 * L / attn / 1e12)
+
+
+_PARTS = {"prefill.prefix": "prefix_attention", "prefill.chunk": "chunk_attention", "prefill.merge": "merge"}
+
+
+def _kernel_part(name: str) -> str | None:
+    """The breakdown part of a GPU kernel outside the ``prefill.*`` ranges."""
+    n = name.lower()
+    if "_extend_kernel" in n:
+        return "tile_kernel"
+    if "store_kv" in n or "_write_kernel" in n or "encode" in n or "demote" in n:
+        return "write_demote"
+    if ("gemm" in n or "nvjet" in n or "cutlass" in n or "xmma" in n) and "sdpa" not in n and "fmha" not in n:
+        return "gemm"
+    return None
+
+
+def breakdown(engine, context: int) -> dict:
+    """GPU seconds by part of one TTFT run under the profiler (module docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = ttft(engine, context, seed=7)
+    parts = dict.fromkeys(["prefix_attention", "stage_bf16", "dequant_int2", "chunk_attention", "merge",
+                           "tile_kernel", "gemm", "write_demote", "other"], 0.0)
+    total = 0.0
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", 0.0)
+        if e.key in _PARTS:
+            parts[_PARTS[e.key]] += us
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = e.device_time_total
+        total += us
+        if "_gather_bf16" in e.name:
+            parts["stage_bf16"] += us
+        elif "_gather_int2" in e.name:
+            parts["dequant_int2"] += us
+        elif (p := _kernel_part(e.name)) is not None:
+            parts[p] += us
+    ranged = parts["prefix_attention"] + parts["chunk_attention"] + parts["merge"]
+    parts["other"] = total - ranged - parts["tile_kernel"] - parts["gemm"] - parts["write_demote"]
+    return {"profiled_wall_s": wall, "gpu_s": total / 1e6, **{k: v / 1e6 for k, v in parts.items()}}
+
+
+def rows_for(cfg: PrefillBench, shape: str) -> list[dict]:
+    """Every (method, chunk, context) row of one model shape, with the floor of each context."""
+    model = e2e.random_model(shape)
+    floors = {n: floor(model, n, max(cfg.chunks)) for n in cfg.contexts}
+    rows = []
+    for method in cfg.methods:
+        for chunk in cfg.chunks:
+            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), 1, chunk)
+            ttft(engine, 2 * chunk + 64, seed=1)  # untimed
+            for n in cfg.contexts:
+                rows.append(dict(shape=shape, method=method, chunk=chunk, context=n, ttft_s=ttft(engine, n),
+                                 **floors[n]))
+                print(json.dumps(rows[-1]), flush=True)
+            if cfg.profile_context:
+                rows.append(dict(shape=shape, method=method, chunk=chunk, context=cfg.profile_context,
+                                 breakdown=breakdown(engine, cfg.profile_context)))
+                print(json.dumps(rows[-1]), flush=True)
+            del engine
+            e2e.release()
+    del model
+    e2e.release()
+    return rows
+
+
+def run(cfg: PrefillBench, out: Path | None) -> str:
+    if not torch.cuda.is_available():
+        raise ValueError("bench prefill needs a CUDA device")
+    rows = [r for shape in cfg.shapes for r in rows_for(cfg, shape)]
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg), "rows": rows},
+                                  indent=1))
+    return format_table(rows)
+
+
+def format_table(rows: list[dict]) -> str:
+    """TTFT per shape, chunk and context: each method, OSCAR / BF16, BF16 / floor; then the breakdowns."""
+    timed = [r for r in rows if "ttft_s" in r]
+    key = {(r["shape"], r["chunk"], r["context"], r["method"]): r for r in timed}
+    methods = list(dict.fromkeys(r["method"] for r in timed))
+    lines = ["| shape | chunk | context | " + " | ".join(f"{m} TTFT s" for m in methods)
+             + " | oscar / bf16 | floor s (attn + GEMM) | bf16 / floor |",
+             "|---|---:|---:|" + "---:|" * len(methods) + "---:|---:|---:|"]
+    for s, c, n in dict.fromkeys((r["shape"], r["chunk"], r["context"]) for r in timed):
+        got = {m: key.get((s, c, n, m)) for m in methods}
+        f = next(r for r in got.values() if r)
+        ratio = (f"{got['oscar']['ttft_s'] / got['bf16']['ttft_s']:.2f}x" if got.get("oscar") and got.get("bf16")
+                 else "-")
+        vs_floor = f"{got['bf16']['ttft_s'] / f['floor_s']:.2f}x" if got.get("bf16") else "-"
+        lines.append(f"| {s} | {c} | {n} | " + " | ".join(f"{g['ttft_s']:.3f}" if g else "-" for g in got.values())
+                     + f" | {ratio} | {f['floor_s']:.3f} ({f['attention_s']:.3f} + {f['gemm_s']:.3f}) | {vs_floor} |")
+    prof = [r for r in rows if "breakdown" in r]
+    if prof:
+        names = [k for k in prof[0]["breakdown"] if k not in ("profiled_wall_s",)]
+        lines += ["", "| shape | method | chunk | context | " + " | ".join(names) + " |",
+                  "|---|---|---:|---:|" + "---:|" * len(names)]
+        for r in prof:
+            lines.append(f"| {r['shape']} | {r['method']} | {r['chunk']} | {r['context']} | "
+                         + " | ".join(f"{r['breakdown'][k]:.3f}" for k in names) + " |")
+    return "\n".join(lines)

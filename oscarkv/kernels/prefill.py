@@ -1,0 +1,184 @@
+"""Prefill attention for long chunks: the cached prefix staged segment by segment, tensor-core attention.
+
+A chunk of ``c`` new tokens attends to its whole cached prefix (``n`` tokens, BF16 windows and
+INT2 history) and to itself causally. The work is ``4 · c · n · Hq · d`` flops for ``n · H · d``
+cached values: compute bound once ``c`` is more than a few dozen tokens. So each cached value is
+converted once per step and layer — amortized over *all* ``c × rep`` query rows of its KV head —
+and the products run in a tuned attention kernel:
+
+    for each segment of at most ``S`` cached tokens (BF16 tokens first, then INT2 ones):
+        _gather_kernel:   pages → dense bf16 K, V [1, H, s, d]     (INT2: m + s·code in fp32, rounded
+                          to bf16 — the value the extend kernel feeds its dots)
+        attention:        queries stacked per KV head, [1, H, rep·c, d] (no mask: every cached token is
+                          visible to every chunk query, so the GQA group folds into the rows) → (o, lse)
+    the chunk itself:     [1, Hq, c, d] over its own K/V [1, H, c, d], causal → (o, lse)
+    out = Σ_parts exp(lse_part − lse) · o_part,   lse = logsumexp over the parts
+
+On CUDA the attention is cuDNN's fused kernel through ``aten._scaled_dot_product_cudnn_attention``
+(it returns the log-sum-exp the merge needs; H100, 2026-11-23: 620 TFLOP/s stacked over a 96K prefix,
+560 causal with native GQA, against 73 for the INT2 tile loop of :mod:`oscarkv.kernels.extend` and 350
+for FlashAttention-2; ``docs/BENCHMARKS.md``); elsewhere a plain fp32 softmax (the CPU tests).
+
+Memory: the workspace holds one segment, ``S = SEGMENT_BYTES / (4 · H · d)`` tokens (64K tokens at
+``H · d = 1024``), never the whole dense prefix of every sequence; sequences run one after another.
+Numerics: the same function as :func:`oscarkv.kernels.reference.extend_attention_ref` (cached values
+as stored, the chunk at full precision rounded to bf16 for the products, as the extend kernel does).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from torch.profiler import record_function
+
+from oscarkv.cache.paged_layout import LayerKV, PageTables
+from oscarkv.kernels.extend import _dequant
+
+SEGMENT_BYTES = 256 << 20
+"""Workspace of the staged K and V of one segment (bf16)."""
+BLOCK = 64
+"""Cached tokens per gather program."""
+MIN_CHUNK = 64
+"""Chunks of at least this many tokens take this path (``TritonAttention.extend``); shorter ones the tile
+kernel of :mod:`oscarkv.kernels.extend`, which reads the prefix once per ``64 / rep`` query tokens."""
+
+
+@triton.jit
+def _gather_tile(Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
+                 stride_bp, stride_bh, stride_bt, stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+                 stride_oh, out0,
+                 D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, INT2: tl.constexpr, BLOCK: tl.constexpr):
+    """Tokens ``t0 + [i·BLOCK, (i+1)·BLOCK)`` of one tier of one sequence, KV head ``program_id(1)``,
+    as rows ``out0 + ...`` of ``OutK/OutV [H, s, D]`` (bf16; fp32 in the CPU interpreter, which truncates
+    fp32 → bf16 casts instead of rounding them)."""
+    h = tl.program_id(1)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < count
+    toks = t0 + i
+    page = tl.load(Table + toks // P, mask=ok, other=0).to(tl.int64)
+    cols = tl.arange(0, D)
+    dst = h * stride_oh + (out0 + i)[:, None].to(tl.int64) * D + cols[None, :]
+    if INT2:
+        crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
+        srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
+        k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, G)
+        v = _dequant(Vc, Vs, Vz, crow, srow, ok, cols, G)
+    else:
+        rows = (page * stride_bp + h * stride_bh + (toks % P) * stride_bt)[:, None] + cols[None, :]
+        k = tl.load(Kb + rows, mask=ok[:, None], other=0.0)
+        v = tl.load(Vb + rows, mask=ok[:, None], other=0.0)
+    tl.store(OutK + dst, k.to(OutK.dtype.element_ty), mask=ok[:, None])
+    tl.store(OutV + dst, v.to(OutV.dtype.element_ty), mask=ok[:, None])
+
+
+# NOTE: two kernels (one per tier) so that a profile tells the staging of BF16 pages from the dequantization
+@triton.jit
+def _gather_bf16_kernel(Kb, Vb, Table, OutK, OutV, t0, count, stride_bp, stride_bh, stride_bt, stride_oh, out0,
+                        D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr):
+    _gather_tile(Kb, Vb, Kb, Kb, Kb, Kb, Kb, Kb, Table, OutK, OutV, t0, count, stride_bp, stride_bh, stride_bt,
+                 0, 0, 0, 0, 0, 0, stride_oh, out0, D, D, P, False, BLOCK)
+
+
+@triton.jit
+def _gather_int2_kernel(Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
+                        stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st, stride_oh, out0,
+                        D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr):
+    _gather_tile(Kc, Kc, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count, 0, 0, 0,
+                 stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st, stride_oh, out0, D, G, P, True, BLOCK)
+
+
+def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
+            out_k: torch.Tensor, out_v: torch.Tensor, out0: int) -> None:
+    """Tier tokens ``[t0, t0 + count)`` of the sequence whose page row is ``table`` → ``out_k/v[0, :, out0:]``."""
+    if count <= 0:
+        return
+    _, h, p, d = kv.bf16_k.shape
+    grid = (triton.cdiv(count, BLOCK), h)
+    if not int2:
+        _gather_bf16_kernel[grid](kv.bf16_k, kv.bf16_v, table, out_k, out_v, t0, count, *kv.bf16_k.stride()[:3],
+                                  out_k.stride(1), out0, D=d, P=p, BLOCK=BLOCK)
+        return
+    k2, v2 = kv.int2_k, kv.int2_v
+    assert k2.codes.stride() == v2.codes.stride() and k2.scale.stride() == v2.scale.stride() == k2.zero.stride()
+    _gather_int2_kernel[grid](k2.codes, k2.scale, k2.zero, v2.codes, v2.scale, v2.zero, table, out_k, out_v, t0, count,
+                              *k2.codes.stride()[:3], *k2.scale.stride()[:3], out_k.stride(1), out0,
+                              D=d, G=k2.group, P=p, BLOCK=BLOCK)
+
+
+def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [1, Hx, S, d]`` over ``k/v [1, Hk, n, d]`` (``Hk`` divides ``Hx``) → ``(o [1, Hx, S, d], lse fp32 [1, Hx, S])``,
+    natural-log ``lse``; ``causal``: square, row ``i`` sees keys ``≤ i``."""
+    if q.is_cuda:
+        o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
+                                                                    scale=scale)[:2]
+        return o, lse.reshape(q.shape[:3])
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1)
+    s = q.float() @ k.transpose(-1, -2) * scale  # [1, Hx, S, n]
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return (s - lse[..., None]).exp() @ v, lse
+
+
+def _segment_tokens(h: int, d: int, p: int) -> int:
+    return max(p, SEGMENT_BYTES // (4 * h * d) // p * p)
+
+
+def _prefix(q: torch.Tensor, kv: LayerKV, tables: PageTables, b: int, lens: tuple[int, int], scale: float,
+            seg: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Parts ``(o [c, Hq, d], lse [c, Hq])`` of chunk ``q [c, Hq, d]`` over sequence ``b``'s cached tokens,
+    ``seg`` at a time: BF16 tokens first, then INT2 ones, staged into one workspace per segment."""
+    c, hq, d = q.shape
+    _, h, _, _ = kv.bf16_k.shape
+    rep, (nb, ni), parts = hq // h, lens, []
+    qs = q.to(torch.bfloat16).view(c, h, rep, d).permute(1, 2, 0, 3).reshape(1, h, rep * c, d)  # [1, H, rep·c, d]
+    dtype = torch.bfloat16 if q.is_cuda else torch.float32
+    for s0 in range(0, nb + ni, seg):
+        s1 = min(nb + ni, s0 + seg)
+        k = torch.empty(1, h, s1 - s0, d, dtype=dtype, device=q.device)
+        v = torch.empty_like(k)
+        _gather(kv, tables.bf16_table[b], False, s0, min(s1, nb) - s0, k, v, 0)
+        _gather(kv, tables.int2_table[b], True, max(s0, nb) - nb, s1 - max(s0, nb), k, v, max(0, nb - s0))
+        o, lse = _attend_lse(qs, k, v, False, scale)  # [1, H, rep·c, d], [1, H, rep·c]
+        parts.append((o.view(h, rep, c, d).permute(2, 0, 1, 3).reshape(c, hq, d),
+                      lse.view(h, rep, c).permute(2, 0, 1).reshape(c, hq)))
+    return parts
+
+
+def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """``Σ exp(lse_i − lse) o_i`` over parts ``(o [c, Hq, d], lse [c, Hq])`` → fp32 ``[c, Hq, d]``."""
+    if len(parts) == 1:
+        return parts[0][0].float()
+    lse = torch.logsumexp(torch.stack([p[1] for p in parts]), 0)
+    out = torch.zeros(parts[0][0].shape, dtype=torch.float32, device=parts[0][0].device)
+    for o, l in parts:
+        out.add_(o.float() * (l - lse).exp()[..., None])
+    return out
+
+
+def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV, tables: PageTables,
+                      b: int, lens: tuple[int, int], scale: float, segment: int | None = None) -> torch.Tensor:
+    """Chunk ``q [c, Hq, d]`` (rotated; fp32 or bf16) of sequence ``b`` over its cached prefix (``lens`` =
+    BF16 and INT2 tokens, as in ``tables``) and its own ``k_new/v_new [c, H, d]`` (causal) → fp32
+    ``[c, Hq, d]``; the oracle is ``reference.extend_attention_ref`` (see the module docstring). ``segment``:
+    cached tokens staged at a time (a multiple of the page size; default from ``SEGMENT_BYTES``)."""
+    c, hq, d = q.shape
+    _, h, p, _ = kv.bf16_k.shape
+    assert hq % h == 0 and k_new.shape == v_new.shape == (c, h, d), f"bad shapes q {tuple(q.shape)} k {tuple(k_new.shape)}"
+    assert lens[1] == 0 or kv.int2_k is not None, "INT2 tokens listed for a BF16-only cache"
+    parts = []
+    # NOTE: the profiler ranges let ``oscarkv bench prefill`` split the time by part (no cost when not profiling)
+    if sum(lens):
+        with record_function("prefill.prefix"):
+            parts += _prefix(q, kv, tables, b, lens, scale, segment or _segment_tokens(h, d, p))
+    with record_function("prefill.chunk"):
+        qc = q.to(torch.bfloat16).transpose(0, 1).contiguous()[None]  # [1, Hq, c, d]
+        kc, vc = (x.to(torch.bfloat16).transpose(0, 1).contiguous()[None] for x in (k_new, v_new))  # [1, H, c, d]
+        o, lse = _attend_lse(qc, kc, vc, True, scale)
+        parts.append((o[0].transpose(0, 1), lse[0].transpose(0, 1)))
+    with record_function("prefill.merge"):
+        return _merge(parts)

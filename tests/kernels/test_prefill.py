@@ -1,0 +1,67 @@
+"""Long-chunk prefill attention (``oscarkv.kernels.prefill``) vs the fp32 oracle: the prefix staged in
+segments (several per sequence, split inside the BF16 and the INT2 tier), GQA groups 1/4/6, BF16-only
+caches, an empty cache; and ``TritonAttention.extend`` routing a mixed batch (long chunks here, short
+ones to the tile kernel). CPU (interpreter gather, fp32 attention) at small shapes, GPU (cuDNN) at real ones."""
+
+import pytest
+import torch
+
+from oscarkv.attention.backends import TritonAttention
+from oscarkv.kernels.prefill import MIN_CHUNK, prefill_attention
+from oscarkv.kernels.reference import extend_attention_ref
+from oscarkv.kernels.synthetic import random_cache
+from tests.kernels.test_extend import _bf16_error, _rel
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+def _inputs(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, seed=0):
+    kv, tables = random_cache(cached, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
+                              device=DEV, seed=seed)
+    gen = torch.Generator(device=DEV).manual_seed(seed + 11)
+    t = sum(chunks)
+    q, k_new, v_new = (torch.randn(t, n, d, generator=gen, device=DEV).bfloat16().float() for n in (hq, h, h))
+    cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    ref = extend_attention_ref(q, k_new, v_new, kv, tables, cu, d**-0.5)
+    tol = max(2 * _bf16_error(q, k_new, v_new, kv, tables, cu, d**-0.5, ref), 1e-3)
+    return kv, tables, q, k_new, v_new, cu, ref, tol
+
+
+CASES = [  # (cached, chunk, Hq, H, d, group, int2, segment)
+    (150, 40, 8, 2, 64, None, True, 48),  # 3 segments: BF16 tokens, then a split inside the INT2 history
+    (300, 33, 6, 1, 32, 16, True, None),  # GQA 6, G < d, one segment
+    (0, 29, 4, 4, 32, None, True, None),  # first chunk: no cached token, only the causal part
+    (99, 17, 12, 1, 32, None, False, 32),  # BF16-only cache, GQA 12, segments split the BF16 tier
+]
+
+
+@pytest.mark.parametrize("cached,chunk,hq,h,d,group,int2,segment", CASES)
+def test_prefill_matches_oracle(cached, chunk, hq, h, d, group, int2, segment):
+    kv, tables, q, k_new, v_new, _, ref, tol = _inputs([cached], [chunk], hq, h, d, group=group, int2=int2, seed=cached)
+    out = prefill_attention(q, k_new, v_new, kv, tables, 0, tables.lens()[0][:1] + tables.lens()[1][:1], d**-0.5,
+                            segment=segment)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+
+
+def test_triton_backend_routes_mixed_batch():
+    """Long chunks to the staged path, one-token and short ones to the tile kernel, in one step."""
+    chunks = [MIN_CHUNK + 3, 1, 5]
+    kv, tables, q, k_new, v_new, cu, ref, tol = _inputs([130, 210, 0], chunks, 8, 2, 32, seed=3)
+    out = TritonAttention().extend(q, k_new, v_new, kv, tables, cu, 32**-0.5)
+    assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("int2", [True, False])
+def test_prefill_real_shape_gpu(int2):
+    """Qwen3-8B attention shape, three sequences in one step (two segments for the first)."""
+    kv, tables, q, k_new, v_new, cu, ref, tol = _inputs([20011, 9000, 0], [1000, 2048, 300], 32, 8, 128, group=128,
+                                                        int2=int2, page=64, sink=64, recent=256, seed=5)
+    out = TritonAttention().extend(q, k_new, v_new, kv, tables, cu, 128**-0.5)
+    assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+    out = prefill_attention(q[:1000], k_new[:1000], v_new[:1000], kv, tables, 0,
+                            (tables.lens()[0][0], tables.lens()[1][0]), 128**-0.5, segment=8192)
+    assert _rel(out, ref[:1000]) <= tol
