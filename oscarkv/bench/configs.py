@@ -116,6 +116,33 @@ class PrefillBench:
 
 
 @dataclass(frozen=True)
+class JobsBench:
+    """What ``oscarkv bench jobs`` measures: whole jobs (real prefill through the model, then decode) in one KV budget."""
+
+    shape: str = "qwen3-4b"
+    """Model shape (:data:`oscarkv.models.shapes.SHAPES`)."""
+    kv_gib: float = 56.0
+    """KV pool budget, the same for every method."""
+    context: int = 102400
+    """Prompt tokens per request."""
+    requests: int = 32
+    """Requests in the job."""
+    new_tokens: tuple[int, ...] = (256, 2048, 8192)
+    """Tokens decoded per request: the first is run end to end; the others are computed from that run's
+    measured prefill time and decode step times (see ``oscarkv.bench.jobs``)."""
+    methods: tuple[str, ...] = ("bf16", "oscar")
+    """KV methods, in order; ``bf16`` must be one (the × BF16 columns)."""
+    chunks: tuple[tuple[str, int], ...] = (("bf16", 8192), ("naive", 2048), ("oscar", 2048))
+    """Prefill chunk per method; the step budget is ``chunk × seqs + seqs`` (every running sequence advances each
+    step). OSCAR's 26 sequences × 2048 tokens keep a step's activations within what the 56 GiB of pools leave."""
+
+    def __post_init__(self) -> None:
+        known = tuple(m for m, _ in self.chunks)
+        if [m for m in self.methods if m not in known] or "bf16" not in self.methods:
+            raise ValueError(f"JobsBench.methods must include 'bf16' and use methods of {known}, got {self.methods}")
+
+
+@dataclass(frozen=True)
 class EngineBench:
     """What ``oscarkv bench engine`` measures (on the CPU)."""
 

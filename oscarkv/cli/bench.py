@@ -1,6 +1,6 @@
-"""``oscarkv bench {attention, decode, prefill, capacity, engine, serve}``: each prints a table and writes JSON.
+"""``oscarkv bench {attention, decode, prefill, jobs, capacity, engine, serve}``: each prints a table and writes JSON.
 
-``attention``, ``decode``, ``prefill`` and ``capacity`` need a GPU (random weights at real model shapes);
+``attention``, ``decode``, ``prefill``, ``jobs`` and ``capacity`` need a GPU (random weights at real model shapes);
 ``engine`` runs the engine on the CPU with a real model; ``serve`` drives a loopback server.
 Flags derive from the dataclasses of :mod:`oscarkv.bench.configs`.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from oscarkv.bench.configs import AttentionBench, CapacityBench, DecodeBench, EngineBench, PrefillBench, ServeBench
+from oscarkv.bench.configs import (AttentionBench, CapacityBench, DecodeBench, EngineBench, JobsBench, PrefillBench,
+                                   ServeBench)
 from oscarkv.cli.flags import UserError, add_fields, config_from, load
 
 BENCHES = {
@@ -21,6 +22,8 @@ BENCHES = {
                 "profile"]),
     "prefill": (PrefillBench, "GPU: time to first token of long prompts through the engine vs the floor, BF16 vs OSCAR",
                 ["shapes", "contexts", "methods", "chunks", "kv_gib", "profile_context"]),
+    "jobs": (JobsBench, "GPU: whole jobs (real prefill, then decode) of many long requests in one KV budget, BF16 vs OSCAR",
+             ["shape", "kv_gib", "context", "requests", "new_tokens", "methods"]),
     "capacity": (CapacityBench, "GPU: tokens in one KV budget and the job throughput of many long requests",
                  ["shape", "kv_gib", "context", "requests", "new_tokens", "methods", "tensor_parallel_size"]),
     "engine": (EngineBench, "CPU: engine decode tokens/s per batch size and KV bytes per token, real model",
@@ -61,11 +64,11 @@ def run(args: argparse.Namespace) -> int:
 
         print(serve.run(cfg, args.model, args.rotations, args.out))
         return 0
-    from oscarkv.bench import attention, capacity, decode, prefill
+    from oscarkv.bench import attention, capacity, decode, jobs, prefill
 
     try:
-        print({"attention": attention, "decode": decode, "capacity": capacity, "prefill": prefill}[args.bench].run(
-            cfg, args.out))
+        mod = {"attention": attention, "decode": decode, "capacity": capacity, "prefill": prefill, "jobs": jobs}
+        print(mod[args.bench].run(cfg, args.out))
     except ValueError as e:
         raise UserError(str(e)) from e
     return 0

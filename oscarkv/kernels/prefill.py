@@ -12,20 +12,23 @@ and the products run in a tuned attention kernel:
         attention:        queries stacked per KV head, [1, H, rep·c, d] (no mask: every cached token is
                           visible to every chunk query, so the GQA group folds into the rows) → (o, lse)
     the chunk itself:     [1, Hq, c, d] over its own K/V [1, H, c, d], causal → (o, lse)
-    out = Σ_parts exp(lse_part − lse) · o_part,   lse = logsumexp over the parts
+    _merge_kernel:        out = Σ_parts exp(lse_part − lse) · o_part,   lse = logsumexp over the parts
+                          (one fp32 pass; the parts are read in their own layouts)
 
 On CUDA the attention is cuDNN's fused kernel through ``aten._scaled_dot_product_cudnn_attention``
 (it returns the log-sum-exp the merge needs; H100, 2026-11-23: 620 TFLOP/s stacked over a 96K prefix,
 560 causal with native GQA, against 73 for the INT2 tile loop of :mod:`oscarkv.kernels.extend` and 350
 for FlashAttention-2; ``docs/BENCHMARKS.md``); elsewhere a plain fp32 softmax (the CPU tests).
 
-Memory: the workspace holds one segment, ``S = SEGMENT_BYTES / (4 · H · d)`` tokens (64K tokens at
+Memory: the workspace holds one segment, ``S = SEGMENT_BYTES / (4 · H · d)`` tokens (128K tokens at
 ``H · d = 1024``), never the whole dense prefix of every sequence; sequences run one after another.
 Numerics: the same function as :func:`oscarkv.kernels.reference.extend_attention_ref` (cached values
 as stored, the chunk at full precision rounded to bf16 for the products, as the extend kernel does).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -36,7 +39,7 @@ from torch.profiler import record_function
 from oscarkv.cache.paged_layout import LayerKV, PageTables
 from oscarkv.kernels.extend import _dequant
 
-SEGMENT_BYTES = 256 << 20
+SEGMENT_BYTES = 512 << 20
 """Workspace of the staged K and V of one segment (bf16)."""
 BLOCK = 64
 """Cached tokens per gather program."""
@@ -129,8 +132,8 @@ def _segment_tokens(h: int, d: int, p: int) -> int:
 
 
 def _prefix(q: torch.Tensor, kv: LayerKV, tables: PageTables, b: int, lens: tuple[int, int], scale: float,
-            seg: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Parts ``(o [c, Hq, d], lse [c, Hq])`` of chunk ``q [c, Hq, d]`` over sequence ``b``'s cached tokens,
+            seg: int) -> list[_Part]:
+    """Parts of chunk ``q [c, Hq, d]`` over sequence ``b``'s cached tokens,
     ``seg`` at a time: BF16 tokens first, then INT2 ones, staged into one workspace per segment."""
     c, hq, d = q.shape
     _, h, _, _ = kv.bf16_k.shape
@@ -143,20 +146,74 @@ def _prefix(q: torch.Tensor, kv: LayerKV, tables: PageTables, b: int, lens: tupl
         v = torch.empty_like(k)
         _gather(kv, tables.bf16_table[b], False, s0, min(s1, nb) - s0, k, v, 0)
         _gather(kv, tables.int2_table[b], True, max(s0, nb) - nb, s1 - max(s0, nb), k, v, max(0, nb - s0))
-        o, lse = _attend_lse(qs, k, v, False, scale)  # [1, H, rep·c, d], [1, H, rep·c]
-        parts.append((o.view(h, rep, c, d).permute(2, 0, 1, 3).reshape(c, hq, d),
-                      lse.view(h, rep, c).permute(2, 0, 1).reshape(c, hq)))
+        parts.append(_stacked(*_attend_lse(qs, k, v, False, scale), rep, c))  # [1, H, rep·c, d], [1, H, rep·c]
     return parts
 
 
-def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """``Σ exp(lse_i − lse) o_i`` over parts ``(o [c, Hq, d], lse [c, Hq])`` → fp32 ``[c, Hq, d]``."""
-    if len(parts) == 1:
-        return parts[0][0].float()
-    lse = torch.logsumexp(torch.stack([p[1] for p in parts]), 0)
-    out = torch.zeros(parts[0][0].shape, dtype=torch.float32, device=parts[0][0].device)
-    for o, l in parts:
-        out.add_(o.float() * (l - lse).exp()[..., None])
+@dataclass(frozen=True)
+class _Part:
+    """Attention of the chunk's queries over one set of keys: ``o`` and natural-log ``lse`` with the element
+    of (token t, query head ``h · rep + r``) at ``t·st + h·sh + r·sr`` (``o``: times channels, contiguous)."""
+
+    o: torch.Tensor
+    lse: torch.Tensor
+    o_strides: tuple[int, int, int]
+    lse_strides: tuple[int, int, int]
+
+
+def _stacked(o: torch.Tensor, lse: torch.Tensor, rep: int, c: int) -> _Part:
+    """A part from stacked queries: ``o [1, H, rep·c, d]``, ``lse [1, H, rep·c]`` (row ``r·c + t``)."""
+    return _Part(o, lse, (o.stride(2), o.stride(1), c * o.stride(2)), (lse.stride(2), lse.stride(1), c * lse.stride(2)))
+
+
+def _headed(o: torch.Tensor, lse: torch.Tensor, rep: int) -> _Part:
+    """A part over query heads: ``o [1, Hq, c, d]``, ``lse [1, Hq, c]``."""
+    return _Part(o, lse, (o.stride(2), rep * o.stride(1), o.stride(1)), (lse.stride(2), rep * lse.stride(1), lse.stride(1)))
+
+
+@triton.jit
+def _merge_kernel(Oa, La, Ob, Lb, Out, Lout, c,
+                  sa_t, sa_h, sa_r, la_t, la_h, la_r, sb_t, sb_h, sb_r, lb_t, lb_h, lb_r, so_t, so_h, so_r,
+                  REP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """``out = (e^(la − m) oa + e^(lb − m) ob) / (e^(la − m) + e^(lb − m))`` for BLOCK_T tokens of query head
+    ``program_id(1)``, fp32, and the merged ``lse`` (``WRITE_LSE``: more parts follow)."""
+    hq = tl.program_id(1)
+    h, r = hq // REP, hq % REP
+    t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    ok = t < c
+    cols = tl.arange(0, D)
+    la = tl.load(La + h * la_h + r * la_r + t * la_t, mask=ok, other=0.0).to(tl.float32)
+    lb = tl.load(Lb + h * lb_h + r * lb_r + t * lb_t, mask=ok, other=0.0).to(tl.float32)
+    m = tl.maximum(la, lb)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    wa, wb = tl.exp(la - m), tl.exp(lb - m)
+    oa = tl.load(Oa + (h * sa_h + r * sa_r + t * sa_t)[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
+    ob = tl.load(Ob + (h * sb_h + r * sb_r + t * sb_t)[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
+    o = (oa.to(tl.float32) * wa[:, None] + ob.to(tl.float32) * wb[:, None]) / (wa + wb)[:, None]
+    tl.store(Out + (h * so_h + r * so_r + t * so_t)[:, None] + cols[None, :], o, mask=ok[:, None])
+    if WRITE_LSE:
+        tl.store(Lout + hq * c + t, m + tl.log(wa + wb), mask=ok)
+
+
+def _merge(parts: list[_Part], c: int, hq: int, rep: int) -> torch.Tensor:
+    """``Σ exp(lse_i − lse) o_i`` over the parts → fp32 ``[c, Hq, d]``: pairwise, one pass per extra part."""
+    d = parts[0].o.shape[-1]
+    out = torch.empty(c, hq, d, dtype=torch.float32, device=parts[0].o.device)
+    o_strides = (hq * d, rep * d, d)
+    if len(parts) == 1:  # no cached prefix: a strided copy
+        p = parts[0]
+        out.copy_(p.o[0].transpose(0, 1))
+        return out
+    acc = parts[0]
+    for i, p in enumerate(parts[1:]):
+        last = i == len(parts) - 2
+        lse = None if last else torch.empty(hq, c, dtype=torch.float32, device=out.device)
+        _merge_kernel[(triton.cdiv(c, 32), hq)](
+            acc.o, acc.lse, p.o, p.lse, out, lse if lse is not None else out, c,
+            *acc.o_strides, *acc.lse_strides, *p.o_strides, *p.lse_strides, *o_strides,
+            REP=rep, D=d, BLOCK_T=32, WRITE_LSE=not last)
+        if not last:
+            acc = _Part(out.clone(), lse, o_strides, (1, rep * c, c))
     return out
 
 
@@ -178,7 +235,6 @@ def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     with record_function("prefill.chunk"):
         qc = q.to(torch.bfloat16).transpose(0, 1).contiguous()[None]  # [1, Hq, c, d]
         kc, vc = (x.to(torch.bfloat16).transpose(0, 1).contiguous()[None] for x in (k_new, v_new))  # [1, H, c, d]
-        o, lse = _attend_lse(qc, kc, vc, True, scale)
-        parts.append((o[0].transpose(0, 1), lse[0].transpose(0, 1)))
+        parts.append(_headed(*_attend_lse(qc, kc, vc, True, scale), hq // h))
     with record_function("prefill.merge"):
-        return _merge(parts)
+        return _merge(parts, c, hq, hq // h)

@@ -1,0 +1,145 @@
+"""``oscarkv bench jobs``: whole jobs — real prefill through the model, then decode — BF16 vs OSCAR in one KV budget.
+
+``bench capacity`` fills prompts without running the model, so its job throughput is decode-only.
+Here every prompt chunk runs the model (``LLMEngine.step``, the path users run). Per method: an engine
+with ``max_num_seqs`` = the sequences of ``context + max(new_tokens)`` that fit the budget
+(:func:`oscarkv.bench.capacity.fits`: BF16 3, OSCAR 26 at 56 GiB and 100K + 8K on the Qwen3-4B shape),
+prefill chunk per :attr:`JobsBench.chunks`, step budget ``chunk × seqs + seqs``, so requests run in
+waves: a wave prefills together, then decodes together.
+
+1. One ``context``-token request alone (``max_tokens = 1``, after an untimed warm-up): its TTFT is the
+   prefill rate of the bound below.
+2. The job: ``requests`` requests of ``new_tokens[0]`` greedy tokens run to completion, every
+   ``step()`` call timed (wall, synchronized at the end); a call that launched any prefill chunk counts
+   as prefill, the others as decode (by batch size).
+3. Other ``new_tokens``: prefill time as measured, decode time = per wave ``(n − 1)`` steps at the
+   median measured step time of the wave's batch. NOTE: that step time is taken at ~100K tokens of
+   context; the longer contexts of long answers make real steps a little slower (by the KV bytes read).
+
+Bound: ``requests × TTFT`` + the same decode time — what the measured prefill and decode rates allow
+if nothing else were lost (waves, scheduling, the prefill of many sequences in one step).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from oscarkv.bench import e2e
+from oscarkv.bench.capacity import fits
+from oscarkv.bench.configs import CapacityBench, JobsBench
+from oscarkv.bench.prefill import ttft
+
+
+class _StepKinds:
+    """The engine's runner, recording for every launch whether it was a decode step and its batch size."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.launches = runner, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.runner, name)
+
+    def run(self, chunks, pending=None):
+        self.launches.append((self.runner.is_decode(chunks), len(chunks)))
+        return self.runner.run(chunks, pending)
+
+
+def _add(engine, n: int, length: int, new_tokens: int, seed: int) -> None:
+    from oscarkv.engine.request import SamplingParams
+
+    g = torch.Generator().manual_seed(seed)
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    for i in range(n):
+        ids = torch.randint(0, engine.runner.model.config.vocab_size, (length,), generator=g).tolist()
+        engine.add_request(f"j{seed}-{i}", ids, params)
+
+
+def run_job(engine, cfg: JobsBench) -> dict:
+    """Step 2 of the module docstring: prefill seconds, decode step times by batch size, total wall time."""
+    kinds = engine.runner = _StepKinds(engine.runner)
+    prefill_s, decode: dict[int, list[float]] = 0.0, {}
+    _add(engine, cfg.requests, cfg.context, cfg.new_tokens[0], seed=0)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    try:
+        while engine.has_unfinished():
+            n, t = len(kinds.launches), time.perf_counter()
+            engine.step()
+            dt, new = time.perf_counter() - t, kinds.launches[n:]
+            if any(not d for d, _ in new):
+                prefill_s += dt
+            elif new:
+                decode.setdefault(new[-1][1], []).append(dt)
+        torch.cuda.synchronize()
+    finally:
+        engine.runner = kinds.runner
+    total = time.perf_counter() - t0
+    return dict(total_s=total, prefill_s=prefill_s, decode_s=total - prefill_s,
+                decode_step_ms={b: 1e3 * statistics.median(v) for b, v in sorted(decode.items())},
+                decode_steps={b: len(v) for b, v in sorted(decode.items())})
+
+
+def method_row(cfg: JobsBench, model, method: str) -> dict:
+    """Steps 1–3 of the module docstring for one KV method."""
+    chunk = dict(cfg.chunks)[method]
+    cap = CapacityBench(shape=cfg.shape, kv_gib=cfg.kv_gib, context=cfg.context, requests=cfg.requests,
+                        new_tokens=max(cfg.new_tokens), methods=("bf16", method) if method != "bf16" else ("bf16",),
+                        chunks=cfg.chunks)
+    conc = max(1, min(cfg.requests, fits(cap, method, chunk)["seqs_fit"]))
+    engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), conc, chunk)
+    for n in dict.fromkeys((conc, cfg.requests % conc or conc)):  # untimed: JIT, graph captures of the buckets
+        _add(engine, n, 2 * chunk + 64, 3, seed=100 + n)
+        while engine.has_unfinished():
+            engine.step()
+    one = ttft(engine, cfg.context, seed=5)
+    row = dict(method=method, chunk=chunk, concurrency=conc, ttft_s=one, run=run_job(engine, cfg))
+    del engine
+    e2e.release()
+    waves = [conc] * (cfg.requests // conc) + ([cfg.requests % conc] if cfg.requests % conc else [])
+    step = row["run"]["decode_step_ms"]
+    row["jobs"] = []
+    for n in cfg.new_tokens:
+        dec = sum((n - 1) * step.get(b, step[max(step)]) / 1e3 for b in waves)
+        total = row["run"]["total_s"] if n == cfg.new_tokens[0] else row["run"]["prefill_s"] + dec
+        bound = cfg.requests * one + dec
+        row["jobs"].append(dict(new_tokens=n, measured=n == cfg.new_tokens[0], prefill_s=row["run"]["prefill_s"],
+                                decode_s=row["run"]["decode_s"] if n == cfg.new_tokens[0] else dec, total_s=total,
+                                jobs_per_s=cfg.requests / total, bound_jobs_per_s=cfg.requests / bound))
+    return row
+
+
+def run(cfg: JobsBench, out: Path | None) -> str:
+    if not torch.cuda.is_available():
+        raise ValueError("bench jobs needs a CUDA device")
+    model = e2e.random_model(cfg.shape)
+    rows = []
+    for m in cfg.methods:
+        rows.append(method_row(cfg, model, m))
+        print(json.dumps(rows[-1]), flush=True)
+        if out is not None:  # NOTE: after every method: a long run cut short keeps what it measured
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg), "rows": rows},
+                                      indent=1))
+    return format_table(rows)
+
+
+def format_table(rows: list[dict]) -> str:
+    """One line per method and answer length; × BF16 against the bf16 row of the same length."""
+    base = {j["new_tokens"]: j for r in rows if r["method"] == "bf16" for j in r["jobs"]}
+    lines = ["| kv | concurrency | new tokens | run | prefill s | decode s | total s | jobs/s | × BF16 | "
+             "bound jobs/s | measured / bound |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        for j in r["jobs"]:
+            b = base.get(j["new_tokens"])
+            x = f"{j['jobs_per_s'] / b['jobs_per_s']:.2f}x" if b else "-"
+            lines.append(f"| {r['method']} | {r['concurrency']} | {j['new_tokens']} | "
+                         f"{'end to end' if j['measured'] else 'computed'} | {j['prefill_s']:.1f} | {j['decode_s']:.1f} | "
+                         f"{j['total_s']:.1f} | {j['jobs_per_s']:.4f} | {x} | {j['bound_jobs_per_s']:.4f} | "
+                         f"{j['jobs_per_s'] / j['bound_jobs_per_s']:.2f} |")
+    return "\n".join(lines)
