@@ -63,7 +63,8 @@ def _add(engine, n: int, length: int, new_tokens: int, seed: int) -> None:
 def run_job(engine, cfg: JobsBench) -> dict:
     """Step 2 of the module docstring: prefill seconds, decode step times by batch size, total wall time."""
     kinds = engine.runner = _StepKinds(engine.runner)
-    prefill_s, decode: dict[int, list[float]] = 0.0, {}
+    prefill_s = 0.0
+    decode: dict[int, list[float]] = {}
     _add(engine, cfg.requests, cfg.context, cfg.new_tokens[0], seed=0)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
