@@ -80,8 +80,9 @@ class AttentionBackend(ABC):
     def extend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV,
                tables: PageTables, cu_seqlens: torch.Tensor, scale: float,
                cu_host: tuple[int, ...] | None = None) -> torch.Tensor:
-        """Rotated ``q [T, Hq, d]`` over each sequence's cached prefix plus its chunk → fp32 ``[T, Hq, d]``
-        (``cu_host``: ``cu_seqlens`` on the host, if the caller has it)."""
+        """Rotated ``q [T, Hq, d]`` (fp32, or the model's dtype for identity codecs) over each sequence's cached
+        prefix plus its chunk → ``[T, Hq, d]`` fp32 or q's dtype (``cu_host``: ``cu_seqlens`` on the host, if the
+        caller has it)."""
 
     @abstractmethod
     def decode(self, q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float,
@@ -165,12 +166,14 @@ class StepContext:
         st, kv = self.storage[layer], self.pools.layer(layer)
         if self.decode:
             return self._decode(layer, *self.backend.decode_inputs(st, q, k, v), q.dtype)
-        k_rot, v_rot = st.key.to_rotated(k), st.value.to_rotated(v)  # [T, H, d] fp32
+        # [T, H, d] fp32; NOTE: identity codecs (kv=bf16) keep the model's tensors: the same values without
+        # fp32 copies of q, k and v (one prefill step of 8K tokens: ~0.3 GB of traffic per layer)
+        k_rot, v_rot = stored_domain(st.key, k), stored_domain(st.value, v)
         self.backend.write(kv, k_rot, v_rot, self.slots)
         if self.demote_src.numel():
             self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
-        return self.backend.extend(st.rotate_queries(q), k_rot, v_rot, kv, self.tables, self.cu_seqlens, self.scale,
-                                   self.cu_host)
+        return self.backend.extend(st.rotate_queries(q, keep_dtype=True), k_rot, v_rot, kv, self.tables,
+                                   self.cu_seqlens, self.scale, self.cu_host)
 
     def attention_from_qkv(self, layer: int, qkv: torch.Tensor, rope: QKRope) -> torch.Tensor | None:
         """:meth:`attention` of the un-normed, un-roped projection ``qkv [T, Hq + 2H, d]`` (q, k, v heads)

@@ -144,10 +144,16 @@ def rows_for(cfg: PrefillBench, shape: str) -> list[dict]:
                 rows.append(dict(shape=shape, method=method, chunk=chunk, context=n, ttft_first_s=first,
                                  ttft_s=ttft(engine, n, seed=2), **floors[n]))
                 print(json.dumps(rows[-1]), flush=True)
-            if cfg.profile_context:
-                rows.append(dict(shape=shape, method=method, chunk=chunk, context=cfg.profile_context,
-                                 breakdown=breakdown(engine, cfg.profile_context)))
-                print(json.dumps(rows[-1]), flush=True)
+            del engine
+            e2e.release()
+    # NOTE: profiles last: CUPTI stays attached after one and slows every later launch (see DecodeBench.profile)
+    for method in cfg.methods if cfg.profile_context else ():
+        for chunk in cfg.chunks:
+            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), 1, chunk)
+            ttft(engine, 2 * chunk + 64, seed=1)
+            rows.append(dict(shape=shape, method=method, chunk=chunk, context=cfg.profile_context,
+                             breakdown=breakdown(engine, cfg.profile_context)))
+            print(json.dumps(rows[-1]), flush=True)
             del engine
             e2e.release()
     del model
