@@ -46,7 +46,7 @@ class _StepKinds:
         return getattr(self.runner, name)
 
     def run(self, chunks, pending=None):
-        self.launches.append((self.runner.is_decode(chunks), len(chunks)))
+        self.launches.append((self.runner.is_decode([c.plan for c in chunks]), len(chunks)))
         return self.runner.run(chunks, pending)
 
 
