@@ -82,10 +82,12 @@ class IncrementalText:
         return self._find_stop(max(0, checked - self.stop_holdback))
 
     def _find_stop(self, start: int) -> bool:
-        """Cut the text before the first stop string that ends after ``start``."""
-        text = self.text
-        hits = [at for at in (text.find(s, start) for s in self.stop) if at >= 0]
+        """Cut the text before the first stop string that starts at or after ``start``."""
+        if not self.stop:
+            return False
+        window = self.final[start:] + self.tail  # NOTE: a slice, not the whole text: O(new text) per token
+        hits = [at for at in (window.find(s) for s in self.stop) if at >= 0]
         if not hits:
             return False
-        self.final, self.tail, self.stopped = text[:min(hits)], "", True
+        self.final, self.tail, self.stopped = self.text[:start + min(hits)], "", True
         return True
