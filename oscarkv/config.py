@@ -87,6 +87,38 @@ class KVConfig:
 
 
 @dataclass(frozen=True)
+class RecipeSearchConfig:
+    """How ``oscarkv calibrate`` chooses the BF16 windows on the development objective
+    (``oscarkv.eval.objective``): development NIAH answer NLL on the calibration haystack."""
+
+    max_bpe: float | None = None
+    """Bits per KV element allowed at ``context`` (windows included); ``None``: no search."""
+    context: int = 32768
+    """The context length at which ``max_bpe`` is counted."""
+    tolerance: float | None = None
+    """Instead of the least NLL, the cheapest window whose development accuracy is at least
+    ``1 - tolerance`` times BF16's."""
+    dev_samples: int = 32
+    """Development samples (split over ``dev_seeds``); one prefill each, shared by all candidates."""
+    dev_context: int = 2048
+    """Prompt length of the development samples (tokens)."""
+    dev_seeds: tuple[int, ...] = (1000, 1001)
+    """Seeds of the development samples; evaluation uses others."""
+    sinks: tuple[int, ...] = (0, 64, 128)
+    """Candidate BF16 sink sizes (tokens); the engine serves whole pages only."""
+    recents: tuple[int, ...] = (0, 64, 128, 256, 512, 1024, 2048)
+    """Candidate BF16 recent window sizes (tokens)."""
+
+    def __post_init__(self) -> None:
+        if self.max_bpe is not None and self.max_bpe <= 2:
+            raise ValueError(f"RecipeSearchConfig.max_bpe must exceed 2 bits, got {self.max_bpe}")
+        if self.tolerance is not None and not 0 <= self.tolerance < 1:
+            raise ValueError(f"RecipeSearchConfig.tolerance must lie in [0, 1), got {self.tolerance}")
+        if self.dev_samples < len(self.dev_seeds) or not self.dev_seeds:
+            raise ValueError("RecipeSearchConfig.dev_samples must give every seed a sample")
+
+
+@dataclass(frozen=True)
 class CalibrationConfig:
     """How ``oscarkv calibrate`` fits rotations and clips (DESIGN.md §1)."""
 

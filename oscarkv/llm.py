@@ -8,6 +8,7 @@ continuous batching. Results come back in prompt order.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,9 @@ from oscarkv.config import EngineConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.models.loader import load_model
-from oscarkv.quant.artifact import Artifact
+from oscarkv.quant.artifact import Artifact, apply_recipe, describe_recipe
+
+log = logging.getLogger("oscarkv")
 
 
 class LLM:
@@ -31,14 +34,19 @@ class LLM:
         (or ``artifact``, one already loaded; the default model needs neither);
         ``tensor_parallel_size`` overrides ``config.tensor_parallel_size`` (ranks > 1 are worker
         processes until :meth:`close`; they are spawned and import the main module, so a script that
-        builds this needs the ``if __name__ == "__main__":`` guard)."""
+        builds this needs the ``if __name__ == "__main__":`` guard). Without ``config``, an OSCAR
+        artifact's recipe (the windows ``oscarkv calibrate --max-bpe`` chose, in its manifest) sets
+        the windows; the line describing them is logged at start-up and kept as ``self.recipe``."""
         if isinstance(model, str):
             model = load_model(model, dtype)
-        config = config or EngineConfig()
-        config = replace(config, kv=replace(config.kv, method=kv))
+        artifact = artifact if artifact is not None else artifact_for(model, kv, rotations)
+        kv_cfg = replace((config or EngineConfig()).kv, method=kv)
+        kv_cfg = apply_recipe(kv_cfg, artifact) if config is None else kv_cfg
+        config = replace(config or EngineConfig(), kv=kv_cfg)
         if tensor_parallel_size is not None:
             config = replace(config, tensor_parallel_size=tensor_parallel_size)
-        artifact = artifact if artifact is not None else artifact_for(model, kv, rotations)
+        self.recipe = describe_recipe(kv_cfg, artifact)
+        log.info("%s", self.recipe)
         self.loaded = model
         self.engine = LLMEngine.from_hf(model.model, config, artifact, model.tokenizer)
         self._next_id = 0

@@ -55,7 +55,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from oscarkv.config import KVConfig
-from oscarkv.quant.artifact import Artifact, ModelFingerprint
+from oscarkv.quant.artifact import Artifact, ModelFingerprint, apply_recipe
 from oscarkv.quant.bpe import Tiers, history_end, tiers
 from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec, build_codec
 from oscarkv.quant.int2 import Packed
@@ -287,9 +287,10 @@ class OscarCache(Cache):
                       dequant_cache: bool = False) -> OscarCache:
         """OSCAR cache from a rotation artifact, validated against ``config`` (errors name the field).
 
-        ``kv`` defaults to ``KVConfig(method="oscar")`` with the artifact's group size."""
+        ``kv`` defaults to ``KVConfig(method="oscar")`` with the artifact's group size and its
+        recipe's windows (``oscarkv.quant.artifact.apply_recipe``), if the manifest holds one."""
         art = Artifact.load(path, expect=ModelFingerprint.from_config(config))
-        kv = kv or KVConfig(method="oscar", group_size=art.manifest["group_size"])
+        kv = kv or apply_recipe(KVConfig(method="oscar", group_size=art.manifest["group_size"]), art)
         if kv.method != "oscar":
             raise ValueError(f"OscarCache.from_artifact needs KVConfig.method 'oscar', got {kv.method!r}")
         return cls(config, kv, art, dequant_cache)

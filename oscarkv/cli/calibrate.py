@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from oscarkv.cli.flags import UserError, add_fields, config_from, load, model_args
-from oscarkv.config import CalibrationConfig
+from oscarkv.config import CalibrationConfig, RecipeSearchConfig
 
 
 def setup(p: argparse.ArgumentParser) -> None:
@@ -21,6 +21,8 @@ def setup(p: argparse.ArgumentParser) -> None:
                         "(default: off)")
     add_fields(p, CalibrationConfig, ["tokens", "heldout_tokens", "chunk", "rotation", "value_objective",
                                       "share_heads", "center", "scaling", "clip", "group_size", "seed"])
+    add_fields(p, RecipeSearchConfig, ["max_bpe", "context", "tolerance", "dev_samples", "dev_context", "dev_seeds",
+                                       "sinks", "recents"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,6 +41,11 @@ def run(args: argparse.Namespace) -> int:
         results = calibrate_variants(loaded, cfgs, texts, desc)
     except ValueError as e:
         raise UserError(str(e)) from e
+    search = config_from(RecipeSearchConfig, args)
+    if search.max_bpe is not None or search.tolerance is not None:
+        from oscarkv.eval.objective import search_recipe
+
+        search_recipe(loaded, results, search, args.out)
     for name, (artifact, rows) in results.items():
         artifact.save(args.out / "ablations" / name if name else args.out)
         print(format_summary(rows) if not args.ablations else f"{name or 'recipe':>13s} {format_summary(rows).splitlines()[-1]}")

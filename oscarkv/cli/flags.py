@@ -10,6 +10,7 @@ Nothing here imports torch: ``oscarkv --help`` answers without it.
 from __future__ import annotations
 
 import argparse
+import sys
 import ast
 import inspect
 import re
@@ -127,15 +128,32 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rotations", type=Path, default=None,
                    help="artifact directory for --kv oscar (default: the default model's artifact, shipped with oscarkv)")
     add_fields(p, KVConfig, ["sink", "recent", "page_size"])
+    # NOTE: unset windows come from the artifact's recipe (oscarkv calibrate --max-bpe), else KVConfig's defaults
+    p.set_defaults(sink=None, recent=None)
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
                                  "enable_prefix_caching", "overlap", "tensor_parallel_size"])
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The :class:`EngineConfig` the flags of :func:`engine_args` name; a bad value is a UserError."""
+def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
+    """The :class:`EngineConfig` the flags of :func:`engine_args` name; a bad value is a UserError.
+    Windows the flags leave unset come from the artifact's recipe when it holds one
+    (``oscarkv.quant.artifact.apply_recipe``), else from ``KVConfig``'s defaults."""
+    from oscarkv.quant.artifact import apply_recipe
+
     if args.rotations is not None and args.kv != "oscar":
         raise UserError(f"--rotations {args.rotations}: only --kv oscar uses a rotation artifact, and --kv {args.kv} "
                         "would ignore it; drop --rotations or use --kv oscar")
-    kv = config_from(KVConfig, argparse.Namespace(method=args.kv, sink=args.sink, recent=args.recent,
+    base = KVConfig()
+    kv = config_from(KVConfig, argparse.Namespace(method=args.kv, sink=base.sink if args.sink is None else args.sink,
+                                                  recent=base.recent if args.recent is None else args.recent,
                                                   page_size=args.page_size))
+    if args.sink is None and args.recent is None:
+        kv = apply_recipe(kv, artifact)
     return config_from(EngineConfig, args, kv=kv)
+
+
+def say_windows(cfg: EngineConfig, artifact) -> None:
+    """The start-up line saying which windows run and whether they are the artifact's recipe (stderr)."""
+    from oscarkv.quant.artifact import describe_recipe
+
+    print(f"oscarkv: {describe_recipe(cfg.kv, artifact)}", file=sys.stderr)

@@ -53,13 +53,16 @@ def launch_module():
 
 def build(args: argparse.Namespace):
     """The parsed flags → a built server (``oscarkv.server.launch.Built``); a UserError on bad input."""
-    from oscarkv.cli.flags import artifact, load
+    from oscarkv.cli.flags import artifact, load, say_windows
 
     launch = launch_module()
-    cfg, engine_cfg = server_config(args), engine_config(args)
+    cfg, _ = server_config(args), engine_config(args)  # bad flags are reported before the model loads
     loaded = load(args.model, args.dtype)
+    art = artifact(loaded, args.kv, args.rotations)
+    engine_cfg = engine_config(args, art)
+    say_windows(engine_cfg, art)
     try:
-        return launch.build_server(loaded, artifact(loaded, args.kv, args.rotations), engine_cfg, cfg)
+        return launch.build_server(loaded, art, engine_cfg, cfg)
     except ValueError as e:
         raise UserError(str(e)) from e
 

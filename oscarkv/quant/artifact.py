@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -272,3 +272,25 @@ def scaled_transform(u: torch.Tensor, a: torch.Tensor, rot: torch.Tensor) -> tup
 
 def _clip(c: float) -> float | None:
     return None if c >= 1.0 else float(c)
+
+
+def apply_recipe(kv: KVConfig, artifact: Artifact | None) -> KVConfig:
+    """``kv`` with the windows the artifact's manifest chose (``recipe``, written by ``oscarkv
+    calibrate --max-bpe``/``--tolerance``) when ``kv`` is OSCAR and the manifest holds one;
+    otherwise ``kv`` unchanged. Callers apply it only where the user set no windows."""
+    recipe = artifact.manifest.get("recipe") if artifact is not None else None
+    if kv.method != "oscar" or not recipe:
+        return kv
+    return replace(kv, sink=recipe["sink"], recent=recipe["recent"], page_size=recipe.get("page_size", kv.page_size))
+
+
+def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
+    """One start-up line: the windows in use and where they come from."""
+    if kv.method != "oscar":
+        return f"kv {kv.method}: sink {kv.sink}, recent {kv.recent}, page {kv.page_size}"
+    recipe = artifact.manifest.get("recipe") if artifact is not None else None
+    line = f"kv oscar: sink {kv.sink}, recent {kv.recent}, page {kv.page_size}"
+    if recipe and (kv.sink, kv.recent) == (recipe["sink"], recipe["recent"]):
+        return (f"{line} (the artifact's recipe: {recipe['bpe']} bits per element at {recipe['context']} tokens, "
+                f"chosen on {recipe['objective']} over {recipe.get('dev_samples', '?')} development samples)")
+    return line + (" (set by the caller; the artifact's recipe differs)" if recipe else " (no recipe in the artifact)")

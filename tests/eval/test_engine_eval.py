@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import io
 import json
-from types import SimpleNamespace
 
-import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from oscarkv.config import EvalConfig, KVConfig
 from oscarkv.eval.engine_backend import served
 from oscarkv.eval.runner import evaluate
-from tests.engine.conftest import D, make_artifact, tiny_config
-
-
-@pytest.fixture(scope="module")
-def loaded(default_tokenizer):
-    tok = default_tokenizer
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config(vocab_size=len(tok))).eval()
-    return SimpleNamespace(model=model, tokenizer=tok, source="tiny", config=model.config)
+from tests.engine.conftest import D, make_artifact
 
 
 def test_served_configurations():

@@ -1,0 +1,218 @@
+"""The development objective and the window recipe search behind ``oscarkv calibrate --max-bpe``.
+
+Role (issue 17): a configuration is scored on **development NIAH answer NLL** — the mean
+negative log-likelihood of the answer tokens of ``niah_single`` needles hidden in the
+*calibration* haystack, under seeds other than evaluation's (``DEV_SEEDS``), teacher-forced in
+one chunk after the document is stored per configuration (``oscarkv.eval.runner.score_sample``).
+A storage-format study found it ranks configurations the way retrieval does where average
+attention errors do not (``docs/RESULTS.md``). Every configuration of one call shares each
+sample's single prefill, so scoring many costs little more than scoring one.
+
+:func:`search_windows` chooses the BF16 sink and recent window of an OSCAR artifact on it:
+among candidate windows whose bits per element at ``context`` stay within ``max_bpe``, the one
+of least development NLL (or, given ``tolerance``, the cheapest whose development accuracy is
+within it of BF16's); :func:`recipe_record` is what goes into the artifact manifest
+(``recipe``), with every candidate's scores. :func:`spearman` gives the rank correlation a
+cheaper proxy must show against the objective before it replaces it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from oscarkv.config import KVConfig
+from oscarkv.eval import tasks as task_lib
+from oscarkv.eval.runner import prefill, score_sample
+from oscarkv.eval.samples import answer_spans
+from oscarkv.quant.codec import KVCodec, build_codec
+
+DEV_SEEDS = (1000, 1001)
+"""Seeds of the development samples (evaluation uses seed 0 by default)."""
+
+
+@dataclass(frozen=True)
+class DevScore:
+    """One configuration on the development samples."""
+
+    answer_nll: float
+    """Mean answer-token NLL (nats; lower is better): the objective."""
+    accuracy: float
+    """Teacher-forced exact-match accuracy on the same samples (0..1)."""
+    per_sample: tuple[float, ...]
+    """Answer NLL per sample, in sample order (for paired comparisons)."""
+
+
+def dev_samples(tokenizer, context: int, n: int, seeds: tuple[int, ...] = DEV_SEEDS,
+                limit: int | None = None) -> list[task_lib.Sample]:
+    """``n`` development ``niah_single`` samples on the calibration haystack, split over ``seeds``."""
+    per = [n // len(seeds) + (i < n % len(seeds)) for i in range(len(seeds))]
+    return [s for seed, k in zip(seeds, per) if k
+            for s in task_lib.generate("niah_single", context, k, tokenizer, seed=seed, haystack="calibration",
+                                       limit=limit)]
+
+
+def dev_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sample], progress=None) -> dict[str, DevScore]:
+    """Every codec on the development samples; one prefill per sample shared by all of them."""
+    tok, model = loaded.tokenizer, loaded.model
+    nll: dict[str, list[float]] = {k: [] for k in codecs}
+    acc: dict[str, list[float]] = {k: [] for k in codecs}
+    for sample in samples:
+        doc = prefill(model, tok(sample.document, add_special_tokens=False, return_tensors="pt").input_ids)
+        q_ids = tok(sample.question, add_special_tokens=False, return_tensors="pt").input_ids
+        target, spans = answer_spans(tok, task_lib.answer_target(sample), sample.answers)
+        for label, codec in codecs.items():
+            a, n, _ = score_sample(model, doc, codec, q_ids, target, spans)
+            acc[label].append(a)
+            nll[label].append(n)
+        if progress is not None:
+            progress(sample, {k: v[-1] for k, v in nll.items()})
+    return {k: DevScore(sum(nll[k]) / len(nll[k]), sum(acc[k]) / len(acc[k]), tuple(nll[k])) for k in codecs}
+
+
+def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: KVConfig,
+                  sinks: tuple[int, ...], recents: tuple[int, ...]) -> dict[str, KVCodec]:
+    """``oscar s=SINK r=RECENT`` codecs for every candidate window the engine serves (a sink of
+    whole pages) within ``max_bpe`` at ``context``."""
+    c = loaded.model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
+    out = {}
+    for s in (s for s in sinks if s % base.page_size == 0):
+        for r in recents:
+            kv = replace(base, method="oscar", sink=s, recent=r, group_size=artifact.manifest["group_size"])
+            if s == 0 and r == 0:
+                kv = kv.without_windows()
+            codec = build_codec(kv, *dims, artifact)
+            if max_bpe is None or codec.bpe(context) <= max_bpe:
+                out[f"oscar s={s} r={r}"] = codec
+    return out
+
+
+def choose(scores: dict[str, DevScore], codecs: dict[str, KVCodec], context: int, reference: DevScore | None = None,
+           tolerance: float | None = None) -> str:
+    """The label chosen: least NLL (ties: fewer bits); with ``tolerance``, the cheapest whose
+    development accuracy is at least ``(1 - tolerance)`` times the reference's (else least NLL)."""
+    order = sorted(scores, key=lambda k: (codecs[k].bpe(context), scores[k].answer_nll))
+    if tolerance is not None and reference is not None:
+        ok = [k for k in order if scores[k].accuracy >= (1 - tolerance) * reference.accuracy]
+        if ok:
+            return ok[0]
+    return min(order, key=lambda k: (round(scores[k].answer_nll, 3), codecs[k].bpe(context)))
+
+
+def recipe_record(label: str, scores: dict[str, DevScore], codecs: dict[str, KVCodec], context: int,
+                  dev: dict, reference: DevScore | None = None) -> dict:
+    """The manifest's ``recipe``: the chosen windows, how they were chosen, every candidate's scores."""
+    kv = codecs[label].config
+    cands = [{"sink": codecs[k].config.sink, "recent": codecs[k].config.recent,
+              "bpe": round(codecs[k].bpe(context), 4), "answer_nll": round(v.answer_nll, 4),
+              "accuracy": round(v.accuracy, 4)} for k, v in scores.items()]
+    out = {"method": "oscar", "sink": kv.sink, "recent": kv.recent, "page_size": kv.page_size,
+           "bpe": round(codecs[label].bpe(context), 4), "objective": "development NIAH answer NLL",
+           "context": context, **dev, "candidates": cands}
+    if reference is not None:
+        out["bf16"] = {"answer_nll": round(reference.answer_nll, 4), "accuracy": round(reference.accuracy, 4)}
+    return out
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else 0.0
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = None,
+                   progress=None) -> tuple[dict, dict[str, DevScore]]:
+    """Score BF16, every candidate window within ``cfg.max_bpe`` at ``cfg.context`` and the
+    ``extra`` codecs (ablations, reported only) on ``cfg.dev_samples`` development samples of
+    ``cfg.dev_context`` tokens; returns (the manifest's ``recipe``, every score).
+    ``cfg`` is a :class:`~oscarkv.config.RecipeSearchConfig`."""
+    c = loaded.model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    bf16 = {"bf16": build_codec(KVConfig("bf16"), c.num_hidden_layers, c.num_key_value_heads, head_dim)}
+    windows = window_codecs(loaded, artifact, cfg.context, cfg.max_bpe, KVConfig(), cfg.sinks, cfg.recents)
+    if not windows:
+        raise ValueError(f"no window fits --max-bpe {cfg.max_bpe} at --context {cfg.context}")
+    limit = getattr(c, "max_position_embeddings", None)
+    samples = dev_samples(loaded.tokenizer, cfg.dev_context, cfg.dev_samples, cfg.dev_seeds, limit)
+    scores = dev_scores(loaded, bf16 | windows | (extra or {}), samples, progress)
+    mine = {k: scores[k] for k in windows}
+    label = choose(mine, windows, cfg.context, scores["bf16"], cfg.tolerance)
+    dev = {"max_bpe": cfg.max_bpe, "tolerance": cfg.tolerance, "dev_context": cfg.dev_context,
+           "dev_samples": len(samples), "dev_seeds": list(cfg.dev_seeds), "haystack": "calibration"}
+    return recipe_record(label, mine, windows, cfg.context, dev, scores["bf16"]), scores
+
+
+def search_recipe(loaded, results: dict, search, out: Path) -> dict:
+    """``oscarkv calibrate --max-bpe``'s step after the fit: choose the windows for ``results[""]``
+    (the recipe's artifact, whose manifest gets the ``recipe``), score the ablations beside them
+    without windows, and write the study (every score; the rank correlation with the objective of
+    each cheaper proxy) to ``out/dev_study.json``. Returns the ``recipe``."""
+    c = loaded.model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
+    arts = {name or "recipe": art for name, (art, _) in results.items()}
+    extra = {f"ablation {n}": build_codec(KVConfig("oscar", group_size=a.manifest["group_size"]).without_windows(),
+                                          *dims, a) for n, a in arts.items() if n != "recipe"}
+
+    def progress(sample, nll):
+        print(f"dev sample seed {sample.seed}: bf16 {nll['bf16']:.3f}, best window "
+              f"{min(v for k, v in nll.items() if k.startswith('oscar s=')):.3f} nats", flush=True)
+
+    recipe, scores = search_windows(loaded, arts["recipe"], search, extra, progress)
+    results[""][0].manifest["recipe"] = recipe
+    first = search.dev_seeds[0]
+    n_first = -(-search.dev_samples // len(search.dev_seeds))  # the first seed's share (dev_samples)
+    names = list(scores)
+    nll = [scores[k].answer_nll for k in names]
+    proxies = {"accuracy (teacher-forced, same samples)": [-scores[k].accuracy for k in names],
+               f"answer NLL on seed {first} alone ({n_first} samples)": [
+                   sum(scores[k].per_sample[:n_first]) / n_first for k in names]}
+    rho = {p: round(spearman(v, nll), 3) for p, v in proxies.items()}
+    pred = {n: _predicted_error(a.manifest) for n, a in arts.items()}
+    if len(pred) > 2:
+        keys = [n for n in pred if (f"ablation {n}" if n != "recipe" else "oscar s=0 r=0") in scores]
+        obj = [scores[f"ablation {n}" if n != "recipe" else "oscar s=0 r=0"].answer_nll for n in keys]
+        rho["calibration's predicted INT2 error (recipe and ablations, no windows)"] = round(
+            spearman([pred[n] for n in keys], obj), 3)
+    study = {"recipe": {k: v for k, v in recipe.items() if k != "candidates"}, "spearman_with_dev_nll": rho,
+             "scores": {k: {"answer_nll": round(v.answer_nll, 4), "accuracy": round(v.accuracy, 4),
+                            "per_sample": [round(x, 4) for x in v.per_sample]} for k, v in scores.items()},
+             "predicted_error": pred}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dev_study.json").write_text(json.dumps(study, indent=2) + "\n")
+    print(f"recipe: sink {recipe['sink']}, recent {recipe['recent']} ({recipe['bpe']:.3f} bits per element at "
+          f"{recipe['context']} tokens), development answer NLL {scores_of(recipe)} vs BF16 "
+          f"{recipe['bf16']['answer_nll']:.3f}; study in {out / 'dev_study.json'}")
+    return recipe
+
+
+def scores_of(recipe: dict) -> str:
+    mine = next(c for c in recipe["candidates"] if (c["sink"], c["recent"]) == (recipe["sink"], recipe["recent"]))
+    return f"{mine['answer_nll']:.3f} (accuracy {100 * mine['accuracy']:.0f}%)"
+
+
+def _predicted_error(manifest: dict) -> float:
+    """Mean over layers of the calibration's predicted K and V INT2 error ratios (vs Hadamard only)."""
+    rows = manifest.get("summary") or []
+    vals = [(r["key_error_ratio"] + r["value_error_ratio"]) / 2 for r in rows]
+    return round(sum(vals) / len(vals), 4) if vals else float("nan")

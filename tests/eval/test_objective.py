@@ -1,0 +1,85 @@
+"""The development objective, the window search and the manifest recipe its users apply."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from oscarkv.config import EngineConfig, KVConfig, RecipeSearchConfig
+from oscarkv.eval.objective import DevScore, choose, dev_samples, search_windows, spearman, window_codecs
+from oscarkv.quant.artifact import apply_recipe
+from tests.engine.conftest import make_artifact
+
+
+def test_spearman():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833)  # ties share a rank
+
+
+def test_dev_samples_use_the_calibration_haystack_and_other_seeds(loaded):
+    s = dev_samples(loaded.tokenizer, 512, 5, seeds=(1000, 1001))
+    assert [x.seed for x in s] == [1000, 1000, 1000, 1001, 1001] and {x.haystack for x in s} == {"calibration"}
+
+
+def test_search_respects_the_budget_and_writes_every_candidate(loaded):
+    art = make_artifact(loaded.model.config)
+    cfg = RecipeSearchConfig(max_bpe=4.0, context=512, dev_samples=2, dev_context=256, sinks=(0, 4, 8),
+                             recents=(0, 16, 256))
+    codecs = window_codecs(loaded, art, 512, cfg.max_bpe, KVConfig(page_size=8), cfg.sinks, cfg.recents)
+    assert codecs and all(c.bpe(512) <= 4.0 for c in codecs.values()) and "oscar s=8 r=256" not in codecs
+    assert not any(k.startswith("oscar s=4 ") for k in codecs)  # not whole pages: not served
+    recipe, scores = search_windows(loaded, art, cfg)
+    assert recipe["bpe"] <= 4.0 and {"bf16"} < set(scores)
+    assert len(recipe["candidates"]) == len(scores) - 1 and recipe["dev_samples"] == 2
+    best = min(recipe["candidates"], key=lambda c: round(c["answer_nll"], 3))
+    assert round(best["answer_nll"], 3) == round(min(c["answer_nll"] for c in recipe["candidates"]), 3)
+    json.dumps(recipe)  # goes into the manifest as is
+
+
+def test_choose_with_a_tolerance_takes_the_cheapest_that_holds():
+    from oscarkv.quant.codec import build_codec
+
+    codecs = {k: build_codec(KVConfig("naive", sink=s, recent=r, page_size=8), 2, 2, 32)
+              for k, (s, r) in {"small": (0, 8), "mid": (8, 16), "big": (8, 64)}.items()}
+    scores = {"small": DevScore(1.0, 0.5, ()), "mid": DevScore(0.6, 0.9, ()), "big": DevScore(0.5, 1.0, ())}
+    ref = DevScore(0.4, 1.0, ())
+    assert choose(scores, codecs, 256) == "big"
+    assert choose(scores, codecs, 256, ref, tolerance=0.15) == "mid"
+    assert choose(scores, codecs, 256, ref, tolerance=0.0) == "big"
+
+
+def test_the_manifest_recipe_sets_the_windows_unless_the_caller_does(llama_artifact):
+    from oscarkv.llm import LLM
+
+    model, art = llama_artifact
+    art.manifest["recipe"] = {"sink": 8, "recent": 24, "page_size": 8, "bpe": 3.1, "context": 512,
+                              "objective": "development NIAH answer NLL", "dev_samples": 2}
+    kv = apply_recipe(KVConfig("oscar", group_size=32), art)
+    assert (kv.sink, kv.recent, kv.page_size) == (8, 24, 8)
+    assert apply_recipe(KVConfig("naive"), art) == KVConfig("naive")
+    loaded = type("Loaded", (), {"model": model, "tokenizer": None, "config": model.config})()
+    llm = LLM(loaded, "oscar", artifact=art)
+    assert (llm.engine.cfg.kv.sink, llm.engine.cfg.kv.recent) == (8, 24) and "the artifact's recipe" in llm.recipe
+    mine = EngineConfig(KVConfig("oscar", sink=8, recent=8, page_size=8, group_size=32), kv_memory_bytes=1 << 22)
+    llm = LLM(loaded, "oscar", artifact=art, config=mine)
+    assert (llm.engine.cfg.kv.sink, llm.engine.cfg.kv.recent) == (8, 8) and "recipe differs" in llm.recipe
+
+
+def test_oscar_cache_from_artifact_uses_the_recipe(llama_artifact, tmp_path):
+    from oscarkv.cache.hf_cache import OscarCache
+
+    model, art = llama_artifact
+    art.manifest["recipe"] = {"sink": 8, "recent": 24, "page_size": 8}
+    art.save(tmp_path / "a")
+    cache = OscarCache.from_artifact(model.config, tmp_path / "a")
+    assert (cache.codec.config.sink, cache.codec.config.recent) == (8, 24)
+
+
+@pytest.fixture
+def llama_artifact():
+    from tests.engine.conftest import tiny_model
+
+    model = tiny_model()
+    return model, make_artifact(model.config)
