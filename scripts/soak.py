@@ -116,11 +116,15 @@ async def one(client: openai.AsyncOpenAI, plan: Plan, texts: list[str], max_toke
 
 async def wave(url: str, batch: list[Plan], texts: list[str], args) -> list[Outcome]:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=args.timeout)
-    sem = asyncio.Semaphore(args.concurrency)
+    sem, done, start = asyncio.Semaphore(args.concurrency), [0], time.perf_counter()
 
     async def limited(plan: Plan) -> Outcome:
         async with sem:
-            return await one(client, plan, texts, args.max_tokens)
+            out = await one(client, plan, texts, args.max_tokens)
+        done[0] += 1
+        if done[0] % args.concurrency == 0 or done[0] == len(batch):
+            print(f"soak: {done[0]}/{len(batch)} requests done, {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        return out
 
     try:
         return await asyncio.gather(*[limited(p) for p in batch])
