@@ -21,6 +21,9 @@ def setup(p: argparse.ArgumentParser) -> None:
                         "(default: off)")
     add_fields(p, CalibrationConfig, ["tokens", "heldout_tokens", "chunk", "rotation", "value_objective",
                                       "share_heads", "center", "scaling", "clip", "group_size", "seed"])
+    p.add_argument("--rotations", type=Path, default=None, metavar="DIR",
+                   help="choose the recipe (--max-bpe or --tolerance) for this existing artifact instead of fitting "
+                        "one; the artifact is written to --out with its recipe (default: fit)")
     add_fields(p, RecipeSearchConfig, ["max_bpe", "context", "tolerance", "dev_samples", "dev_context", "dev_seeds",
                                        "sinks", "recents"])
 
@@ -34,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             raise UserError(f"calibration data not found: {', '.join(missing)}")
         texts, desc = [f.read_text() for f in args.data], ", ".join(str(f) for f in args.data)
+    search = config_from(RecipeSearchConfig, args)
+    if args.rotations is not None:
+        return _search_only(args, search)
     cfg = config_from(CalibrationConfig, args)
     cfgs = {"": cfg} | ({name: replace(cfg, **change) for name, change in ABLATIONS.items()} if args.ablations else {})
     loaded = load(args.model, args.dtype)
@@ -41,7 +47,6 @@ def run(args: argparse.Namespace) -> int:
         results = calibrate_variants(loaded, cfgs, texts, desc)
     except ValueError as e:
         raise UserError(str(e)) from e
-    search = config_from(RecipeSearchConfig, args)
     if search.max_bpe is not None or search.tolerance is not None:
         from oscarkv.eval.objective import search_recipe
 
@@ -52,4 +57,22 @@ def run(args: argparse.Namespace) -> int:
     seconds = results[""][0].manifest["calibration"]["seconds"]
     print(f"wrote {args.out}" + (f" and {len(ABLATIONS)} ablations under {args.out / 'ablations'}" if args.ablations else "")
           + f" ({seconds:.1f} s)")
+    return 0
+
+
+def _search_only(args: argparse.Namespace, search: RecipeSearchConfig) -> int:
+    """``--rotations DIR``: the recipe search alone, on an artifact fitted before."""
+    from oscarkv.eval.objective import search_recipe
+    from oscarkv.quant.artifact import Artifact, ArtifactError, ModelFingerprint
+
+    if search.max_bpe is None and search.tolerance is None:
+        raise UserError("--rotations DIR only chooses a recipe: give --max-bpe B (with --context N) or --tolerance T")
+    loaded = load(args.model, args.dtype)
+    try:
+        art = Artifact.load(args.rotations, expect=ModelFingerprint.from_config(loaded.config))
+        search_recipe(loaded, {"": (art, [])}, search, args.out)
+    except (ArtifactError, ValueError) as e:
+        raise UserError(str(e)) from e
+    art.save(args.out)
+    print(f"wrote {args.out}")
     return 0

@@ -67,7 +67,7 @@ def dev_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sample
             acc[label].append(a)
             nll[label].append(n)
         if progress is not None:
-            progress(sample, {k: v[-1] for k, v in nll.items()})
+            progress(sample, {k: v[-1] for k, v in nll.items()}, {k: v[-1] for k, v in acc.items()})
     return {k: DevScore(sum(nll[k]) / len(nll[k]), sum(acc[k]) / len(acc[k]), tuple(nll[k])) for k in codecs}
 
 
@@ -166,7 +166,8 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
     """``oscarkv calibrate --max-bpe``'s step after the fit: choose the windows for ``results[""]``
     (the recipe's artifact, whose manifest gets the ``recipe``), score the ablations beside them
     without windows, and write the study (every score; the rank correlation with the objective of
-    each cheaper proxy) to ``out/dev_study.json``. Returns the ``recipe``."""
+    each cheaper proxy) to ``out/dev_study.json``, each sample's scores to ``out/dev_samples.jsonl``
+    as they are measured. Returns the ``recipe``."""
     c = loaded.model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
@@ -174,11 +175,17 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
     extra = {f"ablation {n}": build_codec(KVConfig("oscar", group_size=a.manifest["group_size"]).without_windows(),
                                           *dims, a) for n, a in arts.items() if n != "recipe"}
 
-    def progress(sample, nll):
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "dev_samples.jsonl", "w")
+
+    def progress(sample, nll, acc):
+        log.write(json.dumps({"seed": sample.seed, "nll": nll, "accuracy": acc}) + "\n")
+        log.flush()
         print(f"dev sample seed {sample.seed}: bf16 {nll['bf16']:.3f}, best window "
               f"{min(v for k, v in nll.items() if k.startswith('oscar s=')):.3f} nats", flush=True)
 
-    recipe, scores = search_windows(loaded, arts["recipe"], search, extra, progress)
+    with log:
+        recipe, scores = search_windows(loaded, arts["recipe"], search, extra, progress)
     results[""][0].manifest["recipe"] = recipe
     first = search.dev_seeds[0]
     n_first = -(-search.dev_samples // len(search.dev_seeds))  # the first seed's share (dev_samples)
