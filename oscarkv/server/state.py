@@ -13,7 +13,12 @@ A request the engine could never run (:meth:`~oscarkv.engine.engine.LLMEngine.ch
 is refused here, before any response starts. A full KV pool is the scheduler's business (it
 queues new requests and preempts running ones by recompute); the server only refuses a request
 that could not fit the pools even alone (:attr:`~oscarkv.engine.engine.LLMEngine.max_pool_tokens`), since the engine cannot run
-one.
+one. A prompt whose character count alone proves it over the context is refused before it is
+tokenized; text is tokenized and chat-templated in a worker thread, off the event loop.
+
+Shutdown: :meth:`Server.drain` (called by ``oscarkv.server.launch`` on SIGTERM/SIGINT) refuses
+new requests with a 503, waits for the requests in flight (``in_flight``) for the grace period,
+then aborts the rest, which end with a 503 error (an error event in a stream).
 """
 
 from __future__ import annotations
@@ -161,6 +166,8 @@ class Server:
     # ------------------------------------------------------------------------- generation
     async def generate(self, prep: Prepared, endpoint: str) -> AsyncIterator[RequestOutput]:
         """``AsyncEngine.generate`` plus metrics; leaving early aborts (pages freed)."""
+        if self.cut:  # it was still being tokenized when the grace period ended
+            raise self._shut_down()
         self.metrics.admit(len(prep.prompt_ids))
         ttft, last, reason = None, None, "abort"
         self.in_flight.add(prep.request_id)
@@ -171,9 +178,7 @@ class Server:
                         ttft = time.perf_counter() - prep.arrival
                     last, reason = out, out.finish_reason or reason
                     if out.finish_reason == "abort" and self.cut:
-                        raise P.RequestError(f"the server shut down before this request finished (it ran past the "
-                                             f"{self.cfg.shutdown_grace:g} s grace period)", 503,
-                                             code="shutting_down", type="service_unavailable")
+                        raise self._shut_down()
                     yield out
         except RequestFailed:
             reason = "error"
@@ -184,6 +189,11 @@ class Server:
             self.in_flight.discard(prep.request_id)
             n = len(last.token_ids) if last is not None else 0
             self.metrics.observe_request(endpoint, reason, n, ttft, time.perf_counter() - prep.arrival)
+
+    def _shut_down(self) -> P.RequestError:
+        return P.RequestError(f"the server shut down before this request finished (it ran past the "
+                              f"{self.cfg.shutdown_grace:g} s grace period)", 503, code="shutting_down",
+                              type="service_unavailable")
 
     async def drain(self, grace: float) -> tuple[int, int]:
         """Graceful shutdown: refuse new requests, let those in flight run for up to ``grace``
