@@ -49,7 +49,7 @@ def write_report(records: list[dict], out_dir: pathlib.Path, meta: dict) -> None
         head = headline(acc)
         label = f"mean accuracy over tasks ({_protocol(head[0])})"
         _plot(_by_method_context(head, "accuracy"), label, title, out_dir / "accuracy.png", percent=True)
-        pareto_plot(head, out_dir / "pareto.png", f"{title} — {_protocol(head[0])}")
+        pareto_plot(acc, out_dir / "pareto.png", title)
     if ppl:
         _plot(_by_method_context(ppl, "perplexity"), "perplexity", title, out_dir / "perplexity.png")
 
@@ -287,35 +287,47 @@ def _bars(ax, grid: dict[str, dict[int, float]], context: int, scale: float) -> 
 
 
 def pareto_plot(acc: list[dict], path: pathlib.Path, title: str) -> None:
-    """Accuracy (mean over tasks and haystacks) against bits per element, one point per
-    method, one panel per context, the unquantized one as a dashed line; the upper-left frontier is drawn."""
+    """Accuracy (mean over tasks and haystacks) against bits per element, one point per method,
+    one panel per context: free-running figures where measured (filled), teacher-forced ones for
+    the configurations without (hollow, labelled "tf"); the unquantized cache as a dashed line,
+    the upper-left frontier of the filled points in grey."""
     from matplotlib.figure import Figure
 
     contexts = sorted({r["context"] for r in acc})
-    fig = Figure(figsize=(4.2 * len(contexts), 4.0), layout="constrained")
+    fig = Figure(figsize=(5.0 * len(contexts), 4.2), layout="constrained")
     for i, ctx in enumerate(contexts):
         ax = fig.add_subplot(1, len(contexts), i + 1)
-        pts = []
-        for m in _methods(acc):
-            rows = [r for r in acc if r["method"] == m and r["context"] == ctx]
-            if rows:
-                pts.append((mean(r["bpe"] for r in rows), 100 * mean(r["accuracy"] for r in rows), m))
-        for x, y, m in pts:
+        pts = _pareto_points([r for r in acc if r["context"] == ctx])
+        for x, y, m, free in pts:
             if m in REFERENCES:
                 ax.axhline(y, color="black", linestyle="--", linewidth=1)
-            ax.scatter([x], [y], color="black" if m in REFERENCES else None, zorder=3)
-            ax.annotate(m, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+            color = "black" if m in REFERENCES else ("C0" if free else "C1")
+            ax.scatter([x], [y], color=color if free else "none", edgecolors=color, zorder=3)
+            ax.annotate(m + ("" if free else " (tf)"), (x, y), textcoords="offset points", xytext=(4, 4),
+                        fontsize="x-small")
         front, best = [], -1.0
-        for x, y, _ in sorted(pts):
+        for x, y, _, _ in sorted(p for p in pts if p[3]):
             if y > best:
                 front.append((x, y))
                 best = y
-        ax.plot(*zip(*front), color="grey", alpha=0.5, drawstyle="steps-post")
+        if front:
+            ax.plot(*zip(*front), color="grey", alpha=0.5, drawstyle="steps-post")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("bits per KV element stored")
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(-2, 102)
-        ax.set_title(f"context {ctx}", fontsize="medium")
+        ax.set_title(f"context {ctx}: filled free-running, hollow teacher-forced (tf)", fontsize="small")
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize="medium")
     fig.savefig(path, dpi=120)
+
+
+def _pareto_points(rows: list[dict]) -> list[tuple[float, float, str, bool]]:
+    """(BPE, accuracy %, method, free-running?) per method: free-running where measured."""
+    pts = []
+    for m in _methods(rows):
+        mine = [r for r in rows if r["method"] == m]
+        free = [r for r in mine if _protocol(r) == "free"]
+        use = free or mine
+        pts.append((mean(r["bpe"] for r in use), 100 * mean(r["accuracy"] for r in use), m, bool(free)))
+    return pts
