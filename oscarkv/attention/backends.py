@@ -13,6 +13,8 @@ device (:func:`default_backend` picks), the Triton kernels of ``oscarkv.kernels`
 * ``extend`` — a chunk of at least ``prefill.MIN_CHUNK`` tokens: :func:`oscarkv.kernels.prefill.prefill_attention`
   (its prefix staged in bf16 segments, cuDNN attention, a log-sum-exp merge with its causal self part);
   shorter chunks (the decode rows of a mixed step): :func:`oscarkv.kernels.extend.extend_attention`.
+* ``extend_queries`` — an extend step's query map ``q @ R_K⁻ᵀ`` as one bf16 tensor-core product (the
+  extend kernels round the mapped queries to bf16 for their products anyway).
 * ``decode`` — :func:`oscarkv.kernels.decode.decode_attention` (pure decode steps);
   ``decode_inputs`` — :func:`oscarkv.kernels.fused.qk_map`: an OSCAR layer's query map and key
   rotation (and centering) in one launch instead of ~10 PyTorch kernels (0.9 ms of a 6.6 ms
@@ -96,6 +98,16 @@ class TritonAttention(AttentionBackend):
 
         q_r, k_s = qk_map(q, k, *maps, st.key.mean)
         return q_r, k_s, stored_domain(st.value, v)
+
+    def extend_queries(self, st: LayerStorage, q: torch.Tensor) -> torch.Tensor:
+        # NOTE: bf16 q (the model's) times R_K⁻ᵀ in bf16 on the tensor cores, bf16 out: every extend kernel
+        # rounds the mapped q to bf16 for its products anyway, and R's rounding adds an error of that order;
+        # the fp32 einsum cost ~0.05 s of a 32K prefill on the 4B shape (H100, docs/BENCHMARKS.md)
+        r = st.query_map_bf16
+        if r is None or not q.is_cuda or q.dtype != torch.bfloat16:
+            return super().extend_queries(st, q)
+        t, hq, d = q.shape
+        return torch.einsum("thrd,hde->thre", q.view(t, r.shape[0], hq // r.shape[0], d), r).reshape(t, hq, d)
 
     def decode_qk(self, st: LayerStorage, x: torch.Tensor, rope: QKRope):
         maps = st.decode_maps

@@ -70,6 +70,10 @@ class AttentionBackend(ABC):
         dtype and the views of the qkv projection (no fp32 copy: bf16 -> fp32 -> bf16 stores the same bytes)."""
         return st.rotate_queries(q, keep_dtype=True), stored_domain(st.key, k), stored_domain(st.value, v)
 
+    def extend_queries(self, st: LayerStorage, q: torch.Tensor) -> torch.Tensor:
+        """An extend step's ``q @ R_K⁻ᵀ`` (fp32; ``q`` itself without a key transform)."""
+        return st.rotate_queries(q, keep_dtype=True)
+
     def decode_qk(self, st: LayerStorage, x: torch.Tensor, rope: QKRope) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A decode step's ``(q @ R_K⁻ᵀ, k in the stored domain)`` (as :meth:`decode_inputs`) straight from
         the un-roped q and k heads ``x [T, Hq + H, d]``, ``rope`` applied on the way; ``None`` (here): not
@@ -113,6 +117,13 @@ class LayerStorage:
         ``None`` without a key transform. Built on first use (before CUDA-graph capture: warm-up)."""
         back = self.key.back_map()
         return None if back is None else (back.contiguous(), self.key.rotation.transpose(-1, -2).contiguous())
+
+    @cached_property
+    def query_map_bf16(self) -> torch.Tensor | None:
+        """``R_K⁻ᵀ [H, d, d]`` in bf16, contiguous (the tensor-core query map of long extend steps); ``None``
+        without a key transform."""
+        r = self.key.query_map()
+        return None if r is None else r.to(torch.bfloat16).contiguous()
 
     def rotate_queries(self, q: torch.Tensor, keep_dtype: bool = False) -> torch.Tensor:
         """``q [T, Hq, d]`` → ``q @ R_K⁻ᵀ`` per KV-head group (``= q @ R_K`` for an orthogonal R_K), fp32
@@ -172,7 +183,7 @@ class StepContext:
         self.backend.write(kv, k_rot, v_rot, self.slots)
         if self.demote_src.numel():
             self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
-        return self.backend.extend(st.rotate_queries(q, keep_dtype=True), k_rot, v_rot, kv, self.tables,
+        return self.backend.extend(self.backend.extend_queries(st, q), k_rot, v_rot, kv, self.tables,
                                    self.cu_seqlens, self.scale, self.cu_host)
 
     def attention_from_qkv(self, layer: int, qkv: torch.Tensor, rope: QKRope) -> torch.Tensor | None:
