@@ -102,17 +102,24 @@ def method_row(cfg: JobsBench, model, method: str) -> dict:
     row = dict(method=method, chunk=chunk, concurrency=conc, ttft_s=one, run=run_job(engine, cfg))
     del engine
     e2e.release()
-    waves = [conc] * (cfg.requests // conc) + ([cfg.requests % conc] if cfg.requests % conc else [])
-    step = row["run"]["decode_step_ms"]
-    row["jobs"] = []
-    for n in cfg.new_tokens:
-        dec = sum((n - 1) * step.get(b, step[max(step)]) / 1e3 for b in waves)
-        total = row["run"]["total_s"] if n == cfg.new_tokens[0] else row["run"]["prefill_s"] + dec
-        bound = cfg.requests * one + dec
-        row["jobs"].append(dict(new_tokens=n, measured=n == cfg.new_tokens[0], prefill_s=row["run"]["prefill_s"],
-                                decode_s=row["run"]["decode_s"] if n == cfg.new_tokens[0] else dec, total_s=total,
-                                jobs_per_s=cfg.requests / total, bound_jobs_per_s=cfg.requests / bound))
+    row["jobs"] = project(row["run"], conc, one, cfg.requests, cfg.new_tokens)
     return row
+
+
+def project(run: dict, conc: int, ttft_s: float, requests: int, new_tokens: tuple[int, ...]) -> list[dict]:
+    """Step 3 and the bound of the module docstring: per answer length, the job's prefill, decode and total
+    seconds (``new_tokens[0]``: as ``run`` measured them) and jobs/s, and the bound's jobs/s."""
+    waves = [conc] * (requests // conc) + ([requests % conc] if requests % conc else [])
+    step = run["decode_step_ms"]
+    jobs = []
+    for n in new_tokens:
+        dec = sum((n - 1) * step.get(b, step[max(step)]) / 1e3 for b in waves)
+        measured = n == new_tokens[0]
+        total = run["total_s"] if measured else run["prefill_s"] + dec
+        jobs.append(dict(new_tokens=n, measured=measured, prefill_s=run["prefill_s"],
+                         decode_s=run["decode_s"] if measured else dec, total_s=total,
+                         jobs_per_s=requests / total, bound_jobs_per_s=requests / (requests * ttft_s + dec)))
+    return jobs
 
 
 def run(cfg: JobsBench, out: Path | None) -> str:

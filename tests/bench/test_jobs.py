@@ -1,0 +1,32 @@
+"""``bench jobs``: the job times computed from a measured run (waves of the concurrency, (n − 1) decode steps
+per wave at the step time of its batch), checked against the recorded H100 run."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oscarkv.bench.jobs import format_table, project
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_project_waves_and_bound():
+    run = dict(total_s=100.0, prefill_s=90.0, decode_s=10.0, decode_step_ms={3: 20.0, 2: 10.0})
+    jobs = project(run, 3, 2.5, 32, (11, 101))
+    assert jobs[0]["measured"] and jobs[0]["total_s"] == 100.0  # the run itself
+    dec = 100 * (10 * 0.020 + 1 * 0.010)  # 10 waves of 3, one of 2
+    assert jobs[1]["decode_s"] == pytest.approx(dec) and jobs[1]["total_s"] == pytest.approx(90.0 + dec)
+    assert jobs[1]["bound_jobs_per_s"] == pytest.approx(32 / (32 * 2.5 + dec))
+
+
+def test_recorded_run_reproduces():
+    """The committed JSON's computed rows follow from its own measured run."""
+    rows = json.loads((ROOT / "docs/bench_gpu/jobs_h100.json").read_text())["rows"]
+    for r in rows:
+        step = {int(b): ms for b, ms in r["run"]["decode_step_ms"].items()}
+        got = project(dict(r["run"], decode_step_ms=step), r["concurrency"], r["ttft_s"], 32,
+                      tuple(j["new_tokens"] for j in r["jobs"]))
+        for a, b in zip(got, r["jobs"]):
+            assert a["total_s"] == pytest.approx(b["total_s"]) and a["bound_jobs_per_s"] == pytest.approx(b["bound_jobs_per_s"])
+    assert "| oscar | 21 | 8192 | computed |" in format_table(rows)
