@@ -1,0 +1,66 @@
+"""Re-read an interrupted recipe search: the scores and choices of ``OUT/dev_samples.jsonl``.
+
+``oscarkv calibrate --max-bpe/--tolerance`` logs each development sample's answer NLL and
+accuracy per candidate as it is measured; this prints, from however many samples were logged,
+every candidate's mean scores and BPE, the choice under each budget given, and the Spearman rank
+correlation of the cheaper proxies with the objective (teacher-forced accuracy; the NLL of the
+first seed's samples alone).
+
+    python scripts/recipe_from_log.py runs/recipe_dev/dev_samples.jsonl --budgets 4096:3.0,8192:3.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from oscarkv.config import KVConfig
+from oscarkv.eval.objective import DevScore, choose, spearman
+from oscarkv.quant.codec import build_codec
+
+DIMS = (30, 3, 64)
+"""The default model's layers, KV heads and head_dim (BPE depends only on the geometry)."""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("log")
+    p.add_argument("--budgets", default="4096:3.0", help="CONTEXT:MAX_BPE,... (comma-separated)")
+    p.add_argument("--tolerance", type=float, default=0.05)
+    args = p.parse_args()
+    rows = [json.loads(line) for line in open(args.log) if line.strip()]
+    labels = list(rows[0]["nll"])
+    scores = {k: DevScore(sum(r["nll"][k] for r in rows) / len(rows), sum(r["accuracy"][k] for r in rows) / len(rows),
+                          tuple(r["nll"][k] for r in rows)) for k in labels}
+    codecs = {}
+    for k in labels:
+        m = re.fullmatch(r"oscar s=(\d+) r=(\d+)", k)
+        if m:
+            kv = KVConfig("naive", sink=int(m[1]), recent=int(m[2]))  # same tiers and bits as oscar
+            codecs[k] = build_codec(kv if kv.sink or kv.recent else kv.without_windows(), *DIMS)
+    contexts = sorted({int(b.split(":")[0]) for b in args.budgets.split(",")})
+    seeds = [r["seed"] for r in rows]
+    print(f"{len(rows)} development samples (seeds {sorted(set(seeds))})")
+    print(f"{'candidate':<20} " + " ".join(f"BPE@{c:<5}" for c in contexts) + "  answer NLL  accuracy")
+    for k in labels:
+        bpes = " ".join(f"{codecs[k].bpe(c):8.3f}" if k in codecs else f"{'-':>8}" for c in contexts)
+        print(f"{k:<20} {bpes}  {scores[k].answer_nll:10.4f}  {100 * scores[k].accuracy:7.1f}%")
+    ref = scores.get("bf16")
+    for b in args.budgets.split(","):
+        ctx, cap = int(b.split(":")[0]), float(b.split(":")[1])
+        ok = {k: c for k, c in codecs.items() if c.bpe(ctx) <= cap}
+        if ok:
+            best = choose({k: scores[k] for k in ok}, ok, ctx)
+            tol = choose({k: scores[k] for k in ok}, ok, ctx, ref, args.tolerance)
+            print(f"max {cap} BPE at {ctx}: least NLL -> {best} ({ok[best].bpe(ctx):.3f} BPE); "
+                  f"cheapest within {args.tolerance:.0%} of the reference's accuracy -> {tol} ({ok[tol].bpe(ctx):.3f} BPE)")
+    first = [i for i, s in enumerate(seeds) if s == seeds[0]]
+    nll = [scores[k].answer_nll for k in labels]
+    half = [sum(scores[k].per_sample[i] for i in first) / len(first) for k in labels]
+    print(f"Spearman with the objective: teacher-forced accuracy {spearman([-scores[k].accuracy for k in labels], nll):.3f}; "
+          f"NLL on seed {seeds[0]} alone ({len(first)} samples) {spearman(half, nll):.3f}")
+
+
+if __name__ == "__main__":
+    main()
