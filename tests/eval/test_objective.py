@@ -83,3 +83,11 @@ def llama_artifact():
 
     model = tiny_model()
     return model, make_artifact(model.config)
+
+
+def test_calibrate_search_only_needs_a_budget(tmp_path, capsys):
+    """``calibrate --rotations DIR`` only chooses a recipe: without --max-bpe or --tolerance it says so."""
+    from oscarkv.cli.main import main
+
+    assert main(["calibrate", "--rotations", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "--max-bpe" in capsys.readouterr().err
