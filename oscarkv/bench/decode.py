@@ -29,26 +29,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from oscarkv.bench import e2e
 from oscarkv.bench.configs import DecodeBench
-
-
-
-
-def _events_us(fn, reps: int = 20) -> float:
-    fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return 1e3 * a.elapsed_time(b) / reps
 
 
 def write_path_us(engine) -> tuple[float, float]:
@@ -66,11 +53,11 @@ def write_path_us(engine) -> tuple[float, float]:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         writes()
-    w = _events_us(g.replay)
+    w = 1e6 * e2e.event_seconds(g.replay)
     if not geo.int2_pages:
         return w, 0.0
     page = torch.zeros(1, dtype=torch.int32, device="cuda")
-    return w, _events_us(lambda: r.backend.demote_all(r.pools, r.storage, page, page))
+    return w, 1e6 * e2e.event_seconds(lambda: r.backend.demote_all(r.pools, r.storage, page, page))
 
 
 def kernel_profile(step, reps: int = 5, top: int = 14) -> list[dict]:
@@ -188,7 +175,7 @@ def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -
     fwd_us, solo = None, engine.runner.tp.size == 1  # NOTE: a tensor-parallel rank's graph replays only with all ranks'
     if solo:
         graph = engine.runner.graphs.graphs[engine.runner.graphs.bucket(cfg.batch)].graph
-        fwd_us = _events_us(graph.replay)
+        fwd_us = 1e6 * e2e.event_seconds(graph.replay)
         phases["launch_us"] = launch_us(graph)
     if cfg.profile and ctx == max(cfg.contexts):
         phases["host"] = host_profile(engine, cfg.steps)

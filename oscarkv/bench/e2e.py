@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,18 @@ def release() -> None:
     """Free a dropped engine's pools now (runner and graphs reference each other: a cycle)."""
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def event_seconds(fn, reps: int = 20) -> float:
+    """Seconds per call of ``fn`` on the current CUDA stream (CUDA events, after one warm-up call)."""
+    fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / reps / 1e3
 
 
 def random_model(shape: str) -> PagedLM:

@@ -48,18 +48,6 @@ def ttft(engine, context: int, seed: int = 0) -> float:
     return time.perf_counter() - t
 
 
-def _time(fn, reps: int = 3) -> float:
-    """Seconds per call (CUDA events, after one warm-up call)."""
-    fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / reps / 1e3
-
-
 @torch.inference_mode()
 def floor(model, context: int, chunk: int) -> dict:
     """The floor's two terms (module docstring): SDPA causal attention and the linear layers, seconds."""
@@ -68,7 +56,7 @@ def floor(model, context: int, chunk: int) -> dict:
     q = torch.randn(1, hq, context, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, h, context, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    attn = _time(lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True)) * L
+    attn = e2e.event_seconds(lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True), reps=3) * L
     del q, k, v
     layer = model.model.layers[0]
     x = torch.randn(chunk, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
@@ -78,7 +66,7 @@ def floor(model, context: int, chunk: int) -> dict:
 
     def linears():
         a.qkv_proj(x), a.o_proj(xo), m.gate_up_proj(x), m.down_proj(xi)
-    gemm = _time(linears, reps=10) * L * context / chunk
+    gemm = e2e.event_seconds(linears, reps=10) * L * context / chunk
     return dict(attention_s=attn, gemm_s=gemm, floor_s=attn + gemm,
                 attention_tflops=4 * hq * d * context * context / 2 * L / attn / 1e12)
 
