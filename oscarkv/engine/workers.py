@@ -58,8 +58,11 @@ from oscarkv.quant.codec import KVCodec
 
 log = logging.getLogger(__name__)
 
-STEP_TIMEOUT = timedelta(minutes=5)
-"""How long a device collective (and the start-up rendezvous) waits for the other ranks before it fails."""
+STEP_TIMEOUT = {"cuda": timedelta(minutes=5), "cpu": timedelta(seconds=90)}
+"""How long a device collective (and the start-up rendezvous) waits for the other ranks before it fails,
+by device type. NOTE: gloo does not always see a dead peer at once (a broadcast from rank 0 to a killed
+rank was seen waiting for the full timeout), so the CPU's is short: ranks step in lockstep, and no CPU
+step keeps one rank 90 s behind another."""
 IDLE_TIMEOUT = timedelta(days=365)
 """How long a worker waits for rank 0's next step: an idle server sends none (a dead rank 0 closes
 the connection, which ends the wait at once)."""
@@ -122,7 +125,7 @@ def _init_groups(rank: int, size: int, rendezvous: Path, device: torch.device) -
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=rendezvous.as_uri(),
-                            rank=rank, world_size=size, timeout=STEP_TIMEOUT)
+                            rank=rank, world_size=size, timeout=STEP_TIMEOUT[device.type])
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     return TensorParallel(rank, size, dist.group.WORLD), control
 
