@@ -11,7 +11,7 @@ table last:
 * ``bf16``   the BF16 kernel's config sweep vs SDPA (``benchmarks.variants_bf16``) →
   ``bf16_sweep.json``;
 * ``round6`` round 6's transposed-tile INT2 kernel at several register caps
-  (``benchmarks.variants_round6``) → ``round6.json``; ``round7`` round 7's code conversion vs the round-6 kernel → ``round7.json``.
+  (``benchmarks.variants_round6``) → ``round6.json``; ``round7`` round 7's code conversion at several register caps → ``round7.json``.
 
 Anything else after ``OUT_DIR`` runs the default. Times are CUDA-graph replays over enough
 rotated caches that the L2 cache (50 MB on an H100) cannot serve them

@@ -1,7 +1,7 @@
-"""Rounds 6 and 7 of the INT2 decode kernel against the kernels they replaced (``... OUT_DIR round6|round7``).
+"""Rounds 6 and 7 of the INT2 decode kernel at several register caps (``... OUT_DIR round6|round7``).
 
-Round 6: transposed tiles vs the round-5 kernel; round 7: the code conversion of all four slices
-in one PTX block (``decode_int2._slices``) vs the round-6 kernel.
+Round 6: transposed tiles; round 7: the code conversion of all four slices
+in one PTX block (``decode_int2._slices``) at several register caps.
 
 Role: :func:`round6` checks every variant (:data:`ROUND6`, :data:`ROUND7`) against the fp32 oracle (fresh inputs,
 G = 128 and 64, odd lengths), drops the ones that fail, and times the rest as CUDA-graph
@@ -11,11 +11,11 @@ spills of every compiled INT2 kernel. The result dict is written as ``round6.jso
 :func:`round6_table` prints it.
 
 A variant with ``base=NAME`` runs the kernel of ``benchmarks/NAME.py`` in place of the current
-one (:class:`_swap`). ``int2_round6.py`` (committed beside this file) is the round-6 kernel,
-``git show c64b09d:oscarkv/kernels/decode_int2.py``: round 7's baseline. Round 6's own baseline,
-the round-5 kernel, was a file made by ``git show 449eb7b:...`` and never committed, so that
-variant is gone; its measured times stay in ``docs/lab/benchmarks-log.md`` ("Round 6") and
-``docs/bench_gpu/round6_int2_h100.json``.
+one (:class:`_swap`). The baselines the rounds were measured against — the round-5 kernel
+(``git show 449eb7b:oscarkv/kernels/decode_int2.py``) and the round-6 one (``git show
+c64b09d:...``) — are near-copies of today's kernel and live only in the history: save one as
+``benchmarks/NAME.py`` and add a ``base=NAME`` variant to compare again. Their measured times
+stay in ``docs/lab/benchmarks-log.md`` ("Round 6", "Round 7") and ``docs/bench_gpu/``.
 """
 
 from __future__ import annotations
@@ -36,15 +36,14 @@ ROUND6 = {  # INT2 kernel, round 6 (H100): transposed tiles (tokens x query rows
     "T_n128_s16": dict(maxnreg=128, PER_SM=16),
 }
 ROUND6_G64 = ("T", "T_n128_s16")
-ROUND7 = {  # INT2 kernel, round 7 (H100): four slices per PTX block vs the round-6 kernel
-    "r6": dict(base="int2_round6", CONV=2),
+ROUND7 = {  # INT2 kernel, round 7 (H100): four slices per PTX block
     "S": {},  # the default: maxnreg 168, 12 programs per SM
     "S_free": dict(maxnreg=None),  # ptxas picks (168 at G = 128, 255 at G = 64)
     "S_n176_s11": dict(maxnreg=176, PER_SM=11),
     "S_n152_s13": dict(maxnreg=152, PER_SM=13),
     "S_n128_s16": dict(maxnreg=128, PER_SM=16),
 }
-ROUND7_G64 = ("r6", "S", "S_n128_s16")
+ROUND7_G64 = ("S", "S_n128_s16")
 
 
 class _swap:
