@@ -1,6 +1,7 @@
 """Bad input gets an OpenAI-style error body and a 4xx status; an engine failure a 500 (or an
 error event in a stream); the server keeps serving."""
 
+import dataclasses
 import http.client
 import json
 import threading
@@ -115,9 +116,34 @@ def test_an_unexpected_exception_is_a_counted_500(model, tok, monkeypatch):
     assert 'oscarkv_http_responses_total{path="/v1/completions",status="500"} 1.0' in metrics
 
 
-def test_health_answers_while_multi_megabyte_prompts_are_refused(served):
-    """5 MB prompts (text and chat) are refused from their length, and nothing blocks the event
-    loop meanwhile: every /health check answers within 100 ms."""
+class CountingTokenizer:
+    """The served tokenizer, counting the texts it tokenizes or templates."""
+
+    def __init__(self, tok):
+        self.tok, self.calls = tok, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.tok(*args, **kwargs)
+
+    def apply_chat_template(self, *args, **kwargs):
+        self.calls += 1
+        return self.tok.apply_chat_template(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+def test_health_answers_while_multi_megabyte_prompts_are_refused(served, monkeypatch):
+    """5 MB prompts (text and chat) are refused from their length, never tokenized, and nothing
+    blocks the event loop meanwhile: no /health check waits as long as a second.
+
+    Tokenizing one such prompt takes ~4.5 s on a CI core, so a blocked loop would show as a wait
+    of seconds; the 1 s bound leaves room for scheduling noise on a loaded 2-core machine (a
+    100 ms bound failed once in CI at 314 ms). Latency itself is measured by the benchmarks."""
+    server = served.app.state.server
+    counting = CountingTokenizer(server.model.tokenizer)
+    monkeypatch.setattr(server, "model", dataclasses.replace(server.model, tokenizer=counting))
     bodies = [("/v1/completions", {**OK, "prompt": "y" * (5 << 20)}),
               ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "z" * (1 << 20)}] * 5})]
     bodies = [(path, json.dumps(body).encode()) for path, body in bodies]  # encoded here: the client holds no GIL later
@@ -142,7 +168,9 @@ def test_health_answers_while_multi_megabyte_prompts_are_refused(served):
         waits.append(time.perf_counter() - t0)
     worker.join()
     assert statuses == [400] * 6 and waits
-    assert max(waits) < 0.1, f"/health took {max(waits) * 1000:.0f} ms while large prompts were refused"
+    assert counting.calls == 0, "a prompt refused from its length was tokenized first"
+    assert max(waits) < 1.0, f"/health took {max(waits) * 1000:.0f} ms while large prompts were refused"
+    assert httpx.post(served.url + "/v1/completions", json=OK, timeout=30).status_code == 200 and counting.calls == 1
 
 
 def test_other_http_errors_and_still_serving(served):
