@@ -9,7 +9,7 @@ engine runs; ``ServerConfig`` what the HTTP layer adds. This module imports noth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -37,6 +37,15 @@ HAYSTACKS = ("eval", "gazetteer", "calibration")
 METHODS = ("bf16", "int4", "naive", "quarot", "kivi", "oscar")
 """KV storage methods, all served by one codec path (``oscarkv.quant.codec``)."""
 
+LADDER_METHODS = ("naive", "quarot", "oscar")
+"""Per-token methods whose key and value bits ``KVConfig.key_bits``/``value_bits`` choose."""
+
+FIXED_BITS = ("bf16", "int4", "kivi")
+"""Methods with their own bits (none, 4/4 without rotation, KIVI's 2/2)."""
+
+RUNGS = {"int2": (2, 2), "k4v2": (4, 2), "k2v4": (2, 4), "int4": (4, 4)}
+"""The precision ladder: rung name → ``(key_bits, value_bits)`` of ``KVConfig``."""
+
 
 @dataclass(frozen=True)
 class KVConfig:
@@ -56,8 +65,21 @@ class KVConfig:
     and the token block over which KIVI quantizes keys per channel."""
     group_size: int | None = None
     """Channels per quantization group (G); ``None`` means ``min(head_dim, 128)``."""
+    key_bits: int = 2
+    """Bits per stored history key element, 2 or 4 (the precision ladder: INT2, K4V2, K2V4,
+    INT4), for the per-token methods ``naive``, ``quarot`` and ``oscar``; 4-bit codes are two
+    2-bit planes (``oscarkv.quant.int2``) and are not clipped (the artifact's clips were fitted
+    for 2 bits). ``int4`` and ``kivi`` fix their own bits."""
+    value_bits: int = 2
+    """Bits per stored history value element, 2 or 4 (see ``key_bits``)."""
 
     def __post_init__(self) -> None:
+        for name in ("key_bits", "value_bits"):
+            if getattr(self, name) not in (2, 4):
+                raise ValueError(f"KVConfig.{name} must be 2 or 4, got {getattr(self, name)}")
+        if self.method in FIXED_BITS and self.bits != (2, 2):
+            raise ValueError(f"KVConfig.key_bits/value_bits apply to {LADDER_METHODS}; method {self.method!r} "
+                             f"fixes its own bits, got {self.bits[0]}/{self.bits[1]}")
         if self.method not in METHODS:
             raise ValueError(f"KVConfig.method must be one of {METHODS}, got {self.method!r}")
         for name in ("sink", "recent"):
@@ -77,13 +99,25 @@ class KVConfig:
         the current chunk stays BF16; KIVI keeps its token blocks, so up to ``P - 1`` recent
         tokens remain full precision, as in KIVI itself."""
         page = self.page_size if self.method == "kivi" else 1
-        return KVConfig(self.method, 0, 0, page, self.group_size)
+        return replace(self, sink=0, recent=0, page_size=page)
+
+    @property
+    def bits(self) -> tuple[int, int]:
+        """``(key_bits, value_bits)``."""
+        return self.key_bits, self.value_bits
+
+    def rung(self) -> str:
+        """The precision rung of a per-token method: ``int2``, ``k4v2``, ``k2v4`` or ``int4``."""
+        kb, vb = self.bits
+        return "int2" if kb == vb == 2 else "int4" if kb == vb == 4 else f"k{kb}v{vb}"
 
     def label(self) -> str:
-        """Short name used in reports: ``oscar`` with windows is ``oscar+win``."""
+        """Short name used in reports: ``oscar`` with windows is ``oscar+win``; a rung other than INT2
+        is named after the method (``oscar-k4v2+win``)."""
         if self.method == "bf16":
             return "bf16"
-        return f"{self.method}+win" if (self.sink or self.recent) else self.method
+        name = self.method if self.bits == (2, 2) or self.method in FIXED_BITS else f"{self.method}-{self.rung()}"
+        return f"{name}+win" if (self.sink or self.recent) else name
 
 
 @dataclass(frozen=True)
@@ -108,12 +142,18 @@ class RecipeSearchConfig:
     """Candidate BF16 sink sizes (tokens); the engine serves whole pages only."""
     recents: tuple[int, ...] = (0, 64, 128, 256, 512, 1024, 2048)
     """Candidate BF16 recent window sizes (tokens)."""
+    rungs: tuple[str, ...] = ("int2",)
+    """Candidate key/value bits (``RUNGS``: ``int2``, ``k4v2``, ``k2v4``, ``int4``), each with every
+    window; the chosen one is recorded in the recipe (``key_bits``, ``value_bits``)."""
 
     def __post_init__(self) -> None:
         if self.max_bpe is not None and self.max_bpe <= 2:
             raise ValueError(f"RecipeSearchConfig.max_bpe must exceed 2 bits, got {self.max_bpe}")
         if self.tolerance is not None and not 0 <= self.tolerance < 1:
             raise ValueError(f"RecipeSearchConfig.tolerance must lie in [0, 1), got {self.tolerance}")
+        bad = [r for r in self.rungs if r not in RUNGS]
+        if bad or not self.rungs:
+            raise ValueError(f"RecipeSearchConfig.rungs: unknown {bad or 'empty list'}; choose from {tuple(RUNGS)}")
         if self.dev_samples < len(self.dev_seeds) or not self.dev_seeds:
             raise ValueError("RecipeSearchConfig.dev_samples must give every seed a sample")
 

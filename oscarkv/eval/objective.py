@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from oscarkv.config import KVConfig
+from oscarkv.config import RUNGS, KVConfig
 from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.runner import prefill, score_sample
 from oscarkv.eval.samples import answer_spans
@@ -72,21 +72,24 @@ def dev_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sample
 
 
 def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: KVConfig,
-                  sinks: tuple[int, ...], recents: tuple[int, ...]) -> dict[str, KVCodec]:
-    """``oscar s=SINK r=RECENT`` codecs for every candidate window the engine serves (a sink of
-    whole pages) within ``max_bpe`` at ``context``."""
+                  sinks: tuple[int, ...], recents: tuple[int, ...], rungs: tuple[str, ...] = ("int2",)) -> dict[str, KVCodec]:
+    """``oscar s=SINK r=RECENT`` codecs (``oscar-RUNG s=...`` for a rung other than INT2) for every
+    candidate window the engine serves (a sink of whole pages) and rung within ``max_bpe`` at ``context``."""
     c = loaded.model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
     out = {}
-    for s in (s for s in sinks if s % base.page_size == 0):
-        for r in recents:
-            kv = replace(base, method="oscar", sink=s, recent=r, group_size=artifact.manifest["group_size"])
-            if s == 0 and r == 0:
-                kv = kv.without_windows()
-            codec = build_codec(kv, *dims, artifact)
-            if max_bpe is None or codec.bpe(context) <= max_bpe:
-                out[f"oscar s={s} r={r}"] = codec
+    for rung in rungs:
+        kb, vb = RUNGS[rung]
+        for s in (s for s in sinks if s % base.page_size == 0):
+            for r in recents:
+                kv = replace(base, method="oscar", sink=s, recent=r, group_size=artifact.manifest["group_size"],
+                             key_bits=kb, value_bits=vb)
+                if s == 0 and r == 0:
+                    kv = kv.without_windows()
+                codec = build_codec(kv, *dims, artifact)
+                if max_bpe is None or codec.bpe(context) <= max_bpe:
+                    out[f"oscar{'' if rung == 'int2' else '-' + rung} s={s} r={r}"] = codec
     return out
 
 
@@ -106,10 +109,11 @@ def recipe_record(label: str, scores: dict[str, DevScore], codecs: dict[str, KVC
                   dev: dict, reference: DevScore | None = None) -> dict:
     """The manifest's ``recipe``: the chosen windows, how they were chosen, every candidate's scores."""
     kv = codecs[label].config
-    cands = [{"sink": codecs[k].config.sink, "recent": codecs[k].config.recent,
-              "bpe": round(codecs[k].bpe(context), 4), "answer_nll": round(v.answer_nll, 4),
-              "accuracy": round(v.accuracy, 4)} for k, v in scores.items()]
+    cands = [{"sink": codecs[k].config.sink, "recent": codecs[k].config.recent, "key_bits": codecs[k].config.key_bits,
+              "value_bits": codecs[k].config.value_bits, "bpe": round(codecs[k].bpe(context), 4),
+              "answer_nll": round(v.answer_nll, 4), "accuracy": round(v.accuracy, 4)} for k, v in scores.items()]
     out = {"method": "oscar", "sink": kv.sink, "recent": kv.recent, "page_size": kv.page_size,
+           "key_bits": kv.key_bits, "value_bits": kv.value_bits,
            "bpe": round(codecs[label].bpe(context), 4), "objective": "development NIAH answer NLL",
            "context": context, **dev, "candidates": cands}
     if reference is not None:
@@ -149,7 +153,7 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
     c = loaded.model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     bf16 = {"bf16": build_codec(KVConfig("bf16"), c.num_hidden_layers, c.num_key_value_heads, head_dim)}
-    windows = window_codecs(loaded, artifact, cfg.context, cfg.max_bpe, KVConfig(), cfg.sinks, cfg.recents)
+    windows = window_codecs(loaded, artifact, cfg.context, cfg.max_bpe, KVConfig(), cfg.sinks, cfg.recents, cfg.rungs)
     if not windows:
         raise ValueError(f"no window fits --max-bpe {cfg.max_bpe} at --context {cfg.context}")
     limit = getattr(c, "max_position_embeddings", None)
@@ -182,7 +186,7 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
         log.write(json.dumps({"seed": sample.seed, "nll": nll, "accuracy": acc}) + "\n")
         log.flush()
         print(f"dev sample seed {sample.seed}: bf16 {nll['bf16']:.3f}, best window "
-              f"{min(v for k, v in nll.items() if k.startswith('oscar s=')):.3f} nats", flush=True)
+              f"{min(v for k, v in nll.items() if k.startswith('oscar') and ' s=' in k):.3f} nats", flush=True)
 
     with log:
         recipe, scores = search_windows(loaded, arts["recipe"], search, extra, progress)
@@ -207,14 +211,17 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
              "predicted_error": pred}
     out.mkdir(parents=True, exist_ok=True)
     (out / "dev_study.json").write_text(json.dumps(study, indent=2) + "\n")
-    print(f"recipe: sink {recipe['sink']}, recent {recipe['recent']} ({recipe['bpe']:.3f} bits per element at "
+    print(f"recipe: key bits {recipe['key_bits']}, value bits {recipe['value_bits']}, sink {recipe['sink']}, recent "
+          f"{recipe['recent']} ({recipe['bpe']:.3f} bits per element at "
           f"{recipe['context']} tokens), development answer NLL {scores_of(recipe)} vs BF16 "
           f"{recipe['bf16']['answer_nll']:.3f}; study in {out / 'dev_study.json'}")
     return recipe
 
 
 def scores_of(recipe: dict) -> str:
-    mine = next(c for c in recipe["candidates"] if (c["sink"], c["recent"]) == (recipe["sink"], recipe["recent"]))
+    def key(c: dict) -> tuple:
+        return c["sink"], c["recent"], c.get("key_bits", 2), c.get("value_bits", 2)
+    mine = next(c for c in recipe["candidates"] if key(c) == key(recipe))
     return f"{mine['answer_nll']:.3f} (accuracy {100 * mine['accuracy']:.0f}%)"
 
 

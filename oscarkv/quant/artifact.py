@@ -33,8 +33,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from oscarkv.config import KVConfig, __version__
-from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec
+from oscarkv.config import FIXED_BITS, KVConfig, __version__
+from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec, with_bits
 from oscarkv.quant.rotation import orthogonality_error
 
 FORMAT_VERSION = 2
@@ -207,13 +207,14 @@ class Artifact:
                 f"{cal.get('source', '?')} ({cal.get('seconds', '?')} s)"]
 
     def codec(self, cfg: KVConfig, group: int) -> KVCodec:
-        """OSCAR codecs for every layer; the clips were fitted for the artifact's group size."""
+        """OSCAR codecs for every layer at ``cfg``'s key and value bits; the clips were fitted for the
+        artifact's group size at 2 bits (4-bit kinds are not clipped: ``codec.with_bits``)."""
         if group != self.manifest["group_size"]:
             raise ArtifactError(f"field group_size: artifact was fitted with G={self.manifest['group_size']}, "
                                 f"the cache asks for G={group}")
         layers = []
         for i in range(self.fingerprint.num_layers):
-            kinds = [self._tensor_codec(kind, i, group) for kind in ("key", "value")]
+            kinds = [with_bits(self._tensor_codec(kind, i, group), bits) for kind, bits in zip(("key", "value"), cfg.bits)]
             layers.append(LayerCodec(*kinds))
         return KVCodec(cfg, tuple(layers), group)
 
@@ -275,22 +276,25 @@ def _clip(c: float) -> float | None:
 
 
 def apply_recipe(kv: KVConfig, artifact: Artifact | None) -> KVConfig:
-    """``kv`` with the windows the artifact's manifest chose (``recipe``, written by ``oscarkv
-    calibrate --max-bpe``/``--tolerance``) when ``kv`` is OSCAR and the manifest holds one;
+    """``kv`` with the windows and key/value bits the artifact's manifest chose (``recipe``, written by
+    ``oscarkv calibrate --max-bpe``/``--tolerance``; bits absent: 2) when ``kv`` is OSCAR and the manifest holds one;
     otherwise ``kv`` unchanged. Callers apply it only where the user set no windows."""
     recipe = artifact.manifest.get("recipe") if artifact is not None else None
     if kv.method != "oscar" or not recipe:
         return kv
-    return replace(kv, sink=recipe["sink"], recent=recipe["recent"], page_size=recipe.get("page_size", kv.page_size))
+    return replace(kv, sink=recipe["sink"], recent=recipe["recent"], page_size=recipe.get("page_size", kv.page_size),
+                   key_bits=recipe.get("key_bits", 2), value_bits=recipe.get("value_bits", 2))
 
 
 def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
     """One start-up line: the windows in use and where they come from."""
+    bits = "" if kv.method in FIXED_BITS else f"key bits {kv.key_bits}, value bits {kv.value_bits}, "
     if kv.method != "oscar":
-        return f"kv {kv.method}: sink {kv.sink}, recent {kv.recent}, page {kv.page_size}"
+        return f"kv {kv.method}: {bits}sink {kv.sink}, recent {kv.recent}, page {kv.page_size}"
     recipe = artifact.manifest.get("recipe") if artifact is not None else None
-    line = f"kv oscar: sink {kv.sink}, recent {kv.recent}, page {kv.page_size}"
-    if recipe and (kv.sink, kv.recent) == (recipe["sink"], recipe["recent"]):
+    line = f"kv oscar: {bits}sink {kv.sink}, recent {kv.recent}, page {kv.page_size}"
+    if recipe and (kv.sink, kv.recent, *kv.bits) == (recipe["sink"], recipe["recent"], recipe.get("key_bits", 2),
+                                                      recipe.get("value_bits", 2)):
         return (f"{line} (the artifact's recipe: {recipe['bpe']} bits per element at {recipe['context']} tokens, "
                 f"chosen on {recipe['objective']} over {recipe.get('dev_samples', '?')} development samples)")
     return line + (" (set by the caller; the artifact's recipe differs)" if recipe else " (no recipe in the artifact)")

@@ -16,7 +16,7 @@ rotation artifact) into a :class:`KVCodec` — the single code path for every me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,7 +29,8 @@ from oscarkv.quant.rotation import compose
 
 @dataclass(frozen=True)
 class TensorCodec:
-    """Storage rule for keys or values of one layer. ``bits=None`` stores BF16 only."""
+    """Storage rule for keys or values of one layer: ``bits`` 2 or 4 (``oscarkv.quant.int2``), ``None``
+    stores BF16 only."""
 
     bits: int | None
     group: int
@@ -142,11 +143,18 @@ def build_codec(cfg: KVConfig, num_layers: int, num_kv_heads: int, head_dim: int
         if artifact is None:
             raise ValueError("kv method 'oscar' needs a rotation artifact (oscarkv calibrate --out DIR, then --rotations DIR)")
         return artifact.codec(cfg, g)
-    layer = _baseline_layer(cfg.method, num_kv_heads, head_dim, g)
+    layer = _baseline_layer(cfg, num_kv_heads, head_dim, g)
     return KVCodec(cfg, (layer,) * num_layers, g)
 
 
-def _baseline_layer(method: str, heads: int, d: int, g: int) -> LayerCodec:
+def with_bits(codec: TensorCodec, bits: int) -> TensorCodec:
+    """``codec`` storing ``bits``-bit codes. NOTE: 4-bit codes are not clipped: clip ratios are fitted
+    for INT2 (``oscarkv.calibrate.solve``), where the rounding step is five times coarser."""
+    return codec if bits == codec.bits else replace(codec, bits=bits, clip=codec.clip if bits == 2 else None)
+
+
+def _baseline_layer(cfg: KVConfig, heads: int, d: int, g: int) -> LayerCodec:
+    method, (kb, vb) = cfg.method, cfg.bits
     if method == "bf16":
         bf = TensorCodec(None, g)
         return LayerCodec(bf, bf)
@@ -154,12 +162,10 @@ def _baseline_layer(method: str, heads: int, d: int, g: int) -> LayerCodec:
         c = TensorCodec(4, g)
         return LayerCodec(c, c)
     if method == "naive":
-        c = TensorCodec(2, g)
-        return LayerCodec(c, c)
+        return LayerCodec(TensorCodec(kb, g), TensorCodec(vb, g))
     if method == "quarot":
         h = compose(torch.eye(d).expand(heads, d, d), "h")
-        c = TensorCodec(2, g, rotation=h)
-        return LayerCodec(c, c)
+        return LayerCodec(TensorCodec(kb, g, rotation=h), TensorCodec(vb, g, rotation=h))
     if method == "kivi":
         return LayerCodec(TensorCodec(2, g, per_channel=True), TensorCodec(2, g))
     raise ValueError(f"unknown method {method!r}")

@@ -13,10 +13,16 @@ For a vector ``x`` of ``n`` channels split into groups of ``G`` channels:
 NOTE: rounding is half-up (``floor(y + 0.5)``), not torch's half-to-even, because it is the
 form every kernel language expresses identically.
 
-Packing: ``8 // bits`` codes per byte. With ``k = 8 // bits`` and ``L = G // k``, byte ``j``
-of a group holds elements ``j, j + L, j + 2L, ...`` in bits ``0.., bits.., ...`` — so a
-kernel unpacks ``k`` contiguous slices of a group with shifts. For INT2 that is elements
-``j, j+G/4, j+G/2, j+3G/4`` in bits 0-1, 2-3, 4-5, 6-7.
+Packing, INT2: four codes per byte. With ``L = G // 4``, byte ``j`` of a group holds elements
+``j, j+G/4, j+G/2, j+3G/4`` in bits 0-1, 2-3, 4-5, 6-7 — so a kernel unpacks four contiguous
+slices of a group with shifts. A packed row of ``n`` channels is ``n / 4`` bytes.
+
+Packing, INT4: two 2-bit *planes*. A code ``c`` in 0..15 is ``lo + 4·hi`` with ``lo = c & 3``,
+``hi = c >> 2``; the packed row is the INT2 packing of every ``lo`` (``n / 4`` bytes) followed by
+the INT2 packing of every ``hi`` (``n / 4`` bytes). NOTE: planes, not nibbles, so that every
+kernel reads a 4-bit row as two INT2 rows of the same channels and reuses the INT2 code path:
+``m + s·c = (m + s·lo) + 4s·hi``, i.e. the high plane is an INT2 row with scale ``4s`` and
+zero 0 (``oscarkv.kernels``). Scale and zero stay one fp16 pair per group.
 
 The quantized axis is always the last one; callers that quantize along tokens (KIVI keys)
 transpose first. Packed tensors flow to the caches (``oscarkv.cache``) and back here to be
@@ -46,8 +52,8 @@ def _check(n: int, bits: int, group: int) -> None:
         raise ValueError(f"bits must be 2 or 4, got {bits}")
     if group <= 0 or n % group:
         raise ValueError(f"group size {group} must divide the quantized dimension {n}")
-    if group % (8 // bits):
-        raise ValueError(f"group size {group} must be a multiple of {8 // bits} for {bits}-bit packing")
+    if group % 4:
+        raise ValueError(f"group size {group} must be a multiple of 4 for {bits}-bit packing (2-bit planes)")
 
 
 def quantize_codes(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -69,22 +75,24 @@ def pack(codes: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     """Pack codes ``uint8 [..., n]`` into ``uint8 [..., n * bits / 8]`` (layout in the module docstring)."""
     n = codes.shape[-1]
     _check(n, bits, group)
-    k = 8 // bits
-    cg = codes.reshape(*codes.shape[:-1], n // group, k, group // k)  # [..., groups, slice, L]
+    if bits == 4:  # two INT2 planes: low bits, then high bits
+        return torch.cat([pack(codes & 3, 2, group), pack(codes >> 2, 2, group)], -1)
+    cg = codes.reshape(*codes.shape[:-1], n // group, 4, group // 4)  # [..., groups, slice, L]
     out = torch.zeros(cg.shape[:-2] + cg.shape[-1:], dtype=torch.uint8, device=codes.device)
-    for i in range(k):
-        out |= cg[..., i, :] << (bits * i)
-    return out.reshape(*codes.shape[:-1], n * bits // 8)
+    for i in range(4):
+        out |= cg[..., i, :] << (2 * i)
+    return out.reshape(*codes.shape[:-1], n // 4)
 
 
 def unpack(packed: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     """Inverse of :func:`pack`: ``uint8 [..., n * bits / 8]`` to codes ``uint8 [..., n]``."""
-    k = 8 // bits
-    n = packed.shape[-1] * k
+    n = packed.shape[-1] * 8 // bits
     _check(n, bits, group)
-    pg = packed.reshape(*packed.shape[:-1], n // group, group // k)  # [..., groups, L]
-    mask = (1 << bits) - 1
-    slices = [(pg >> (bits * i)) & mask for i in range(k)]
+    if bits == 4:
+        lo, hi = packed.split(n // 4, -1)
+        return unpack(lo, 2, group) | (unpack(hi, 2, group) << 2)
+    pg = packed.reshape(*packed.shape[:-1], n // group, group // 4)  # [..., groups, L]
+    slices = [(pg >> (2 * i)) & 3 for i in range(4)]
     return torch.stack(slices, dim=-2).reshape(*packed.shape[:-1], n)
 
 

@@ -23,12 +23,21 @@ def test_int2_bit_layout_matches_spec():
                     assert (byte >> (2 * i)) & 3 == int(codes[row, grp * g + j + i * g // 4])
 
 
-def test_int4_bit_layout_matches_spec():
+def test_int4_bit_layout_is_two_int2_planes():
+    """Byte j of plane b (low bits, then high bits) holds bits 2b..2b+1 of elements j + i*G/4 in bits 2i..2i+1."""
     g = 8
-    codes = torch.randint(0, 16, (2, g), dtype=torch.uint8)
+    codes = torch.randint(0, 16, (3, 2 * g), dtype=torch.uint8)
     packed = pack(codes, 4, g)
-    for j in range(g // 2):
-        assert int(packed[0, j]) == int(codes[0, j]) | (int(codes[0, j + g // 2]) << 4)
+    assert packed.shape == (3, 2 * g // 2)
+    n4 = 2 * g // 4  # bytes of one plane
+    for row in range(3):
+        for plane in range(2):
+            for grp in range(2):
+                for j in range(g // 4):
+                    byte = int(packed[row, plane * n4 + grp * g // 4 + j])
+                    for i in range(4):
+                        code = int(codes[row, grp * g + j + i * g // 4])
+                        assert (byte >> (2 * i)) & 3 == (code >> (2 * plane)) & 3
 
 
 @pytest.mark.parametrize("bits", [2, 4])
