@@ -257,6 +257,10 @@ class EvalConfig:
     """With the engine backend, generate BF16's free-running answers on the engine; off: by
     greedy generation from the diagnostic's full-precision prefill (the same computation, as
     the engine keeps an fp32 model's ``bf16`` K/V unrounded, at one prefill less per sample)."""
+    batch: int = 4
+    """With the engine backend, samples run at once through each engine as concurrent requests
+    (continuous batching, as ``serve`` runs its clients; each answer is the one a request alone
+    gets). Each costs one more sequence of the largest context in the engine's pools."""
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -269,6 +273,8 @@ class EvalConfig:
             raise ValueError(f"EvalConfig.contexts must be >= 256 tokens, got {self.contexts}")
         if self.samples < 1:
             raise ValueError(f"EvalConfig.samples must be >= 1, got {self.samples}")
+        if self.batch < 1:
+            raise ValueError(f"EvalConfig.batch must be >= 1, got {self.batch}")
         if not self.windows:
             raise ValueError("EvalConfig.windows must hold True, False or both")
         bad = [h for h in self.haystacks if h not in HAYSTACKS]

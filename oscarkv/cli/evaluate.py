@@ -25,7 +25,8 @@ def setup(p: argparse.ArgumentParser) -> None:
                    help=f"BF16 recent window tokens (default: {KVConfig().recent})")
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
                    help=f"where the default model's artifact is cached (default: {CACHE_DIR})")
-    add_fields(p, EvalConfig, ["methods", "tasks", "samples", "seed", "haystacks", "diagnostic", "free", "bf16_on_engine"])
+    add_fields(p, EvalConfig, ["methods", "tasks", "samples", "seed", "haystacks", "diagnostic", "free", "bf16_on_engine",
+                                  "batch"])
     p.add_argument("--backend", choices=["hf", "engine"], default="engine",
                    help="engine: free-running greedy generation through the paged engine as served (the headline), "
                         "with the teacher-forced diagnostic beside it; hf: the teacher-forced single-chunk "

@@ -5,6 +5,9 @@ configuration) whose prompt is ``document + question``, prefilled by the engine'
 prefill (chunks of ``EngineConfig.prefill_chunk`` tokens, each attending to the earlier ones as
 stored), then greedy generation token by token from the cache as stored; the answer is scored
 from the generated text with RULER's string match (:func:`oscarkv.eval.tasks.score_text`).
+Several samples run at once as concurrent requests (``EvalConfig.batch``), as ``serve`` batches
+its clients: prefill chunk boundaries depend on positions only, so each answer is the one a
+request alone would get (``tests/eval/test_engine_eval.py``).
 Only configurations the engine serves run here (:func:`served`): methods in ``ENGINE_METHODS``
 with their BF16 windows; the others are measured by the teacher-forced diagnostic alone and
 labelled "not served". The runner (``oscarkv.eval.runner``) drives the loop and scores the
@@ -34,20 +37,21 @@ def served(kv: KVConfig) -> bool:
 
 
 def build_engines(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, artifacts) -> dict[str, LLMEngine]:
-    """One engine per report label, sized for one sequence of the largest context."""
+    """One engine per report label, sized for ``cfg.batch`` sequences of the largest context."""
     engines = {}
     c = loaded.model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     budget = max(cfg.contexts) + 1024
-    # one sequence held entirely in BF16 (K and V, every layer), with room to spare
-    memory = 2 * budget * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * 2
+    # cfg.batch sequences held entirely in BF16 (K and V, every layer), with room to spare
+    memory = cfg.batch * 2 * budget * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * 2
     for label, codec in codecs.items():
         kv = codec.config
         if kv.method not in ENGINE_METHODS:
             raise ValueError(f"eval --backend engine serves {ENGINE_METHODS}; {label!r} needs --backend hf")
         name = label.split(":", 1)[1].split("+")[0] if label.startswith("oscar:") else ""
         art = (artifacts or {}).get(name) if kv.method == "oscar" else None
-        ecfg = EngineConfig(kv, kv_memory_bytes=memory, max_num_seqs=1, max_num_batched_tokens=budget,
+        ecfg = EngineConfig(kv, kv_memory_bytes=memory, max_num_seqs=cfg.batch,
+                            max_num_batched_tokens=budget,
                             prefill_chunk=512 - 512 % kv.page_size or kv.page_size, enable_prefix_caching=False)
         engines[label] = LLMEngine.from_hf(loaded.model, ecfg, art, loaded.tokenizer)
     return engines
@@ -62,11 +66,22 @@ def _run(engine: LLMEngine, prompt: list[int], params: SamplingParams, chunk_end
     return out
 
 
-def score_free(engine: LLMEngine, prompt: list[int], sample: task_lib.Sample, answer_tokens: int) -> tuple[float, float, str]:
-    """(string-match score of the greedy generation, BPE of the stored sequence, the text)."""
-    params = SamplingParams(max_tokens=answer_tokens + EXTRA_TOKENS, temperature=0)
-    out = _run(engine, prompt, params)
-    return task_lib.score_text(sample, out.text), engine.bpe(len(prompt) + len(out.token_ids)), out.text
+def score_free(engine: LLMEngine, prompts: list[list[int]], samples: list[task_lib.Sample],
+               answer_tokens: list[int]) -> list[tuple[float, float, str]]:
+    """Per sample, run as concurrent requests: (string-match score of the greedy generation, BPE
+    of the stored sequence, the text)."""
+    for i, (prompt, n) in enumerate(zip(prompts, answer_tokens)):
+        engine.add_request(f"eval-{i}", prompt, SamplingParams(max_tokens=n + EXTRA_TOKENS, temperature=0))
+    done = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                if o.finish_reason == "error":
+                    raise RuntimeError(f"engine request {o.request_id} failed: {o.error}")
+                done[o.request_id] = o
+    outs = [done[f"eval-{i}"] for i in range(len(prompts))]
+    return [(task_lib.score_text(s, o.text), engine.bpe(len(p) + len(o.token_ids)), o.text)
+            for s, p, o in zip(samples, prompts, outs)]
 
 
 def score_engine(engine: LLMEngine, doc: list[int], question: list[int], target: list[int],

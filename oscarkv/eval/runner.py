@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from typing import TextIO
 
 import torch
@@ -237,6 +238,39 @@ def _as_list(x) -> list:
     return [x] if isinstance(x, int) else list(x or [])
 
 
+@dataclass(frozen=True)
+class _Prompt:
+    """One sample as the engine gets it: its prompt ids, answer length and needle place."""
+
+    sample: task_lib.Sample
+    ids: list[int]  # document + question, each tokenized alone (as the diagnostic feeds them)
+    answer_tokens: int
+    place: str
+
+    @property
+    def cell(self) -> tuple[str, int, str]:
+        return self.sample.task, self.sample.context, self.sample.haystack
+
+    @classmethod
+    def of(cls, tok, sample: task_lib.Sample, kv: KVConfig) -> _Prompt:
+        ids = tok(sample.document, add_special_tokens=False).input_ids + tok(
+            sample.question, add_special_tokens=False).input_ids
+        n_answer = len(tok(task_lib.answer_target(sample), add_special_tokens=False).input_ids)
+        return cls(sample, ids, n_answer, needle_place(tok, sample, kv))
+
+
+def _groups(items, size: int):
+    """``items`` in consecutive lists of ``size`` (the last may be shorter)."""
+    group = []
+    for item in items:
+        group.append(item)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
 def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, tally: Tally,
               backend: str = "hf", artifacts: dict | None = None) -> list[dict]:
     """Score every sample: teacher-forced single chunk (``hf``), or free-running through the
@@ -247,22 +281,21 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, ta
               and (not cfg.free or c.config.method in cfg.free)}
     on_hf = {k for k, c in served.items() if c.config.method == "bf16" and not cfg.bf16_on_engine}
     engines = engine_backend.build_engines(loaded, {k: c for k, c in served.items() if k not in on_hf}, cfg, artifacts)
-    tok = loaded.tokenizer
-    for _, _, _, sample in cells(loaded, cfg):
-        place = needle_place(tok, sample, cfg.kv)
-        prompt = tok(sample.document, add_special_tokens=False).input_ids + tok(
-            sample.question, add_special_tokens=False).input_ids
-        n_answer = len(tok(task_lib.answer_target(sample), add_special_tokens=False).input_ids)
+    for group in _groups(cells(loaded, cfg), cfg.batch):
+        batch = [_Prompt.of(loaded.tokenizer, sample, cfg.kv) for _, _, _, sample in group]
         for label, engine in engines.items():
-            acc, bpe, _ = engine_backend.score_free(engine, prompt, sample, n_answer)
-            tally.add((label, sample.task, sample.context, sample.haystack, FREE), acc, bpe, place=place)
-        if backend == "hf" or cfg.diagnostic or on_hf:
-            doc = score_forced(loaded, codecs, sample, place, tally)
-            for label in on_hf:
-                text = greedy_full_precision(loaded, doc, sample, n_answer + engine_backend.EXTRA_TOKENS)
-                tally.add((label, sample.task, sample.context, sample.haystack, FREE),
-                          task_lib.score_text(sample, text), full_bits(loaded), place=place)
-        bar.update(len(codecs))
+            scores = engine_backend.score_free(engine, [p.ids for p in batch], [p.sample for p in batch],
+                                               [p.answer_tokens for p in batch])
+            for p, (acc, bpe, _) in zip(batch, scores):
+                tally.add((label, *p.cell, FREE), acc, bpe, place=p.place)
+        for p in batch:
+            if backend == "hf" or cfg.diagnostic or on_hf:
+                doc = score_forced(loaded, codecs, p.sample, p.place, tally)
+                for label in on_hf:
+                    text = greedy_full_precision(loaded, doc, p.sample, p.answer_tokens + engine_backend.EXTRA_TOKENS)
+                    tally.add((label, *p.cell, FREE), task_lib.score_text(p.sample, text), full_bits(loaded),
+                              place=p.place)
+            bar.update(len(codecs))
     return tally.records("accuracy")
 
 

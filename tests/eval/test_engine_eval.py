@@ -62,3 +62,24 @@ def engine_text(engine, prompt: list[int]) -> str:
         for o in engine.step():
             out = o
     return out.text
+
+
+def test_batched_answers_equal_one_at_a_time(loaded):
+    """Samples run as concurrent requests through one engine get the answers each gets alone."""
+    from oscarkv.eval import tasks as task_lib
+    from oscarkv.eval.engine_backend import build_engines, score_free
+    from oscarkv.eval.runner import build_codecs
+
+    kv = KVConfig(sink=8, recent=16, page_size=8, group_size=D)
+    art = {"": make_artifact(loaded.model.config)}
+    tok = loaded.tokenizer
+    samples = task_lib.generate("niah_single", 384, 3, tok, seed=5, haystack="gazetteer")
+    samples += task_lib.generate("niah_multivalue", 320, 2, tok, seed=5)  # other lengths and answer budgets
+    prompts = [tok(s.document + s.question, add_special_tokens=False).input_ids for s in samples]
+    lengths = [3 + 2 * i for i in range(len(samples))]
+    for batch in (1, 3):
+        cfg = EvalConfig(methods=("oscar",), windows=(True,), contexts=(384,), kv=kv, batch=batch)
+        engine = build_engines(loaded, build_codecs(loaded.model, cfg, art), cfg, art)["oscar+win"]
+        alone = [score_free(engine, [p], [s], [n])[0] for p, s, n in zip(prompts, samples, lengths)]
+        together = score_free(engine, prompts, samples, lengths)
+        assert together == alone and len({t for _, _, t in alone}) > 1
