@@ -36,7 +36,7 @@ def main() -> None:
     codecs = {}
     for k in labels:
         m = re.fullmatch(r"oscar s=(\d+) r=(\d+)", k)
-        if m:
+        if m and (m[1] == "0" or m[2] != "0"):  # the engine serves no sink without a recent page
             kv = KVConfig("naive", sink=int(m[1]), recent=int(m[2]))  # same tiers and bits as oscar
             codecs[k] = build_codec(kv if kv.sink or kv.recent else kv.without_windows(), *DIMS)
     contexts = sorted({int(b.split(":")[0]) for b in args.budgets.split(",")})

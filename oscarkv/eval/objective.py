@@ -74,7 +74,9 @@ def dev_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sample
 def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: KVConfig,
                   sinks: tuple[int, ...], recents: tuple[int, ...], rungs: tuple[str, ...] = ("int2",)) -> dict[str, KVCodec]:
     """``oscar s=SINK r=RECENT`` codecs (``oscar-RUNG s=...`` for a rung other than INT2) for every
-    candidate window the engine serves (a sink of whole pages) and rung within ``max_bpe`` at ``context``."""
+    candidate window the engine serves (a sink of whole pages; a recent window unless there is no
+    window at all: page size 1, as :class:`~oscarkv.config.EngineConfig` requires) and rung within
+    ``max_bpe`` at ``context``."""
     c = loaded.model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
@@ -87,6 +89,8 @@ def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: K
                              key_bits=kb, value_bits=vb)
                 if s == 0 and r == 0:
                     kv = kv.without_windows()
+                elif r == 0 and kv.page_size > 1:
+                    continue  # a decode step would demote the page holding its own token: not served
                 codec = build_codec(kv, *dims, artifact)
                 if max_bpe is None or codec.bpe(context) <= max_bpe:
                     out[f"oscar{'' if rung == 'int2' else '-' + rung} s={s} r={r}"] = codec

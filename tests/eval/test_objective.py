@@ -30,6 +30,7 @@ def test_search_respects_the_budget_and_writes_every_candidate(loaded):
     codecs = window_codecs(loaded, art, 512, cfg.max_bpe, KVConfig(page_size=8), cfg.sinks, cfg.recents)
     assert codecs and all(c.bpe(512) <= 4.0 for c in codecs.values()) and "oscar s=8 r=256" not in codecs
     assert not any(k.startswith("oscar s=4 ") for k in codecs)  # not whole pages: not served
+    assert "oscar s=0 r=0" in codecs and "oscar s=8 r=0" not in codecs  # a sink without a recent page: not served
     recipe, scores = search_windows(loaded, art, cfg)
     assert recipe["bpe"] <= 4.0 and {"bf16"} < set(scores)
     assert len(recipe["candidates"]) == len(scores) - 1 and recipe["dev_samples"] == 2
