@@ -7,6 +7,10 @@ correlation of the cheaper proxies with the objective (teacher-forced accuracy; 
 first seed's samples alone).
 
     python scripts/recipe_from_log.py runs/recipe_dev/dev_samples.jsonl --budgets 4096:3.0,8192:3.0
+
+With ``--rotations DIR --out DIR`` it also writes a copy of the artifact whose manifest holds the
+choice under the first budget (``recipe``, what ``calibrate --max-bpe`` writes), for ``serve`` and
+``eval --rotations NAME=DIR``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import json
 import re
 
 from oscarkv.config import KVConfig
-from oscarkv.eval.objective import DevScore, choose, spearman
+from pathlib import Path
+
+from oscarkv.eval.objective import DevScore, choose, recipe_record, spearman
+from oscarkv.quant.artifact import Artifact
 from oscarkv.quant.codec import build_codec
 
 DIMS = (30, 3, 64)
@@ -28,6 +35,8 @@ def main() -> None:
     p.add_argument("log")
     p.add_argument("--budgets", default="4096:3.0", help="CONTEXT:MAX_BPE,... (comma-separated)")
     p.add_argument("--tolerance", type=float, default=0.05)
+    p.add_argument("--rotations", type=Path, help="the artifact the log's search ran on (to write the choice into)")
+    p.add_argument("--out", type=Path, help="where to write the artifact with the first budget's choice")
     args = p.parse_args()
     rows = [json.loads(line) for line in open(args.log) if line.strip()]
     labels = list(rows[0]["nll"])
@@ -55,11 +64,26 @@ def main() -> None:
             tol = choose({k: scores[k] for k in ok}, ok, ctx, ref, args.tolerance)
             print(f"max {cap} BPE at {ctx}: least NLL -> {best} ({ok[best].bpe(ctx):.3f} BPE); "
                   f"cheapest within {args.tolerance:.0%} of the reference's accuracy -> {tol} ({ok[tol].bpe(ctx):.3f} BPE)")
+    if args.rotations and args.out:
+        write_choice(args, rows, scores, codecs)
     first = [i for i, s in enumerate(seeds) if s == seeds[0]]
     nll = [scores[k].answer_nll for k in labels]
     half = [sum(scores[k].per_sample[i] for i in first) / len(first) for k in labels]
     print(f"Spearman with the objective: teacher-forced accuracy {spearman([-scores[k].accuracy for k in labels], nll):.3f}; "
           f"NLL on seed {seeds[0]} alone ({len(first)} samples) {spearman(half, nll):.3f}")
+
+
+def write_choice(args, rows: list[dict], scores: dict, codecs: dict) -> None:
+    """The artifact at ``args.rotations`` with the first budget's least-NLL choice as its recipe, in ``args.out``."""
+    ctx, cap = (float(x) for x in args.budgets.split(",")[0].split(":"))
+    ok = {k: c for k, c in codecs.items() if c.bpe(int(ctx)) <= cap}
+    label = choose({k: scores[k] for k in ok}, ok, int(ctx))
+    dev = {"max_bpe": cap, "tolerance": None, "dev_samples": len(rows), "dev_seeds": sorted({r["seed"] for r in rows}),
+           "haystack": "calibration", "log": args.log}
+    art = Artifact.load(args.rotations)
+    art.manifest["recipe"] = recipe_record(label, {k: scores[k] for k in ok}, ok, int(ctx), dev, scores.get("bf16"))
+    art.save(args.out)
+    print(f"wrote {args.out}: recipe {label} at {int(ctx)} tokens")
 
 
 if __name__ == "__main__":

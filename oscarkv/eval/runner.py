@@ -44,6 +44,7 @@ from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.samples import answer_spans, needle_place, task_samples
 from oscarkv.eval.faithful import faithful_logits
 from oscarkv.eval.perplexity_data import max_windows, text_windows
+from oscarkv.quant.artifact import apply_recipe
 from oscarkv.quant.codec import KVCodec, build_codec
 
 
@@ -75,7 +76,9 @@ def full_bits(loaded) -> float:
 def build_codecs(model, cfg: EvalConfig, artifacts: dict[str, object] | None = None) -> dict[str, KVCodec]:
     """One codec per report label. ``artifacts`` maps a variant name to an OSCAR artifact;
     the unnamed variant ``""`` is reported as ``oscar``, others as ``oscar:NAME``; ``bf16`` is
-    reported as :func:`baseline_label`."""
+    reported as :func:`baseline_label`. With windows, an artifact whose manifest holds a
+    ``recipe`` (``oscarkv calibrate --max-bpe``) gets that recipe's windows, as ``serve`` does;
+    the others get ``cfg.kv``'s."""
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
@@ -86,7 +89,8 @@ def build_codecs(model, cfg: EvalConfig, artifacts: dict[str, object] | None = N
             label = kv.label().replace("oscar", f"oscar:{name}", 1) if name else kv.label()
             if kv.method == "bf16":
                 label = baseline_label(next(model.parameters()).dtype)
-            out[label] = build_codec(kv, *dims, art)
+            windowed = kv.sink or kv.recent
+            out[label] = build_codec(apply_recipe(kv, art) if windowed else kv, *dims, art)
     return out
 
 
@@ -197,9 +201,10 @@ def cells(loaded, cfg: EvalConfig):
                     yield ctx, task, haystack, sample
 
 
-def score_forced(loaded, codecs: dict[str, KVCodec], sample, place: str, tally: Tally) -> DynamicCache:
-    """The teacher-forced single-chunk protocol for one sample: one prefill, every codec.
-    Returns the document's full-precision cache (no codec changes it)."""
+def score_forced(loaded, codecs: dict[str, KVCodec], sample, places: dict[str, str], tally: Tally) -> DynamicCache:
+    """The teacher-forced single-chunk protocol for one sample: one prefill, every codec
+    (``places``: where the needles lie for each). Returns the document's full-precision cache
+    (no codec changes it)."""
     tok = loaded.tokenizer
     doc_ids = tok(sample.document, add_special_tokens=False, return_tensors="pt").input_ids
     q_ids = tok(sample.question, add_special_tokens=False, return_tensors="pt").input_ids
@@ -209,7 +214,8 @@ def score_forced(loaded, codecs: dict[str, KVCodec], sample, place: str, tally: 
         acc, nll, cache = score_sample(loaded.model, doc, codec, q_ids, target, spans)
         # measured from the bytes the cache holds (document + question + answer)
         held = sum(v for k, v in cache.memory_bytes().items() if k in TIERS)
-        tally.add((label, sample.task, sample.context, sample.haystack, FORCED), acc, cache.bpe(), held, nll, place)
+        tally.add((label, sample.task, sample.context, sample.haystack, FORCED), acc, cache.bpe(), held, nll,
+                  places[label])
     return doc
 
 
@@ -240,23 +246,26 @@ def _as_list(x) -> list:
 
 @dataclass(frozen=True)
 class _Prompt:
-    """One sample as the engine gets it: its prompt ids, answer length and needle place."""
+    """One sample as the engine gets it: its prompt ids, answer length and, per report label,
+    where its needles lie (:func:`needle_place` under that label's windows)."""
 
     sample: task_lib.Sample
     ids: list[int]  # document + question, each tokenized alone (as the diagnostic feeds them)
     answer_tokens: int
-    place: str
+    places: dict[str, str]
 
     @property
     def cell(self) -> tuple[str, int, str]:
         return self.sample.task, self.sample.context, self.sample.haystack
 
     @classmethod
-    def of(cls, tok, sample: task_lib.Sample, kv: KVConfig) -> _Prompt:
+    def of(cls, tok, sample: task_lib.Sample, codecs: dict[str, KVCodec]) -> _Prompt:
         ids = tok(sample.document, add_special_tokens=False).input_ids + tok(
             sample.question, add_special_tokens=False).input_ids
         n_answer = len(tok(task_lib.answer_target(sample), add_special_tokens=False).input_ids)
-        return cls(sample, ids, n_answer, needle_place(tok, sample, kv))
+        windows = {(c.config.sink, c.config.recent) for c in codecs.values()}
+        place = {w: needle_place(tok, sample, KVConfig(sink=w[0], recent=w[1])) for w in windows}
+        return cls(sample, ids, n_answer, {k: place[c.config.sink, c.config.recent] for k, c in codecs.items()})
 
 
 def _groups(items, size: int):
@@ -282,19 +291,19 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, ta
     on_hf = {k for k, c in served.items() if c.config.method == "bf16" and not cfg.bf16_on_engine}
     engines = engine_backend.build_engines(loaded, {k: c for k, c in served.items() if k not in on_hf}, cfg, artifacts)
     for group in _groups(cells(loaded, cfg), cfg.batch):
-        batch = [_Prompt.of(loaded.tokenizer, sample, cfg.kv) for _, _, _, sample in group]
+        batch = [_Prompt.of(loaded.tokenizer, sample, codecs) for _, _, _, sample in group]
         for label, engine in engines.items():
             scores = engine_backend.score_free(engine, [p.ids for p in batch], [p.sample for p in batch],
                                                [p.answer_tokens for p in batch])
             for p, (acc, bpe, _) in zip(batch, scores):
-                tally.add((label, *p.cell, FREE), acc, bpe, place=p.place)
+                tally.add((label, *p.cell, FREE), acc, bpe, place=p.places[label])
         for p in batch:
             if backend == "hf" or cfg.diagnostic or on_hf:
-                doc = score_forced(loaded, codecs, p.sample, p.place, tally)
+                doc = score_forced(loaded, codecs, p.sample, p.places, tally)
                 for label in on_hf:
                     text = greedy_full_precision(loaded, doc, p.sample, p.answer_tokens + engine_backend.EXTRA_TOKENS)
                     tally.add((label, *p.cell, FREE), task_lib.score_text(p.sample, text), full_bits(loaded),
-                              place=p.place)
+                              place=p.places[label])
             bar.update(len(codecs))
     return tally.records("accuracy")
 

@@ -83,3 +83,15 @@ def test_batched_answers_equal_one_at_a_time(loaded):
         alone = [score_free(engine, [p], [s], [n])[0] for p, s, n in zip(prompts, samples, lengths)]
         together = score_free(engine, prompts, samples, lengths)
         assert together == alone and len({t for _, _, t in alone}) > 1
+
+
+def test_an_artifacts_recipe_sets_its_windows(loaded):
+    """With windows, a variant whose manifest holds a recipe gets the recipe's windows (as serve does)."""
+    from oscarkv.eval.runner import build_codecs
+
+    chosen = make_artifact(loaded.model.config)
+    chosen.manifest["recipe"] = {"sink": 0, "recent": 24, "page_size": 8}
+    cfg = EvalConfig(methods=("oscar",), windows=(True, False), kv=KVConfig(sink=8, recent=16, page_size=8, group_size=D))
+    codecs = build_codecs(loaded.model, cfg, {"": make_artifact(loaded.model.config), "choice": chosen})
+    windows = {k: (c.config.sink, c.config.recent) for k, c in codecs.items()}
+    assert windows == {"oscar+win": (8, 16), "oscar:choice+win": (0, 24), "oscar": (0, 0), "oscar:choice": (0, 0)}
