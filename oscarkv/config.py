@@ -282,9 +282,10 @@ class EvalConfig:
             raise ValueError(f"EvalConfig.haystacks: unknown {bad or 'empty list'}; choose from {HAYSTACKS}")
 
 
-ENGINE_METHODS = ("bf16", "naive", "quarot", "oscar")
-"""KV methods the paged engine serves: per-token INT2 pages (``oscarkv.cache.paged_layout``)
-or BF16 only. ``int4`` and ``kivi`` (per-channel keys) need other page formats."""
+ENGINE_METHODS = ("bf16", "int4", "naive", "quarot", "oscar")
+"""KV methods the paged engine serves: per-token 2- or 4-bit history pages, each kind at its own
+bits (``oscarkv.cache.paged_layout``), or BF16 only. ``kivi`` (per-channel keys) needs another page
+format."""
 
 
 @dataclass(frozen=True)

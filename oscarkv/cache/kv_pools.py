@@ -6,7 +6,7 @@ what is decided by :class:`~oscarkv.cache.manager.KVCacheManager`; the attention
 reads and writes the bytes.
 
 Sizing (:func:`plan_pools`): a BF16 page costs ``2 L H P d`` elements of the window dtype, an
-INT2 page ``2 L H P (d/4 + 4 d/G)`` bytes. Unless ``EngineConfig.bf16_fraction`` is set, the
+INT2 page ``L H P ((b_K + b_V) d/8 + 8 d/G)`` bytes (``b`` the key and value bits, 2 or 4). Unless ``EngineConfig.bf16_fraction`` is set, the
 BF16 pool gets what ``max_num_seqs`` sequences need for their sink and windows
 (``S0 + W + P`` tokens each, plus one partial page) and one step's worth of chunk tokens; the
 INT2 pool gets the rest. ``kv=bf16`` puts the whole budget into BF16 pages.
@@ -40,13 +40,18 @@ class PoolGeometry:
     window_dtype: torch.dtype
     bf16_pages: int
     int2_pages: int  # 0 for kv=bf16
+    bits: tuple[int, int] = (2, 2)  # key and value bits of the history pages
+
+    def code_bytes(self) -> tuple[int, int]:
+        """Code bytes per token and head of a key, of a value (``d · bits / 8``)."""
+        return self.head_dim * self.bits[0] // 8, self.head_dim * self.bits[1] // 8
 
     def bf16_page_bytes(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.page_size * self.head_dim * self.window_dtype.itemsize
 
     def int2_page_bytes(self) -> int:
-        per_token = self.head_dim // 4 + 2 * 2 * (self.head_dim // self.group)  # codes + fp16 scale, zero
-        return 2 * self.num_layers * self.num_kv_heads * self.page_size * per_token
+        per_token = sum(self.code_bytes()) + 2 * 2 * 2 * (self.head_dim // self.group)  # codes + fp16 scale, zero
+        return self.num_layers * self.num_kv_heads * self.page_size * per_token
 
     def capacity(self) -> dict[str, int]:
         """Tokens each tier can hold (scratch pages excluded)."""
@@ -59,11 +64,12 @@ class PoolGeometry:
 
 
 def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: int, group: int,
-               model_dtype: torch.dtype) -> PoolGeometry:
-    """Split ``cfg.kv_memory_bytes`` into BF16 and INT2 pages (see the module docstring)."""
+               model_dtype: torch.dtype, bits: tuple[int, int] = (2, 2)) -> PoolGeometry:
+    """Split ``cfg.kv_memory_bytes`` into BF16 and INT2 pages (see the module docstring); ``bits``: the
+    key and value bits of the history (the codec's)."""
     kv, P = cfg.kv, cfg.kv.page_size
     dtype = model_dtype if kv.method == "bf16" else torch.bfloat16
-    geo = PoolGeometry(num_layers, num_kv_heads, head_dim, group, P, dtype, 0, 0)
+    geo = PoolGeometry(num_layers, num_kv_heads, head_dim, group, P, dtype, 0, 0, bits)
     budget = cfg.kv_memory_bytes
     if kv.method == "bf16":
         n_bf16 = budget // geo.bf16_page_bytes()
@@ -76,7 +82,7 @@ def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: 
     n_int2 = 0 if kv.method == "bf16" else (budget - n_bf16 * geo.bf16_page_bytes()) // geo.int2_page_bytes()
     if n_bf16 < 2 or (kv.method != "bf16" and n_int2 < 2):
         raise ValueError(f"EngineConfig.kv_memory_bytes={budget} is too small: {n_bf16} BF16 and {n_int2} INT2 pages")
-    return PoolGeometry(num_layers, num_kv_heads, head_dim, group, P, dtype, int(n_bf16), int(n_int2))
+    return PoolGeometry(num_layers, num_kv_heads, head_dim, group, P, dtype, int(n_bf16), int(n_int2), bits)
 
 
 class KVPools:
@@ -89,18 +95,19 @@ class KVPools:
         self.bf16_v = torch.zeros_like(self.bf16_k)
         self.int2_k = self.int2_v = None
         if geo.int2_pages:
-            self.int2_k, self.int2_v = (self._int2(L, geo.int2_pages, H, P, d, geo.group, device) for _ in range(2))
+            self.int2_k, self.int2_v = (self._int2(L, geo.int2_pages, H, P, d, geo.group, bits, device)
+                                        for bits in geo.bits)
 
     @staticmethod
-    def _int2(L: int, n: int, H: int, P: int, d: int, g: int, device) -> Int2Pages:
-        return Int2Pages(torch.zeros(L, n, H, P, d // 4, dtype=torch.uint8, device=device),
+    def _int2(L: int, n: int, H: int, P: int, d: int, g: int, bits: int, device) -> Int2Pages:
+        return Int2Pages(torch.zeros(L, n, H, P, d * bits // 8, dtype=torch.uint8, device=device),
                          torch.zeros(L, n, H, P, d // g, dtype=torch.float16, device=device),
-                         torch.zeros(L, n, H, P, d // g, dtype=torch.float16, device=device))
+                         torch.zeros(L, n, H, P, d // g, dtype=torch.float16, device=device), bits)
 
     def layer(self, i: int) -> LayerKV:
         """Layer ``i``'s view: ``[N, H, P, ...]`` tensors sharing storage with the pools."""
         def pick(p: Int2Pages | None) -> Int2Pages | None:
-            return None if p is None else Int2Pages(p.codes[i], p.scale[i], p.zero[i])
+            return None if p is None else Int2Pages(p.codes[i], p.scale[i], p.zero[i], p.bits)
         return LayerKV(self.bf16_k[i], self.bf16_v[i], pick(self.int2_k), pick(self.int2_v))
 
     def nbytes(self) -> dict[str, int]:

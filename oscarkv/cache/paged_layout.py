@@ -12,9 +12,14 @@ padding rows point their tables at it).
 Pools (one per tier kind, all layers):
 
     BF16 pool   k, v         bfloat16 [L, N_bf16, H, P, d]       rotated and centered values
-    INT2 pool   k/v.codes    uint8    [L, N_int2, H, P, d // 4]  quant.int2 packing per token
+    INT2 pool   k/v.codes    uint8    [L, N_int2, H, P, d·b // 8]  quant.int2 packing per token
                 k/v.scale    float16  [L, N_int2, H, P, d // G]
                 k/v.zero     float16  [L, N_int2, H, P, d // G]
+
+The "INT2" pool is the low-bit history tier: ``b`` (``Int2Pages.bits``) is 2, or 4 for a 4-bit
+kind of the precision ladder (K4V2, K2V4, INT4), chosen per kind, so K and V codes may differ in
+width (and strides). A 4-bit row is two INT2 planes, low bits then high bits (``quant.int2``):
+kernels read it as two INT2 rows, the second at byte offset ``d / 4`` with scale ``4s``, zero 0.
 
 Pages are head-major (``[H, P, ...]``) so one KV head's page is one contiguous block: a decode
 program serving a KV head streams it once.
@@ -53,16 +58,17 @@ import torch
 
 @dataclass(frozen=True)
 class Int2Pages:
-    """One tensor kind (K or V) of the INT2 pool, one layer: ``[N_int2, H, P, ...]``."""
+    """One tensor kind (K or V) of the low-bit history pool, one layer: ``[N_int2, H, P, ...]``."""
 
-    codes: torch.Tensor  # uint8 [N, H, P, d // 4]
+    codes: torch.Tensor  # uint8 [N, H, P, d * bits // 8]: INT2 packing, or two INT2 planes for 4 bits
     scale: torch.Tensor  # float16 [N, H, P, d // G]
     zero: torch.Tensor  # float16 [N, H, P, d // G]
+    bits: int = 2
 
     @property
     def group(self) -> int:
         """Quantization group ``G`` implied by the shapes."""
-        return self.codes.shape[-1] * 4 // self.scale.shape[-1]
+        return self.codes.shape[-1] * 8 // self.bits // self.scale.shape[-1]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import ast
 import inspect
 import re
 import textwrap
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, asdict, fields
 from functools import cache
 from pathlib import Path
 
@@ -127,16 +127,16 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", choices=ENGINE_METHODS, default="oscar", help="KV storage method (default: oscar)")
     p.add_argument("--rotations", type=Path, default=None,
                    help="artifact directory for --kv oscar (default: the default model's artifact, shipped with oscarkv)")
-    add_fields(p, KVConfig, ["sink", "recent", "page_size"])
-    # NOTE: unset windows come from the artifact's recipe (oscarkv calibrate --max-bpe), else KVConfig's defaults
-    p.set_defaults(sink=None, recent=None)
+    add_fields(p, KVConfig, ["sink", "recent", "page_size", "key_bits", "value_bits"])
+    # NOTE: unset windows and bits come from the artifact's recipe (oscarkv calibrate --max-bpe), else KVConfig's defaults
+    p.set_defaults(sink=None, recent=None, key_bits=None, value_bits=None)
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
                                  "enable_prefix_caching", "overlap", "tensor_parallel_size"])
 
 
 def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
     """The :class:`EngineConfig` the flags of :func:`engine_args` name; a bad value is a UserError.
-    Windows the flags leave unset come from the artifact's recipe when it holds one
+    Windows (and bits) the flags leave unset come from the artifact's recipe when it holds one
     (``oscarkv.quant.artifact.apply_recipe``), else from ``KVConfig``'s defaults."""
     from oscarkv.quant.artifact import apply_recipe
 
@@ -144,11 +144,11 @@ def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
         raise UserError(f"--rotations {args.rotations}: only --kv oscar uses a rotation artifact, and --kv {args.kv} "
                         "would ignore it; drop --rotations or use --kv oscar")
     base = KVConfig()
-    kv = config_from(KVConfig, argparse.Namespace(method=args.kv, sink=base.sink if args.sink is None else args.sink,
-                                                  recent=base.recent if args.recent is None else args.recent,
-                                                  page_size=args.page_size))
-    if args.sink is None and args.recent is None:
-        kv = apply_recipe(kv, artifact)
+    given = {k: getattr(args, k) for k in ("sink", "recent", "key_bits", "value_bits") if getattr(args, k) is not None}
+    kv = config_from(KVConfig, argparse.Namespace(method=args.kv, page_size=args.page_size, **{
+        k: given.get(k, getattr(base, k)) for k in ("sink", "recent", "key_bits", "value_bits")}))
+    if args.sink is None and args.recent is None:  # the recipe's windows and bits; bits the flags set win
+        kv = config_from(KVConfig, argparse.Namespace(**{**asdict(apply_recipe(kv, artifact)), **given}))
     return config_from(EngineConfig, args, kv=kv)
 
 

@@ -210,5 +210,6 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     values = fold_values(model, layers)
     storage = [LayerStorage(layer.key, v) for layer, v in zip(layers, values)]
     attn = model.model.layers[0].self_attn
-    geo = plan_pools(cfg, len(codecs), attn.num_kv_heads, attn.head_dim, codecs[0].key.group, p.dtype)
+    bits = (codecs[0].key.bits or 2, codecs[0].value.bits or 2)  # None: kv=bf16, no history pages
+    geo = plan_pools(cfg, len(codecs), attn.num_kv_heads, attn.head_dim, codecs[0].key.group, p.dtype, bits)
     return ModelRunner(model, KVPools(geo, p.device), storage, backend, graph_buckets, tp)

@@ -9,6 +9,7 @@ Algorithm (flash-decoding over the layout of :mod:`oscarkv.cache.paged_layout`):
         online softmax step with s = q @ kᵀ
     for the split's share of the INT2 tokens, BLOCK_N at a time:          (history pages)
         c_k, c_v = uint8 codes [BLOCK_N, d/4] → four 2-bit slices joined into [BLOCK_N, d]
+                   (a 4-bit kind: two such planes, c = lo + 4·hi)
         G == d (one group per token, the default):  scale/zero applied *after* the dots
             s   = s_k ⊙ (q @ c_kᵀ) + (Σ_j q_j) ⊗ m_k                    (q·(m + s c) = s q·c + m Σq)
             acc += (p ⊙ s_v) @ c_v ;   acc_m += p @ m_v                 (Σ p (m + s c) per row)
@@ -34,7 +35,8 @@ BF16-only cache (``kv=bf16``) uses the natural order and 16-byte vector loads.
 Memory layout (all strides explicit, innermost dimension contiguous):
     q          [B, Hq, d]                 bf16 or fp32 (rounded to bf16 for the dot); rows may be strided
     bf16 pools [N_bf16, H, P, d]          bf16, K and V with identical strides
-    INT2 pools codes [N_int2, H, P, d/4] uint8; scale, zero [N_int2, H, P, d/G] fp16
+    INT2 pools codes [N_int2, H, P, d·b/8] uint8 (b = 2, or 4: two INT2 planes; K and V each their own b
+                                          and code strides); scale, zero [N_int2, H, P, d/G] fp16
     tables     bf16_table [B, Mb], int2_table [B, Mi] int32; lens [B] int32
     out        [B, Hq, d]                 q's dtype
 A sequence with no token (a CUDA-graph padding row) outputs zeros.
@@ -119,18 +121,30 @@ def _bf16_inner(q, acc, m_i, l_i, K, V, table_row, cols, start, end, h, qk_scale
 
 
 @triton.jit
-def _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row, end, h, qk_scale,
-               stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
-               D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr):
-    NG: tl.constexpr = D // G
+def _codes(C, row, live, BLOCK_N: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
+    """Codes ``[BLOCK_N, D]`` (column order 4j + i) of the rows ``row`` of a 2- or 4-bit pool: a 4-bit row
+    is two INT2 planes, ``lo + 4·hi`` (``oscarkv.quant.int2``)."""
     bytes_ = tl.arange(0, D // 4)
+    c = _unpack(tl.load(C + row[:, None] + bytes_[None, :], mask=live[:, None], other=0), BLOCK_N, D)
+    if BITS == 4:
+        c += _unpack(tl.load(C + D // 4 + row[:, None] + bytes_[None, :], mask=live[:, None], other=0), BLOCK_N, D) * 4
+    return c
+
+
+@triton.jit
+def _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row, end, h, qk_scale,
+               stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
+               D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr,
+               KBITS: tl.constexpr, VBITS: tl.constexpr):
+    NG: tl.constexpr = D // G
     toks = n0 + tl.arange(0, BLOCK_N)
     live = toks < end
     page = tl.load(table_row + toks // P, mask=live, other=0).to(tl.int64)
     crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
+    vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
     srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-    ck = _unpack(tl.load(Kc + crow[:, None] + bytes_[None, :], mask=live[:, None], other=0), BLOCK_N, D)
-    cv = _unpack(tl.load(Vc + crow[:, None] + bytes_[None, :], mask=live[:, None], other=0), BLOCK_N, D)
+    ck = _codes(Kc, crow, live, BLOCK_N, D, KBITS)
+    cv = _codes(Vc, vrow, live, BLOCK_N, D, VBITS)
     if NG == 1:
         sk = tl.load(Ks + srow, mask=live, other=0.0).to(tl.float32)
         zk = tl.load(Kz + srow, mask=live, other=0.0).to(tl.float32)
@@ -159,20 +173,21 @@ def _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table
 
 @triton.jit
 def _int2_inner(q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row, start, end, h, qk_scale,
-                stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
-                D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+                stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
+                D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
+                KBITS: tl.constexpr, VBITS: tl.constexpr):
     if INTERPRET:  # see _decode_kernel
         n0 = start
         while n0 < end:
             acc, acc_m, m_i, l_i = _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row,
-                                              end, h, qk_scale, stride_cp, stride_ch, stride_ct,
-                                              stride_sp, stride_sh, stride_st, D, G, P, BLOCK_N)
+                                              end, h, qk_scale, stride_cp, stride_ch, stride_ct, stride_vp, stride_vh,
+                                              stride_vt, stride_sp, stride_sh, stride_st, D, G, P, BLOCK_N, KBITS, VBITS)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
             acc, acc_m, m_i, l_i = _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row,
-                                              end, h, qk_scale, stride_cp, stride_ch, stride_ct,
-                                              stride_sp, stride_sh, stride_st, D, G, P, BLOCK_N)
+                                              end, h, qk_scale, stride_cp, stride_ch, stride_ct, stride_vp, stride_vh,
+                                              stride_vt, stride_sp, stride_sh, stride_st, D, G, P, BLOCK_N, KBITS, VBITS)
     return acc, acc_m, m_i, l_i
 
 
@@ -182,12 +197,13 @@ def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, 
                    stride_qb, stride_qh,
                    stride_bp, stride_bh, stride_bt,
                    stride_cp, stride_ch, stride_ct,
+                   stride_vp, stride_vh, stride_vt,
                    stride_sp, stride_sh, stride_st,
                    stride_bfb, stride_inb,
                    stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                    H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
                    G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_INT2: tl.constexpr,
-                   INTERPRET: tl.constexpr):
+                   INTERPRET: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr):
     # NOTE: INTERPRET is set for Triton's CPU interpreter only: its range() cannot take a tensor
     # bound under numpy >= 2.4 (so the loops are while loops there; compiled kernels use range()
     # so Triton pipelines the loads) and its bf16 tl.dot is wrong (so dots run in fp32 there).
@@ -211,8 +227,8 @@ def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, 
         q_sum = tl.sum(q.to(tl.float32), 1)
         acc, acc_m, m_i, l_i = _int2_inner(q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz,
                                            InTable + b * stride_inb, start, end, h, qk_scale,
-                                           stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
-                                           D, G, P, BLOCK_N, INTERPRET)
+                                           stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt,
+                                           stride_sp, stride_sh, stride_st, D, G, P, BLOCK_N, INTERPRET, KBITS, VBITS)
     seen = l_i > 0
     o = (acc + acc_m[:, None]) / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -285,13 +301,14 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     k2, v2 = kv.int2_k, kv.int2_v
     if int2:
         g = k2.group
-        assert k2.codes.dtype == torch.uint8 and k2.scale.dtype == k2.zero.dtype == torch.float16
-        assert k2.codes.shape[1:] == (h, p, d // 4) and k2.scale.shape[1:] == (h, p, d // g) and g >= 4
-        for a, b in ((k2.codes, v2.codes), (k2.scale, v2.scale), (k2.scale, k2.zero), (k2.scale, v2.zero)):
-            assert a.stride() == b.stride() and a.stride(-1) == 1, "INT2 K/V pools must share strides"
+        assert k2.codes.dtype == v2.codes.dtype == torch.uint8 and k2.scale.dtype == k2.zero.dtype == torch.float16
+        for c in (k2, v2):
+            assert c.codes.shape[1:] == (h, p, d * c.bits // 8) and c.codes.stride(-1) == 1 and c.group == g >= 4
+        for a, b in ((k2.scale, v2.scale), (k2.scale, k2.zero), (k2.scale, v2.zero)):
+            assert a.stride() == b.stride() and a.stride(-1) == 1, "INT2 K/V scales and zeros must share strides"
     else:
         g = d
-        k2 = v2 = type("Empty", (), {"codes": kv.bf16_k, "scale": kv.bf16_k, "zero": kv.bf16_k})()
+        k2 = v2 = type("Empty", (), {"codes": kv.bf16_k, "scale": kv.bf16_k, "zero": kv.bf16_k, "bits": 2})()
     raw = int2 and uses_raw_int2(d, g, p)
     cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device, bsz * h), **(config or {})}
     if raw:  # NOTE: its INT2 tiles must not straddle pages (decode_int2: full tiles only)
@@ -312,10 +329,12 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         q.stride(0), q.stride(1),
         kv.bf16_k.stride(0), kv.bf16_k.stride(1), kv.bf16_k.stride(2),
         k2.codes.stride(0), k2.codes.stride(1), k2.codes.stride(2),
+        v2.codes.stride(0), v2.codes.stride(1), v2.codes.stride(2),
         k2.scale.stride(0), k2.scale.stride(1), k2.scale.stride(2),
         tables.bf16_table.stride(0), tables.int2_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
         H=h, REP=rep, REP_PAD=cfg.get("REP_PAD", max(8 if raw else 16, triton.next_power_of_2(rep))), D=d, P=p, **extra,
+        KBITS=k2.bits, VBITS=v2.bits,
         BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
     merge_splits(mid_o, mid_l, out, cfg.get("REDUCE_WARPS", 4))

@@ -53,6 +53,17 @@ tile's copies ``num_stages - 1`` tiles ahead. (With one page-id load per tile in
 it waited for every copy at the top of each iteration: one tile in flight, H100 SASS,
 2026-11-22.)
 
+4-bit kinds (the precision ladder, ``KBITS``/``VBITS`` = 4). A 4-bit row is two INT2 planes of the
+same channels, ``c = lo + 4·hi``, the high plane ``d / 4`` bytes after the low one
+(``oscarkv.quant.int2``), so ``m + s·c = (m + s·lo) + 4s·hi``: the high plane is one more INT2 tile
+with scale ``4s`` and zero 0. Keys add ``4 s_k (q · hi)`` to the scores, values add
+``hi^T @ (p · 4 s_v)`` to the *same* slice accumulators (``_key_group``, ``_value_group``): no new
+registers but one code tile, so the structure, the pipelining and the tile table stay the INT2 ones
+and the history bytes per token grow from ``d/2 + 8 d/G`` (INT2) to ``3d/4 + 8 d/G`` (K4V2, K2V4) or
+``d + 8 d/G`` (INT4). NOTE: speed not measured on a GPU (no device time when it was written):
+``tests/kernels/test_decode.py::test_decode_rungs_gpu`` and a decode bench per rung are what to run
+(DESIGN.md §4).
+
 ``CONV = 0`` is the interpreter path (fp32 arithmetic, the same slice units); ``CONV = 2`` the
 inline PTX.
 """
@@ -256,12 +267,13 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
                         stride_qb, stride_qh,
                         stride_bp, stride_bh, stride_bt,
                         stride_cp, stride_ch, stride_ct,
+                        stride_vp, stride_vh, stride_vt,
                         stride_sp, stride_sh, stride_st,
                         stride_bfb, stride_inb,
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                         H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
                         G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, CONV: tl.constexpr,
-                        CHUNK: tl.constexpr, INTERPRET: tl.constexpr):
+                        CHUNK: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr):
     # NOTE: the interpreter's range() cannot take tensor bounds under numpy >= 2.4 and its
     # bf16/fp16 dots are wrong, so INTERPRET uses while loops and fp32 operands (see decode.py).
     LG: tl.constexpr = G // 4
@@ -304,9 +316,9 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
 
     a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_history(
         Kc, Ks, Kz, Vc, Vs, Vz, InTable + b * stride_inb, tl.load(InLens + b), split, NUM_SPLITS, h, qk_scale,
-        stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+        stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
         h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
-        F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET)
+        F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS, VBITS)
 
     _store_partial(MidO + b * stride_ob + heads[None, :] * stride_oh + split * stride_os,
                    MidL + b * stride_lb + heads * stride_lh + split, live, rows < REP,
@@ -315,10 +327,11 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
 
 @triton.jit
 def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, qk_scale,
-                  stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+                  stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                   h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
                   F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr, P: tl.constexpr,
-                  BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, INTERPRET: tl.constexpr):
+                  BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr,
+                  VBITS: tl.constexpr):
     """The split's share of the INT2 history in full tiles (INT2 lengths are multiples of ``P``,
     ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned); page ids read ``CHUNK`` tiles at a time
     ahead of the tile loop (module docstring, "Pipelining")."""
@@ -332,51 +345,76 @@ def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, q
                 page, off = _pick(pages, c0, n0, P, BLOCK_N, CHUNK)
                 a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
                     page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
-                    stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+                    stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                     h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
-                    m_i, l_i, F16, LG, NG, CONV)
+                    m_i, l_i, F16, LG, NG, CONV, KBITS, VBITS)
                 n0 += BLOCK_N
         else:
             for n0 in range(c0, c_end, BLOCK_N):
                 page, off = _pick(pages, c0, n0, P, BLOCK_N, CHUNK)
                 a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
                     page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
-                    stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+                    stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                     h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
-                    m_i, l_i, F16, LG, NG, CONV)
+                    m_i, l_i, F16, LG, NG, CONV, KBITS, VBITS)
         c0 = c_end
     return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
 
 
 @triton.jit
+def _key_group(Kc, crow, jb, q0, q1, q2, q3, sk, PLANE: tl.constexpr, KBITS: tl.constexpr, CONV: tl.constexpr):
+    """``s · (q · c)`` of one key group over a tile (``crow [N]`` rows at the group's bytes, ``sk`` its scales
+    times ``2^21``); a 4-bit key adds its high plane (``PLANE`` bytes on) at scale ``4 s``."""
+    s = _group_scores(tl.load(Kc + crow[:, None] + jb[None, :]), q0, q1, q2, q3, CONV) * sk[:, None]  # [N, R]
+    if KBITS == 4:
+        s += _group_scores(tl.load(Kc + PLANE + crow[:, None] + jb[None, :]), q0, q1, q2, q3, CONV) * (4.0 * sk)[:, None]
+    return s
+
+
+@triton.jit
+def _value_group(Vc, vrow, jb, p, sv, a0, a1, a2, a3, alpha, F16: tl.constexpr, PLANE: tl.constexpr,
+                 VBITS: tl.constexpr, CONV: tl.constexpr):
+    """Rescale one value group's slice accumulators and add ``c^T @ (p s)``; a 4-bit value adds its high
+    plane (``PLANE`` bytes on) with ``p · 4s``."""
+    a0, a1, a2, a3 = _group_values(tl.load(Vc + vrow[None, :] + jb[:, None]), (p * sv[:, None]).to(F16),  # [LG, N]
+                                   a0, a1, a2, a3, alpha, CONV)
+    if VBITS == 4:
+        one = tl.full(alpha.shape, 1.0, tl.float32)
+        a0, a1, a2, a3 = _group_values(tl.load(Vc + PLANE + vrow[None, :] + jb[:, None]),
+                                       (p * (4.0 * sv)[:, None]).to(F16), a0, a1, a2, a3, one, CONV)
+    return a0, a1, a2, a3
+
+
+@triton.jit
 def _int2_step(page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
-               stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
+               stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
-               F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr):
+               F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr,
+               KBITS: tl.constexpr, VBITS: tl.constexpr):
     """One full tile of INT2 tokens (page ``page``, in-page offsets ``off``) for the online softmax
-    (see the module docstring). No masks: every load is a vector copy Triton can pipeline."""
+    (see the module docstring). No masks: every load is a vector copy Triton can pipeline. A 4-bit kind
+    (``KBITS``/``VBITS`` = 4) is two INT2 planes, the high one ``PLANE = d / 4`` bytes on, read as a second
+    INT2 tile of the same channels with scale ``4s`` and zero 0 (``oscarkv.quant.int2``)."""
+    PLANE: tl.constexpr = LG * NG
     crow = page * stride_cp + h * stride_ch + off * stride_ct
+    vrow = page * stride_vp + h * stride_vh + off * stride_vt
     srow = page * stride_sp + h * stride_sh + off * stride_st
     jb = tl.arange(0, LG)
-    ck = tl.load(Kc + crow[:, None] + jb[None, :])  # [N, LG] tokens x bytes
     sk = tl.load(Ks + srow).to(tl.float32) * 2.0**21
     zk = tl.load(Kz + srow).to(tl.float32)
-    s = _group_scores(ck, h0, h1, h2, h3, CONV) * sk[:, None] + zk[:, None] * qs0[None, :]
+    s = _key_group(Kc, crow, jb, h0, h1, h2, h3, sk, PLANE, KBITS, CONV) + zk[:, None] * qs0[None, :]
     if NG == 2:
-        ck1 = tl.load(Kc + LG + crow[:, None] + jb[None, :])
         sk1 = tl.load(Ks + 1 + srow).to(tl.float32) * 2.0**21
         zk1 = tl.load(Kz + 1 + srow).to(tl.float32)
-        s += _group_scores(ck1, g0, g1, g2, g3, CONV) * sk1[:, None] + zk1[:, None] * qs1[None, :]
+        s += _key_group(Kc + LG, crow, jb, g0, g1, g2, g3, sk1, PLANE, KBITS, CONV) + zk1[:, None] * qs1[None, :]
     p, alpha, m_i, l_i = _softmax_step_t(s * qk_scale, m_i, l_i)
-    cvT = tl.load(Vc + crow[None, :] + jb[:, None])  # [LG, N] bytes x tokens
     sv = tl.load(Vs + srow).to(tl.float32)
     zv = tl.load(Vz + srow).to(tl.float32)
-    a0, a1, a2, a3 = _group_values(cvT, (p * sv[:, None]).to(F16), a0, a1, a2, a3, alpha, CONV)
+    a0, a1, a2, a3 = _value_group(Vc, vrow, jb, p, sv, a0, a1, a2, a3, alpha, F16, PLANE, VBITS, CONV)
     acc_m = acc_m * alpha + tl.sum(p * zv[:, None], 0)
     if NG == 2:
-        cvT1 = tl.load(Vc + LG + crow[None, :] + jb[:, None])
         sv1 = tl.load(Vs + 1 + srow).to(tl.float32)
         zv1 = tl.load(Vz + 1 + srow).to(tl.float32)
-        e0, e1, e2, e3 = _group_values(cvT1, (p * sv1[:, None]).to(F16), e0, e1, e2, e3, alpha, CONV)
+        e0, e1, e2, e3 = _value_group(Vc + LG, vrow, jb, p, sv1, e0, e1, e2, e3, alpha, F16, PLANE, VBITS, CONV)
         acc_m1 = acc_m1 * alpha + tl.sum(p * zv1[:, None], 0)
     return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i

@@ -7,7 +7,8 @@ Algorithm (flash attention over the layout of :mod:`oscarkv.cache.paged_layout`)
            head r % REP_PAD), so each K/V tile is read once for the whole GQA group
     for the cached BF16 tokens (sink + recent window), BLOCK_N at a time:   flash step, bf16 dots
     for the cached INT2 history, BLOCK_N at a time:
-        codes → m + s·code per group, in registers (one tile at a time, never a dense prefix)
+        codes → m + s·code per group, in registers (one tile at a time, never a dense prefix);
+        a 4-bit kind reads its two INT2 planes, code = lo + 4·hi
     for the chunk's own K/V (full precision), up to the block's last token:  causal mask
     out = acc / l
 
@@ -47,16 +48,20 @@ def _step(s, v, m_i, l_i, acc, DT: tl.constexpr):
 
 
 @triton.jit
-def _dequant(C, S, Z, crow, srow, ok, cols, G: tl.constexpr):
-    """INT2 tile ``[N, D]`` in natural channel order: m + s·code (fp32)."""
+def _dequant(C, S, Z, crow, srow, ok, cols, G: tl.constexpr, BITS: tl.constexpr):
+    """Low-bit tile ``[N, D]`` in natural channel order: m + s·code (fp32); a 4-bit code is
+    ``lo + 4·hi`` from two INT2 planes, the high one ``D / 4`` bytes on (``oscarkv.quant.int2``)."""
     LG: tl.constexpr = G // 4
+    D: tl.constexpr = cols.shape[0]
     within = cols % G
     byte = (cols // G) * LG + within % LG
     shift = (2 * (within // LG)).to(tl.uint8)
-    c = tl.load(C + crow[:, None] + byte[None, :], mask=ok[:, None], other=0)
+    c = (tl.load(C + crow[:, None] + byte[None, :], mask=ok[:, None], other=0) >> shift[None, :]) & 3
+    if BITS == 4:
+        c += ((tl.load(C + D // 4 + crow[:, None] + byte[None, :], mask=ok[:, None], other=0) >> shift[None, :]) & 3) * 4
     s = tl.load(S + srow[:, None] + (cols // G)[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
     z = tl.load(Z + srow[:, None] + (cols // G)[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    return z + s * ((c >> shift[None, :]) & 3).to(tl.float32)
+    return z + s * c.to(tl.float32)
 
 
 @triton.jit
@@ -65,10 +70,12 @@ def _extend_kernel(Q, Kn, Vn, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, I
                    stride_qt, stride_qh, stride_nt, stride_nh,
                    stride_bp, stride_bh, stride_bt,
                    stride_cp, stride_ch, stride_ct,
+                   stride_vp, stride_vh, stride_vt,
                    stride_sp, stride_sh, stride_st,
                    stride_bfb, stride_inb, stride_ot, stride_oh,
                    REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr,
-                   BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, HAS_INT2: tl.constexpr, INTERPRET: tl.constexpr):
+                   BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, HAS_INT2: tl.constexpr, INTERPRET: tl.constexpr,
+                   KBITS: tl.constexpr, VBITS: tl.constexpr):
     # NOTE: INTERPRET: while loops and fp32 dots for Triton's CPU interpreter (see decode.py).
     DT: tl.constexpr = tl.float32 if INTERPRET else tl.bfloat16
     BLOCK_M: tl.constexpr = BLOCK_T * REP_PAD
@@ -109,10 +116,11 @@ def _extend_kernel(Q, Kn, Vn, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, I
                 ok = toks < n
                 page = tl.load(InTable + b * stride_inb + toks // P, mask=ok, other=0).to(tl.int64)
                 crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
+                vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
                 srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-                k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, G).to(DT)
+                k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, G, KBITS).to(DT)
                 s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-                m_i, l_i, acc = _step(s, _dequant(Vc, Vs, Vz, crow, srow, ok, cols, G), m_i, l_i, acc, DT)
+                m_i, l_i, acc = _step(s, _dequant(Vc, Vs, Vz, vrow, srow, ok, cols, G, VBITS), m_i, l_i, acc, DT)
                 n0 += BLOCK_N
         # ---- the chunk itself, causal
         hi = tl.minimum(c, t0 + BLOCK_T)
@@ -153,10 +161,12 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     assert q.stride(2) == 1 and kv.bf16_k.stride() == kv.bf16_v.stride() and kv.bf16_k.stride(3) == 1
     assert cu_seqlens.dtype == torch.int32 and tables.bf16_lens.shape[0] == bsz
     int2 = kv.int2_k is not None
-    k2, v2 = (kv.int2_k, kv.int2_v) if int2 else (type("Empty", (), {"codes": kv.bf16_k, "scale": kv.bf16_k, "zero": kv.bf16_k})(),) * 2
-    g = k2.codes.shape[-1] * 4 // k2.scale.shape[-1] if int2 else d
+    empty = type("Empty", (), {"codes": kv.bf16_k, "scale": kv.bf16_k, "zero": kv.bf16_k, "bits": 2})()
+    k2, v2 = (kv.int2_k, kv.int2_v) if int2 else (empty, empty)
+    g = k2.group if int2 else d
     if int2:
-        assert k2.codes.stride() == v2.codes.stride() and k2.scale.stride() == v2.scale.stride() == k2.zero.stride()
+        assert v2.group == g and k2.codes.stride(-1) == v2.codes.stride(-1) == 1
+        assert k2.scale.stride() == v2.scale.stride() == k2.zero.stride() == v2.zero.stride()
     rep = hq // h
     rep_pad = triton.next_power_of_2(rep)
     cfg = _config(q.device, rep_pad)
@@ -170,8 +180,10 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
         kv.bf16_k.stride(0), kv.bf16_k.stride(1), kv.bf16_k.stride(2),
         k2.codes.stride(0), k2.codes.stride(1), k2.codes.stride(2),
+        v2.codes.stride(0), v2.codes.stride(1), v2.codes.stride(2),
         k2.scale.stride(0), k2.scale.stride(1), k2.scale.stride(2),
         tables.bf16_table.stride(0), tables.int2_table.stride(0), out.stride(0), out.stride(1),
         REP=rep, REP_PAD=rep_pad, D=d, G=g, P=p, BLOCK_T=cfg["BLOCK_T"], BLOCK_N=cfg["BLOCK_N"], HAS_INT2=int2,
+        KBITS=k2.bits, VBITS=v2.bits,
         INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out

@@ -50,9 +50,10 @@ kernel of :mod:`oscarkv.kernels.extend`, which reads the prefix once per ``64 / 
 
 @triton.jit
 def _gather_tile(Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
-                 stride_bp, stride_bh, stride_bt, stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
-                 stride_oh, out0,
-                 D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, INT2: tl.constexpr, BLOCK: tl.constexpr):
+                 stride_bp, stride_bh, stride_bt, stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt,
+                 stride_sp, stride_sh, stride_st, stride_oh, out0,
+                 D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, INT2: tl.constexpr, BLOCK: tl.constexpr,
+                 KBITS: tl.constexpr, VBITS: tl.constexpr):
     """Tokens ``t0 + [i·BLOCK, (i+1)·BLOCK)`` of one tier of one sequence, KV head ``program_id(1)``,
     as rows ``out0 + ...`` of ``OutK/OutV [H, s, D]`` (bf16; fp32 in the CPU interpreter, which truncates
     fp32 → bf16 casts instead of rounding them)."""
@@ -65,9 +66,10 @@ def _gather_tile(Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
     dst = h * stride_oh + (out0 + i)[:, None].to(tl.int64) * D + cols[None, :]
     if INT2:
         crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
+        vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
         srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-        k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, G)
-        v = _dequant(Vc, Vs, Vz, crow, srow, ok, cols, G)
+        k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, G, KBITS)
+        v = _dequant(Vc, Vs, Vz, vrow, srow, ok, cols, G, VBITS)
     else:
         rows = (page * stride_bp + h * stride_bh + (toks % P) * stride_bt)[:, None] + cols[None, :]
         k = tl.load(Kb + rows, mask=ok[:, None], other=0.0)
@@ -81,15 +83,17 @@ def _gather_tile(Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
 def _gather_bf16_kernel(Kb, Vb, Table, OutK, OutV, t0, count, stride_bp, stride_bh, stride_bt, stride_oh, out0,
                         D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr):
     _gather_tile(Kb, Vb, Kb, Kb, Kb, Kb, Kb, Kb, Table, OutK, OutV, t0, count, stride_bp, stride_bh, stride_bt,
-                 0, 0, 0, 0, 0, 0, stride_oh, out0, D, D, P, False, BLOCK)
+                 0, 0, 0, 0, 0, 0, 0, 0, 0, stride_oh, out0, D, D, P, False, BLOCK, 2, 2)
 
 
 @triton.jit
 def _gather_int2_kernel(Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
-                        stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st, stride_oh, out0,
-                        D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr):
+                        stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
+                        stride_oh, out0, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr,
+                        KBITS: tl.constexpr, VBITS: tl.constexpr):
     _gather_tile(Kc, Kc, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count, 0, 0, 0,
-                 stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st, stride_oh, out0, D, G, P, True, BLOCK)
+                 stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
+                 stride_oh, out0, D, G, P, True, BLOCK, KBITS, VBITS)
 
 
 def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
@@ -104,10 +108,10 @@ def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
                                   out_k.stride(1), out0, D=d, P=p, BLOCK=BLOCK)
         return
     k2, v2 = kv.int2_k, kv.int2_v
-    assert k2.codes.stride() == v2.codes.stride() and k2.scale.stride() == v2.scale.stride() == k2.zero.stride()
+    assert k2.group == v2.group and k2.scale.stride() == v2.scale.stride() == k2.zero.stride() == v2.zero.stride()
     _gather_int2_kernel[grid](k2.codes, k2.scale, k2.zero, v2.codes, v2.scale, v2.zero, table, out_k, out_v, t0, count,
-                              *k2.codes.stride()[:3], *k2.scale.stride()[:3], out_k.stride(1), out0,
-                              D=d, G=k2.group, P=p, BLOCK=BLOCK)
+                              *k2.codes.stride()[:3], *v2.codes.stride()[:3], *k2.scale.stride()[:3], out_k.stride(1),
+                              out0, D=d, G=k2.group, P=p, BLOCK=BLOCK, KBITS=k2.bits, VBITS=v2.bits)
 
 
 def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

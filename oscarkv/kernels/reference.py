@@ -44,7 +44,7 @@ def _int2_tokens(pool: Int2Pages, table: torch.Tensor, n: int) -> torch.Tensor:
     assert n % p == 0, f"INT2 length {n} is not a multiple of the page size {p}"
     pages = table[: n // p].long()
     packed = Packed(pool.codes[pages], pool.scale[pages], pool.zero[pages])
-    x = dequantize(packed, 2, pool.group)  # [n_pages, H, P, d]
+    x = dequantize(packed, pool.bits, pool.group)  # [n_pages, H, P, d]
     return x.permute(1, 0, 2, 3).reshape(x.shape[1], -1, x.shape[3])
 
 
@@ -117,7 +117,7 @@ def rotate_ref(x: torch.Tensor, codec: TensorCodec) -> torch.Tensor:
 
 
 def encode_ref(x_rot: torch.Tensor, codec: TensorCodec) -> Packed:
-    """BF16 rotated ``[T, H, d]`` → INT2 ``Packed`` (codes ``[T, H, d/4]``, scale/zero ``[T, H, d/G]``)."""
+    """BF16 rotated ``[T, H, d]`` → ``Packed`` (codes ``[T, H, d·bits/8]``, scale/zero ``[T, H, d/G]``)."""
     assert x_rot.dtype == torch.bfloat16, "INT2 pages are encoded from the BF16-rounded rotated values"
     return codec.encode(x_rot.float())
 

@@ -26,25 +26,27 @@ def _tables(per_seq: list[list[int]], device) -> torch.Tensor:
     return t.to(device)
 
 
-def random_int2_pool(n: int, h: int, p: int, d: int, group: int, device, gen: torch.Generator) -> Int2Pages:
-    """``n`` INT2 pages holding the encoding of standard-normal data (encoded in chunks)."""
-    codes = torch.empty(n, h, p, d // 4, dtype=torch.uint8, device=device)
+def random_int2_pool(n: int, h: int, p: int, d: int, group: int, device, gen: torch.Generator,
+                     bits: int = 2) -> Int2Pages:
+    """``n`` history pages holding the ``bits``-bit encoding of standard-normal data (encoded in chunks)."""
+    codes = torch.empty(n, h, p, d * bits // 8, dtype=torch.uint8, device=device)
     scale = torch.empty(n, h, p, d // group, dtype=torch.float16, device=device)
     zero = torch.empty_like(scale)
     step = max(1, (1 << 22) // (h * p * d))
     for lo in range(0, n, step):
         x = torch.randn(min(step, n - lo), h, p, d, generator=gen, device=device)
-        pk = quantize(x.bfloat16().float(), 2, group)
+        pk = quantize(x.bfloat16().float(), bits, group)
         codes[lo : lo + step], scale[lo : lo + step], zero[lo : lo + step] = pk
-    return Int2Pages(codes, scale, zero)
+    return Int2Pages(codes, scale, zero, bits)
 
 
 def random_cache(lens: list[int], heads: int, head_dim: int, *, page: int = 16, group: int | None = None,
                  sink: int = 64, recent: int = 256, int2: bool = True, device="cpu",
-                 seed: int = 0, shuffle: bool = True) -> tuple[LayerKV, PageTables]:
+                 seed: int = 0, shuffle: bool = True, bits: tuple[int, int] = (2, 2)) -> tuple[LayerKV, PageTables]:
     """A batch of sequences of ``lens`` tokens in freshly filled pools (one layer).
 
-    ``int2=False`` keeps every token in BF16 (a ``kv=bf16`` cache). Pages are placed in random
+    ``int2=False`` keeps every token in BF16 (a ``kv=bf16`` cache); ``bits``: key and value bits of
+    the history pages. Pages are placed in random
     order unless ``shuffle=False`` (consecutive pages, as a freshly filled engine pool holds them)."""
     group = group or min(head_dim, 128)
     assert sink % page == 0, "the layout contract needs sink % page == 0"
@@ -74,8 +76,8 @@ def random_cache(lens: list[int], heads: int, head_dim: int, *, page: int = 16, 
     bf_k[0], bf_v[0] = float("nan"), float("nan")
     ik = iv = None
     if int2:
-        ik = random_int2_pool(ni, heads, page, head_dim, group, device, gen)
-        iv = random_int2_pool(ni, heads, page, head_dim, group, device, gen)
+        ik = random_int2_pool(ni, heads, page, head_dim, group, device, gen, bits[0])
+        iv = random_int2_pool(ni, heads, page, head_dim, group, device, gen, bits[1])
         for pool in (ik, iv):
             pool.scale[0], pool.zero[0] = float("nan"), float("nan")
     # the sink's last page may be partial only when the sequence is shorter than the sink;

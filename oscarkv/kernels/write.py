@@ -7,9 +7,10 @@ Algorithm, one program per (block of BLOCK_T tokens, KV head h)::
     store x as BF16 at the token's BF16 slot           (slot < 0: not stored in that tier)
     if STORE_INT2, per group of G channels (the spec of oscarkv.quant.int2 / quant.clip):
         tau  = floor(c G)-th smallest |x|  (tl.sort);  x = clamp(x, -tau, tau)
-        s    = fp16((max - min) / 3),  m = fp16(min)   (IEEE division, as PyTorch)
-        code = clamp(floor((x - m) / s + 0.5), 0, 3),  0 where s == 0
-        byte j of the group = code[j] | code[j + G/4] << 2 | code[j + G/2] << 4 | code[j + 3G/4] << 6
+        s    = fp16((max - min) / Q),  m = fp16(min)   (Q = 2^BITS - 1; IEEE division, as PyTorch)
+        code = clamp(floor((x - m) / s + 0.5), 0, Q),  0 where s == 0
+        byte j of the group = c[j] | c[j + G/4] << 2 | c[j + G/2] << 4 | c[j + 3G/4] << 6 with c = code
+        (BITS = 2), or two planes c = code & 3 at bytes [0, d/4), c = code >> 2 at [d/4, d/2) (BITS = 4)
         store codes, s, m at the token's INT2 slot
 
 ``demote_layers`` runs the demotion of one page list in every layer of the pools at once (the
@@ -58,8 +59,18 @@ def _round_bf16(x):
 
 
 @triton.jit
-def _encode_inner(x, BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, CLIP_K: tl.constexpr):
-    """Rotated fp32 rows [BLOCK_T, D] → packed codes [BLOCK_T, D/4] uint8, scale, zero [BLOCK_T, D/G] fp32."""
+def _pack2(c, BLOCK_T: tl.constexpr, NG: tl.constexpr, L: tl.constexpr, D: tl.constexpr):
+    """2-bit codes int32 [BLOCK_T, NG, G] → the INT2 packing [BLOCK_T, D/4] uint8."""
+    shift = 2 * tl.arange(0, 4)
+    packed = tl.sum(tl.reshape(c, [BLOCK_T, NG, 4, L]) << shift[None, None, :, None], 2)  # [BLOCK_T, NG, L]
+    return tl.reshape(packed, [BLOCK_T, D // 4]).to(tl.uint8)
+
+
+@triton.jit
+def _encode_inner(x, BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, CLIP_K: tl.constexpr,
+                  BITS: tl.constexpr):
+    """Rotated fp32 rows [BLOCK_T, D] → packed planes (low, high) [BLOCK_T, D/4] uint8 (the high plane is
+    the low one again for BITS = 2), scale, zero [BLOCK_T, D/G] fp32."""
     NG: tl.constexpr = D // G
     L: tl.constexpr = G // 4
     xg = tl.reshape(x, [BLOCK_T, NG, G])
@@ -70,15 +81,18 @@ def _encode_inner(x, BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, CL
         xg = tl.minimum(tl.maximum(xg, -tau), tau)
     lo = tl.min(xg, 2)
     hi = tl.max(xg, 2)
-    s = tl.math.div_rn(hi - lo, tl.full(lo.shape, 3.0, tl.float32)).to(tl.float16).to(tl.float32)
+    QMAX: tl.constexpr = (1 << BITS) - 1
+    s = tl.math.div_rn(hi - lo, tl.full(lo.shape, QMAX, tl.float32)).to(tl.float16).to(tl.float32)
     m = lo.to(tl.float16).to(tl.float32)
     pos = (s > 0)[:, :, None]
     y = tl.math.div_rn(xg - m[:, :, None], tl.where(pos, s[:, :, None], 1.0))
-    code = tl.minimum(tl.maximum(tl.floor(y + 0.5), 0.0), 3.0)
+    code = tl.minimum(tl.maximum(tl.floor(y + 0.5), 0.0), QMAX)
     code = tl.where(pos, code, 0.0).to(tl.int32)
-    shift = 2 * tl.arange(0, 4)
-    packed = tl.sum(tl.reshape(code, [BLOCK_T, NG, 4, L]) << shift[None, None, :, None], 2)  # [BLOCK_T, NG, L]
-    return tl.reshape(packed, [BLOCK_T, D // 4]).to(tl.uint8), s, m
+    low = _pack2(code & 3, BLOCK_T, NG, L, D)
+    high = low
+    if BITS == 4:
+        high = _pack2(code >> 2, BLOCK_T, NG, L, D)
+    return low, high, s, m
 
 
 @triton.jit
@@ -87,7 +101,7 @@ def _write_kernel(X, SrcSlots, R, Mu, Bf, BfSlots, Codes, Scale, Zero, InSlots, 
                   stride_bp, stride_bh, stride_bt, stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
                   D: tl.constexpr, G: tl.constexpr, SRC_P: tl.constexpr, P: tl.constexpr, BLOCK_T: tl.constexpr,
                   ROTATE: tl.constexpr, CENTER: tl.constexpr, STORE_BF16: tl.constexpr, STORE_INT2: tl.constexpr,
-                  CLIP_K: tl.constexpr):
+                  CLIP_K: tl.constexpr, BITS: tl.constexpr):
     h = tl.program_id(1)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     live = t < T
@@ -106,13 +120,15 @@ def _write_kernel(X, SrcSlots, R, Mu, Bf, BfSlots, Codes, Scale, Zero, InSlots, 
         drow = (dst // P).to(tl.int64) * stride_bp + h * stride_bh + (dst % P) * stride_bt
         tl.store(Bf + drow[:, None] + cols[None, :], x.to(Bf.dtype.element_ty), mask=ok[:, None])
     if STORE_INT2:
-        packed, s, m = _encode_inner(x, BLOCK_T, D, G, CLIP_K)
+        low, high, s, m = _encode_inner(x, BLOCK_T, D, G, CLIP_K, BITS)
         dst = tl.load(InSlots + t, mask=live, other=-1)
         ok = live & (dst >= 0)
         page = (dst // P).to(tl.int64)
         crow = page * stride_cp + h * stride_ch + (dst % P) * stride_ct
         srow = page * stride_sp + h * stride_sh + (dst % P) * stride_st
-        tl.store(Codes + crow[:, None] + tl.arange(0, D // 4)[None, :], packed, mask=ok[:, None])
+        tl.store(Codes + crow[:, None] + tl.arange(0, D // 4)[None, :], low, mask=ok[:, None])
+        if BITS == 4:
+            tl.store(Codes + crow[:, None] + D // 4 + tl.arange(0, D // 4)[None, :], high, mask=ok[:, None])
         grp = tl.arange(0, D // G)
         tl.store(Scale + srow[:, None] + grp[None, :], s.to(tl.float16), mask=ok[:, None])
         tl.store(Zero + srow[:, None] + grp[None, :], m.to(tl.float16), mask=ok[:, None])
@@ -154,8 +170,9 @@ def _launch(x, src_slots, src_page: int, codec: TensorCodec, rotate: bool, bf16_
     store_int2 = int2_pool is not None
     g = codec.group
     if store_int2:
-        assert codec.bits == 2 and not codec.per_channel and int2_pool.group == g
-        assert int2_pool.codes.shape[1:] == (h, p, d // 4) and int2_pool.scale.stride() == int2_pool.zero.stride()
+        assert codec.bits == int2_pool.bits and not codec.per_channel and int2_pool.group == g
+        assert int2_pool.codes.shape[1:] == (h, p, d * codec.bits // 8)
+        assert int2_pool.scale.stride() == int2_pool.zero.stride()
     k = clip_rank(codec.clip, g) if codec.clip is not None else g
     codes = int2_pool.codes if store_int2 else bf16_pool
     scale = int2_pool.scale if store_int2 else bf16_pool
@@ -169,7 +186,7 @@ def _launch(x, src_slots, src_page: int, codec: TensorCodec, rotate: bool, bf16_
         rot.stride(0) if rot is not None else 0, mu.stride(0) if mu is not None else 0,
         *bf16_pool.stride()[:3], *codes.stride()[:3], *scale.stride()[:3],
         D=d, G=g, SRC_P=src_page, P=p, BLOCK_T=block_t, ROTATE=rot is not None, CENTER=mu is not None,
-        STORE_BF16=bf16_slots is not None, STORE_INT2=store_int2, CLIP_K=k, num_warps=4)
+        STORE_BF16=bf16_slots is not None, STORE_INT2=store_int2, CLIP_K=k, BITS=codec.bits or 2, num_warps=4)
 
 
 def write_tokens(x: torch.Tensor, codec: TensorCodec, bf16_pool: torch.Tensor, bf16_slots: torch.Tensor,
@@ -188,7 +205,7 @@ def demote_pages(bf16_pool: torch.Tensor, src_pages: torch.Tensor, int2_pool: In
                  dst_pages: torch.Tensor, codec: TensorCodec) -> None:
     """Encode full BF16 pages ``src_pages int32 [n]`` into INT2 pages ``dst_pages int32 [n]``, in place."""
     demote_layers(bf16_pool[None], src_pages, Int2Pages(*(t[None] for t in (int2_pool.codes, int2_pool.scale,
-                                                                           int2_pool.zero))), dst_pages, [codec])
+                                                                           int2_pool.zero)), int2_pool.bits), dst_pages, [codec])
 
 
 def demote_layers(bf16_pools: torch.Tensor, src_pages: torch.Tensor, int2_pools: Int2Pages,
@@ -200,7 +217,7 @@ def demote_layers(bf16_pools: torch.Tensor, src_pages: torch.Tensor, int2_pools:
     assert len(codecs) == L and src_pages.shape == dst_pages.shape and src_pages.dtype == dst_pages.dtype == torch.int32
     assert bf16_pools.is_contiguous() and all(t.is_contiguous() and t.shape[0] == L for t in
                                               (int2_pools.codes, int2_pools.scale, int2_pools.zero))
-    flat_int2 = Int2Pages(*(t.flatten(0, 1) for t in (int2_pools.codes, int2_pools.scale, int2_pools.zero)))
+    flat_int2 = Int2Pages(*(t.flatten(0, 1) for t in (int2_pools.codes, int2_pools.scale, int2_pools.zero)), int2_pools.bits)
     dev = bf16_pools.device
     offs = torch.arange(p, dtype=torch.int32, device=dev)
     by_rank: dict[int, list[int]] = {}

@@ -11,6 +11,8 @@ boundary of the stored scale or zero, or a code across a rounding boundary, the 
 value moves by up to one fp16 ulp or one code step (measured worst case here: 2.2e-4).
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -45,6 +47,21 @@ def test_quantized_matches_oscar_cache(llama, artifact, method):
         assert max(abs(a - b) for a, b in zip(out.logprobs, lps)) < TOL_Q
 
 
+@pytest.mark.parametrize("method,bits", [("oscar", (4, 2)), ("oscar", (2, 4)), ("oscar", (4, 4)), ("int4", (2, 2))],
+                         ids=["oscar-k4v2", "oscar-k2v4", "oscar-int4", "int4"])
+def test_ladder_rungs_match_oscar_cache(llama, artifact, method, bits):
+    """The precision ladder (4-bit keys and/or values as two INT2 planes in the engine's pages), and
+    per-token 4-bit without rotation, ≡ OscarCache, as for INT2."""
+    art = artifact if method == "oscar" else None
+    kv = replace(engine_config(method).kv, key_bits=bits[0], value_bits=bits[1])
+    ps = prompts(2, 41)
+    outs = run(make_engine(llama, method, art, kv=kv), ps)
+    for p, out in zip(ps, outs):
+        toks, lps = hf_greedy(llama, p, N, OscarCache(llama.config, kv, art))
+        assert out.token_ids == toks
+        assert max(abs(a - b) for a, b in zip(out.logprobs, lps)) < TOL_Q
+
+
 @pytest.mark.parametrize("method", ["bf16", "oscar"])
 def test_chunked_prefill(llama, artifact, method):
     """bf16: chunked ≡ unchunked. oscar: a later chunk sees earlier ones as stored, so the
@@ -62,11 +79,13 @@ def test_chunked_prefill(llama, artifact, method):
             assert max(abs(a - b) for a, b in zip(c.logprobs, lps)) < TOL_Q
 
 
-def test_write_path_bit_identical_to_oscar_cache(llama, artifact):
-    """INT2 key pages of the engine hold the same bytes as OscarCache's history (same keys in)."""
+@pytest.mark.parametrize("key_bits", [2, 4])
+def test_write_path_bit_identical_to_oscar_cache(llama, artifact, key_bits):
+    """INT2 (and 4-bit) key pages of the engine hold the same bytes as OscarCache's history (same keys in)."""
     from oscarkv.engine.request import SamplingParams
 
-    engine = make_engine(llama, "oscar", artifact)
+    kv = replace(engine_config().kv, key_bits=key_bits)
+    engine = make_engine(llama, "oscar", artifact, kv=kv)
     p = prompts(1, 45)[0]
     engine.add_request("0", p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     seq, snap = engine.seqs["0"], None
@@ -75,7 +94,7 @@ def test_write_path_bit_identical_to_oscar_cache(llama, artifact):
         if seq.kv.num_tokens:
             snap = (list(seq.kv.history), list(seq.token_ids[:seq.kv.num_tokens]))
     pages, toks = snap
-    cache = OscarCache(llama.config, engine_config().kv, artifact)
+    cache = OscarCache(llama.config, kv, artifact)
     hf_greedy(llama, toks, 0, cache)
     pools = engine.runner.pools
     for layer in range(llama.config.num_hidden_layers):

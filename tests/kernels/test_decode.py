@@ -1,5 +1,5 @@
 """Decode attention kernel vs the fp32 oracle: awkward lengths, GQA 1/4/8, head_dim 64/128,
-G < d, BF16-only caches, empty (padding) rows; CPU interpreter at small shapes, H100 at real ones."""
+G < d, BF16-only caches, empty (padding) rows, 4-bit keys and/or values; CPU interpreter at small shapes, H100 at real ones."""
 
 import pytest
 import torch
@@ -27,9 +27,10 @@ def _bf16_torch_error(q, kv, tables, scale, ref):
     return _rel(torch.stack(outs), ref)
 
 
-def _check(lens, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, splits=None, device="cpu", seed=0):
+def _check(lens, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, splits=None, device="cpu", seed=0,
+           bits=(2, 2)):
     kv, tables = random_cache(lens, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
-                              device=device, seed=seed)
+                              device=device, seed=seed, bits=bits)
     gen = torch.Generator(device=device).manual_seed(seed + 99)
     q = torch.randn(len(lens), hq, d, generator=gen, device=device).bfloat16()
     # NOTE: on the CPU q is passed as fp32 (bf16 values) so the output stays fp32: Triton's
@@ -64,6 +65,29 @@ CPU_CASES = [  # (lens, Hq, H, d, group, int2, splits)
 @pytest.mark.parametrize("lens,hq,h,d,group,int2,splits", CPU_CASES)
 def test_decode_matches_oracle_cpu(lens, hq, h, d, group, int2, splits):
     _check(lens, hq, h, d, group=group, int2=int2, splits=splits, seed=len(lens) + d)
+
+
+RUNG_CASES = [  # (lens, Hq, H, d, group, splits): the generic kernel (G < d), the raw-code kernel (1 and 2 groups)
+    ([200, 1], 8, 1, 32, 16, 2),
+    ([300, 45], 8, 2, 64, None, 7),
+    ([150, 99], 8, 2, 128, 64, 2),
+]
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+@pytest.mark.parametrize("bits", [(4, 2), (2, 4), (4, 4)], ids=["k4v2", "k2v4", "int4"])
+@pytest.mark.parametrize("lens,hq,h,d,group,splits", RUNG_CASES)
+def test_decode_rungs_match_oracle_cpu(lens, hq, h, d, group, splits, bits):
+    """4-bit keys and/or values (two INT2 planes) through both decode kernels."""
+    _check(lens, hq, h, d, group=group, splits=splits, seed=len(lens) + d + bits[0], bits=bits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("bits", [(4, 2), (2, 4), (4, 4)], ids=["k4v2", "k2v4", "int4"])
+@pytest.mark.parametrize("group", [64, 128])
+def test_decode_rungs_gpu(bits, group):
+    _check([1, 300, 20011, 0, 4097], 32, 8, 128, group=group, page=64, sink=64, recent=256, device="cuda", bits=bits)
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
 """Prefill/extend kernel vs the fp32 oracle: chunks over cached BF16 + INT2 pages and themselves
-(causal), several chunks of different lengths in one batch, GQA 1/4, G < d, BF16-only caches;
+(causal), several chunks of different lengths in one batch, GQA 1/4, G < d, BF16-only caches, 4-bit keys
+and/or values;
 CPU interpreter at small shapes, GPU at real ones."""
 
 import pytest
@@ -35,9 +36,10 @@ def _bf16_error(q, k_new, v_new, kv, tables, cu, scale, ref):
     return _rel(torch.cat(outs), ref)
 
 
-def _check(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, device="cpu", seed=0):
+def _check(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, device="cpu", seed=0,
+           bits=(2, 2)):
     kv, tables = random_cache(cached, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
-                              device=device, seed=seed)
+                              device=device, seed=seed, bits=bits)
     gen = torch.Generator(device=device).manual_seed(seed + 7)
     t = sum(chunks)
     q = torch.randn(t, hq, d, generator=gen, device=device).bfloat16()
@@ -64,6 +66,22 @@ CPU_CASES = [  # (cached lens, chunk lens, Hq, H, d, group, int2)
 @pytest.mark.parametrize("cached,chunks,hq,h,d,group,int2", CPU_CASES)
 def test_extend_matches_oracle_cpu(cached, chunks, hq, h, d, group, int2):
     _check(cached, chunks, hq, h, d, group=group, int2=int2, seed=len(chunks) + d)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+@pytest.mark.parametrize("bits", [(4, 2), (2, 4), (4, 4)], ids=["k4v2", "k2v4", "int4"])
+@pytest.mark.parametrize("group", [None, 16])
+def test_extend_rungs_match_oracle_cpu(bits, group):
+    """4-bit keys and/or values (two INT2 planes): one group per head, and G < d."""
+    _check([150, 0], [5, 19], 8, 2, 32, group=group, seed=bits[0] + 2 * bits[1], bits=bits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("bits", [(4, 2), (2, 4), (4, 4)], ids=["k4v2", "k2v4", "int4"])
+def test_extend_rungs_gpu(bits):
+    _check([20011, 9000, 0], [1000, 2048, 300], 32, 8, 128, group=128, page=64, sink=64, recent=256,
+           device="cuda", bits=bits)
 
 
 @pytest.mark.gpu

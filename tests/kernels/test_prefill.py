@@ -1,6 +1,6 @@
 """Long-chunk prefill attention (``oscarkv.kernels.prefill``) vs the fp32 oracle: the prefix staged in
 segments (several per sequence, split inside the BF16 and the INT2 tier), GQA groups 1/4/6, BF16-only
-caches, an empty cache; and ``TritonAttention.extend`` routing a mixed batch (long chunks here, short
+caches, an empty cache, 4-bit keys and/or values; and ``TritonAttention.extend`` routing a mixed batch (long chunks here, short
 ones to the tile kernel). CPU (interpreter gather, fp32 attention) at small shapes, GPU (cuDNN) at real ones."""
 
 import pytest
@@ -16,9 +16,9 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 
 
-def _inputs(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, seed=0):
+def _inputs(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, seed=0, bits=(2, 2)):
     kv, tables = random_cache(cached, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
-                              device=DEV, seed=seed)
+                              device=DEV, seed=seed, bits=bits)
     gen = torch.Generator(device=DEV).manual_seed(seed + 11)
     t = sum(chunks)
     q, k_new, v_new = (torch.randn(t, n, d, generator=gen, device=DEV).bfloat16().float() for n in (hq, h, h))
@@ -45,11 +45,31 @@ def test_prefill_matches_oracle(cached, chunk, hq, h, d, group, int2, segment):
     assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
 
 
+@pytest.mark.parametrize("bits", [(4, 2), (2, 4), (4, 4)], ids=["k4v2", "k2v4", "int4"])
+@pytest.mark.parametrize("group", [None, 16])
+def test_prefill_rungs_match_oracle(bits, group):
+    """4-bit keys and/or values staged from their two INT2 planes (segments split the history)."""
+    kv, tables, q, k_new, v_new, _, ref, tol = _inputs([150], [40], 8, 2, 32, group=group, seed=bits[0], bits=bits)
+    out = prefill_attention(q, k_new, v_new, kv, tables, 0, tables.lens()[0][:1] + tables.lens()[1][:1], 32**-0.5,
+                            segment=48)
+    assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+
+
 def test_triton_backend_routes_mixed_batch():
     """Long chunks to the staged path, one-token and short ones to the tile kernel, in one step."""
     chunks = [MIN_CHUNK + 3, 1, 5]
     kv, tables, q, k_new, v_new, cu, ref, tol = _inputs([130, 210, 0], chunks, 8, 2, 32, seed=3)
     out = TritonAttention().extend(q, k_new, v_new, kv, tables, cu, 32**-0.5)
+    assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("bits", [(4, 2), (2, 4), (4, 4)], ids=["k4v2", "k2v4", "int4"])
+def test_prefill_rungs_gpu(bits):
+    kv, tables, q, k_new, v_new, cu, ref, tol = _inputs([20011, 9000, 0], [1000, 2048, 300], 32, 8, 128, group=128,
+                                                        page=64, sink=64, recent=256, seed=6, bits=bits)
+    out = TritonAttention().extend(q, k_new, v_new, kv, tables, cu, 128**-0.5)
     assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
 
 

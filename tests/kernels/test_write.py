@@ -1,4 +1,4 @@
-"""Write-path kernel vs the quantizer spec: INT2 bytes bit-identical to ``TensorCodec.encode`` of
+"""Write-path kernel vs the quantizer spec, 2- and 4-bit: code bytes bit-identical to ``TensorCodec.encode`` of
 the stored BF16 values, demotion bit-identical to ``demote_ref`` (one layer, and every layer at
 once with per-layer clips), rotation within one BF16 ulp; the engine's stored-domain K/V store
 bit-identical to a PyTorch scatter."""
@@ -15,17 +15,18 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 
 
-def _codec(h, d, g, clip, seed):
+def _codec(h, d, g, clip, seed, bits=2):
     gen = torch.Generator().manual_seed(seed)
     rot = torch.linalg.qr(torch.randn(h, d, d, generator=gen))[0].contiguous()
-    return TensorCodec(2, g, rotation=rot.to(DEV), mean=torch.randn(h, d, generator=gen).to(DEV), clip=clip)
+    return TensorCodec(bits, g, rotation=rot.to(DEV), mean=torch.randn(h, d, generator=gen).to(DEV), clip=clip)
 
 
-def _pools(n, h, p, d, g):
+def _pools(n, h, p, d, g, bits=2):
     nan = float("nan")
     return (torch.full((n, h, p, d), nan, device=DEV).bfloat16(),
-            Int2Pages(torch.zeros(n, h, p, d // 4, dtype=torch.uint8, device=DEV),
-                      torch.full((n, h, p, d // g), nan, device=DEV).half(), torch.full((n, h, p, d // g), nan, device=DEV).half()))
+            Int2Pages(torch.zeros(n, h, p, d * bits // 8, dtype=torch.uint8, device=DEV),
+                      torch.full((n, h, p, d // g), nan, device=DEV).half(), torch.full((n, h, p, d // g), nan, device=DEV).half(),
+                      bits))
 
 
 def _same(a: Int2Pages, b: Int2Pages) -> bool:
@@ -36,17 +37,18 @@ SHAPES = [(2, 32, 16, 4, 0.9, 11), (1, 64, 64, 8, None, 5)] if not CUDA else \
     [(8, 128, 128, 64, 0.96, 1000), (8, 128, 64, 64, 0.92, 333), (8, 64, 64, 16, None, 77)]
 
 
+@pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("h,d,g,p,clip,t", SHAPES)
-def test_write_tokens_bit_identical(h, d, g, p, clip, t):
-    codec = _codec(h, d, g, clip, seed=t)
+def test_write_tokens_bit_identical(h, d, g, p, clip, t, bits):
+    codec = _codec(h, d, g, clip, seed=t, bits=bits)
     x = torch.randn(t, h, d, device=DEV).bfloat16()
     n_pages = 2 * (t // p + 2)
     perm = torch.randperm(n_pages * p - p, device=DEV)[:t] + p  # random distinct slots, never page 0
     tier = torch.rand(t, device=DEV) < 0.5
     bs = torch.where(tier, perm, -1).int()
     is_ = torch.where(~tier, perm, -1).int()
-    b1, i1 = _pools(n_pages, h, p, d, g)
-    b2, i2 = _pools(n_pages, h, p, d, g)
+    b1, i1 = _pools(n_pages, h, p, d, g, bits)
+    b2, i2 = _pools(n_pages, h, p, d, g, bits)
     write_tokens(x, codec, b1, bs, i1, is_)
     write_ref(x, codec, b2, bs, i2, is_)
     assert torch.equal(b1.isnan(), b2.isnan()), "wrote a different set of BF16 slots"
@@ -69,11 +71,12 @@ def _kernel_rotated(x, codec, h, p, d):
     return pool.transpose(1, 2).reshape(-1, h, d)[p : p + t]
 
 
+@pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("h,d,g,p,clip,t", SHAPES)
-def test_demotion_bit_identical(h, d, g, p, clip, t):
-    codec = _codec(h, d, g, clip, seed=t + 1)
-    b, i1 = _pools(6, h, p, d, g)
-    _, i2 = _pools(6, h, p, d, g)
+def test_demotion_bit_identical(h, d, g, p, clip, t, bits):
+    codec = _codec(h, d, g, clip, seed=t + 1, bits=bits)
+    b, i1 = _pools(6, h, p, d, g, bits)
+    _, i2 = _pools(6, h, p, d, g, bits)
     b.copy_(torch.randn(b.shape, device=DEV).bfloat16())
     src, dst = torch.tensor([3, 1], device=DEV).int(), torch.tensor([2, 5], device=DEV).int()
     demote_pages(b, src, i1, dst, codec)
@@ -82,19 +85,19 @@ def test_demotion_bit_identical(h, d, g, p, clip, t):
     assert torch.isnan(i1.scale[[0, 1, 3, 4]]).all(), "wrote pages it was not asked to"
 
 
-@pytest.mark.parametrize("clips", [(None, None, None), (0.9, None, 0.9)])
-def test_demote_layers_bit_identical(clips):
+@pytest.mark.parametrize("clips,bits", [((None, None, None), 2), ((0.9, None, 0.9), 2), ((0.9, None, 0.9), 4)])
+def test_demote_layers_bit_identical(clips, bits):
     h, d, g, p = (8, 128, 128, 64) if CUDA else (2, 32, 16, 4)
-    codecs = [_codec(h, d, g, c, seed=i) for i, c in enumerate(clips)]
-    pools = [_pools(7, h, p, d, g) for _ in clips]
+    codecs = [_codec(h, d, g, c, seed=i, bits=bits) for i, c in enumerate(clips)]
+    pools = [_pools(7, h, p, d, g, bits) for _ in clips]
     bf16 = torch.stack([b for b, _ in pools])
     bf16.copy_(torch.randn(bf16.shape, device=DEV).bfloat16())
-    mine = Int2Pages(*(torch.stack([getattr(i, f) for _, i in pools]) for f in ("codes", "scale", "zero")))
+    mine = Int2Pages(*(torch.stack([getattr(i, f) for _, i in pools]) for f in ("codes", "scale", "zero")), bits)
     src, dst = torch.tensor([3, 1, 6], device=DEV).int(), torch.tensor([2, 5, 1], device=DEV).int()
     demote_layers(bf16, src, mine, dst, codecs)
     for layer, (codec, (_, ref)) in enumerate(zip(codecs, pools)):
         demote_ref(bf16[layer], src, ref, dst, codec)
-        assert _same(Int2Pages(mine.codes[layer], mine.scale[layer], mine.zero[layer]), ref), layer
+        assert _same(Int2Pages(mine.codes[layer], mine.scale[layer], mine.zero[layer], bits), ref), layer
         assert torch.isnan(mine.scale[layer, [0, 3, 4, 6]]).all(), "wrote pages it was not asked to"
 
 

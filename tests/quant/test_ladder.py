@@ -82,3 +82,22 @@ def test_the_recipe_search_offers_each_rung_within_the_budget():
     # G = 16: INT2 4 bits, K4V2/K2V4 5 bits, INT4 6 bits per element before windows
     assert set(codecs) == {"oscar s=0 r=0", "oscar s=0 r=64", "oscar-k4v2 s=0 r=0", "oscar-k2v4 s=0 r=0"}
     assert codecs["oscar-k2v4 s=0 r=0"].config.bits == (2, 4)
+
+
+def test_generate_and_serve_flags_choose_the_bits_over_the_recipe():
+    from oscarkv.cli.flags import UserError, engine_config
+    from oscarkv.cli.main import build_parser
+
+    art = make_artifact(tiny_config())
+    art.manifest["recipe"] = {"sink": 64, "recent": 128, "page_size": 64, "key_bits": 4, "value_bits": 2}
+
+    def kv(*flags):
+        return engine_config(build_parser().parse_args(["generate", "--prompt", "x", *flags]), art).kv
+
+    assert (kv().bits, kv().recent) == ((4, 2), 128)  # the recipe's windows and bits
+    assert (kv("--value-bits", "4").bits, kv("--value-bits", "4").recent) == ((4, 4), 128)  # a flag overrides one
+    assert kv("--recent", "256", "--key-bits", "4", "--value-bits", "4").bits == (4, 4)
+    assert kv("--recent", "256").bits == (2, 2)  # windows set by hand: no recipe, KVConfig's bits
+    assert kv("--kv", "int4").method == "int4"
+    with pytest.raises(UserError, match="fixes its own bits"):
+        kv("--kv", "int4", "--key-bits", "4")
