@@ -24,6 +24,12 @@ current token attends to itself at full precision, as in ``OscarCache``. A backe
 which every sequence computes one token as ``decode`` instead (``StepContext.decode``): all
 tokens read from the cache, the current one as just stored (BF16).
 
+Sliding-window layers (Gemma 3, :class:`~oscarkv.quant.bpe.SlidingLayers`): ``pools.sliding``
+names them; their K/V are stored as given (no codec: a BF16 window, never INT2) in the window
+pool at the step's :class:`WindowStep` slots, and they attend over their window view with a band
+(:meth:`AttentionBackend.extend_window`). Only extend steps: a backend that implements the band
+sets ``sliding_window`` (the engine refuses the others for such models).
+
 The implementations live in :mod:`oscarkv.attention.backends`: ``TorchAttention`` runs
 anywhere, the CPU included, on the PyTorch oracles of ``oscarkv.kernels.reference`` (the
 reference the Triton kernels are tested against); ``TritonAttention`` implements the same four
@@ -49,6 +55,9 @@ class AttentionBackend(ABC):
 
     decode_steps: bool = False
     """Whether one-token-per-sequence steps go to :meth:`decode` (else :meth:`extend`)."""
+
+    sliding_window: bool = False
+    """Whether :meth:`extend_window` is implemented (models with sliding-window layers need it)."""
 
     @abstractmethod
     def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
@@ -87,6 +96,12 @@ class AttentionBackend(ABC):
         """Rotated ``q [T, Hq, d]`` (fp32, or the model's dtype for identity codecs) over each sequence's cached
         prefix plus its chunk → ``[T, Hq, d]`` fp32 or q's dtype (``cu_host``: ``cu_seqlens`` on the host, if the
         caller has it)."""
+
+    def extend_window(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV,
+                      window: WindowStep, cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
+        """:meth:`extend` of a sliding-window layer over its window view (``window.tables``, the K/V as given,
+        no codec): query ``p`` reads keys ``(p - window.size, p]`` → fp32 ``[T, Hq, d]``."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement sliding-window attention")
 
     @abstractmethod
     def decode(self, q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float,
@@ -150,6 +165,17 @@ class QKRope:
     eps: float = 0.0
 
 
+@dataclass(frozen=True)
+class WindowStep:
+    """A step's view of the sliding layers' window pool (``oscarkv.cache.window``): ``tables`` list each
+    sequence's window pages of its prefix (BF16 only; consecutive positions, the chunk follows them);
+    ``slots [T]`` the flat window-pool slots of the new tokens; ``size`` the window ``W``."""
+
+    tables: PageTables
+    slots: torch.Tensor
+    size: int
+
+
 @dataclass
 class StepContext:
     """Everything attention needs for one step; built by the model runner, read by every layer.
@@ -171,10 +197,16 @@ class StepContext:
     decode: bool = False
     cu_host: tuple[int, ...] | None = None
     """``cu_seqlens`` on the host, when the builder has it (spares ``extend`` a device sync)."""
+    window: WindowStep | None = None
+    """The sliding layers' view (models with sliding-window layers only)."""
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this step's K/V of ``layer``, demote, attend (see the module docstring)."""
         st, kv = self.storage[layer], self.pools.layer(layer)
+        if layer in self.pools.sliding:
+            assert not self.decode and self.window is not None, "sliding layers run extend steps with a window view"
+            self.backend.write(kv, k, v, self.window.slots)
+            return self.backend.extend_window(q, k, v, kv, self.window, self.cu_seqlens, self.scale)
         if self.decode:
             return self._decode(layer, *self.backend.decode_inputs(st, q, k, v), q.dtype)
         # [T, H, d] fp32; NOTE: identity codecs (kv=bf16) keep the model's tensors: the same values without

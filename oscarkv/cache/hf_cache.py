@@ -43,6 +43,10 @@ equal-length prompts). Left padding runs, but pad tokens count as tokens for the
 so a padded row's tiers are shifted. Beam search, cropping and batch reordering are not
 supported (they would need re-quantization or per-row tier bookkeeping) and raise.
 
+Sliding-window layers (Gemma 3, ``codec.sliding``) are :class:`WindowLayer` s: transformers'
+``DynamicSlidingWindowLayer`` (the last ``W − 1`` tokens, the chunk as given), their tokens kept in
+BF16 for a quantized codec — the engine's window pool — and as given for ``bf16``.
+
 Where it goes next: the returned K/V feed the model's attention; ``memory_bytes``/``bpe``
 feed the evaluation reports; the engine's paged caches must agree with it token for token.
 """
@@ -52,11 +56,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
 from oscarkv.config import KVConfig
 from oscarkv.quant.artifact import Artifact, ModelFingerprint, apply_recipe
-from oscarkv.quant.bpe import Tiers, history_end, tiers
+from oscarkv.quant.bpe import SlidingLayers, Tiers, history_end, tiers
 from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec, build_codec
 from oscarkv.quant.int2 import Packed
 
@@ -257,6 +261,32 @@ class OscarLayer(CacheLayerMixin):
             self._unsupported("batch_select_indices")
 
 
+class WindowLayer(DynamicSlidingWindowLayer):
+    """A sliding-window layer: the last ``window - 1`` tokens in ``dtype`` (``None``: as given); returns the
+    stored window (in the input dtype) followed by the chunk as given, like its base class."""
+
+    def __init__(self, window: int, dtype: torch.dtype | None) -> None:
+        super().__init__(sliding_window=window)
+        self.store_dtype = dtype
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
+        k = torch.cat([self.keys.to(key_states.dtype), key_states], dim=-2)  # [B, H, n + T, d]
+        v = torch.cat([self.values.to(value_states.dtype), value_states], dim=-2)
+        dtype = self.store_dtype or key_states.dtype
+        self.keys, self.values = k[:, :, 1 - self.sliding_window:].to(dtype), v[:, :, 1 - self.sliding_window:].to(dtype)
+        return k, v
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {"window": _nbytes(self.keys) + _nbytes(self.values)} if self.is_initialized else {}
+
+    def num_elements(self) -> int:
+        return self.keys.numel() + self.values.numel() if self.is_initialized else 0
+
+
 class OscarCache(Cache):
     """Mixed-precision KV cache for ``model.generate`` (see the module docstring).
 
@@ -268,16 +298,20 @@ class OscarCache(Cache):
         fp = ModelFingerprint.from_config(config)
         if artifact is not None:
             artifact.validate(fp)
-        codec = build_codec(kv or KVConfig(), fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact)
+        codec = build_codec(kv or KVConfig(), fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact,
+                            SlidingLayers.from_config(config))
         self._setup(codec, dequant_cache)
 
     def _setup(self, codec: KVCodec, dequant_cache: bool) -> None:
-        self.codec = codec
-        layers = [OscarLayer(layer, codec.config, dequant_cache) for layer in codec.layers]
+        self.codec, sliding = codec, codec.sliding
+        dtype = torch.bfloat16 if codec.quantized else None
+        layers = [WindowLayer(sliding.window, dtype) if sliding and i in sliding.layers
+                  else OscarLayer(layer, codec.config, dequant_cache) for i, layer in enumerate(codec.layers)]
         super().__init__(layers=layers)
 
     @classmethod
     def from_codec(cls, codec: KVCodec, dequant_cache: bool = False) -> OscarCache:
+        """A cache of ``codec`` (its ``sliding`` layers, if any, become :class:`WindowLayer` s)."""
         cache = cls.__new__(cls)
         cache._setup(codec, dequant_cache)
         return cache
@@ -296,7 +330,7 @@ class OscarCache(Cache):
         return cls(config, kv, art, dequant_cache)
 
     def tiers(self) -> Tiers:
-        return self.layers[0].tiers()
+        return next(layer for layer in self.layers if isinstance(layer, OscarLayer)).tiers()
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held per tier over all layers (history: packed codes + fp16 scale/zero)."""
@@ -311,7 +345,8 @@ class OscarCache(Cache):
         return 2 * sum(layer.num_elements() for layer in self.layers)
 
     def bpe(self) -> float:
-        """Bits per stored element over sink, history and recent (the optional dequant cache excluded)."""
+        """Bits per stored element over sink, history, recent and the sliding layers' windows (the optional
+        dequant cache excluded)."""
         elements = sum(layer.num_elements() for layer in self.layers)
-        stored = sum(v for k, v in self.memory_bytes().items() if k in TIERS)
+        stored = sum(v for k, v in self.memory_bytes().items() if k in (*TIERS, "window"))
         return 8.0 * stored / elements if elements else 0.0

@@ -11,6 +11,13 @@ BF16 pool gets what ``max_num_seqs`` sequences need for their sink and windows
 (``S0 + W + P`` tokens each, plus one partial page) and one step's worth of chunk tokens; the
 INT2 pool gets the rest. ``kv=bf16`` puts the whole budget into BF16 pages.
 
+Sliding-window layers (Gemma 3, :class:`~oscarkv.quant.bpe.SlidingLayers`): the pools above hold
+only the global layers (``num_layers`` counts those); the sliding layers get a window pool of their
+own (``[L_sliding, N_window, H, P, d]``, the window dtype, :mod:`oscarkv.cache.window`), sized first
+for ``max_num_seqs`` windows of ``W + P`` tokens and one step's chunk tokens; the rest of the budget
+is split as above. :meth:`KVPools.layer` takes a model layer index and returns the view of the pool
+that layer lives in.
+
 Window dtype: ``bfloat16`` for the quantized methods (DESIGN.md §3). For ``kv=bf16`` the pool
 holds the model's own dtype — NOTE: a deliberate, backward-compatible widening of the
 contract, matching ``OscarCache`` (whose ``bf16`` method stores K/V as given, like
@@ -26,6 +33,7 @@ import torch
 
 from oscarkv.cache.paged_layout import Int2Pages, LayerKV
 from oscarkv.config import EngineConfig
+from oscarkv.quant.bpe import SlidingLayers
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,8 @@ class PoolGeometry:
     bf16_pages: int
     int2_pages: int  # 0 for kv=bf16
     bits: tuple[int, int] = (2, 2)  # key and value bits of the history pages
+    window_layers: int = 0  # sliding-window layers (not in num_layers)
+    window_pages: int = 0  # pages of their window pool (0 without sliding layers)
 
     def code_bytes(self) -> tuple[int, int]:
         """Code bytes per token and head of a key, of a value (``d · bits / 8``)."""
@@ -48,6 +58,10 @@ class PoolGeometry:
 
     def bf16_page_bytes(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.page_size * self.head_dim * self.window_dtype.itemsize
+
+    def window_page_bytes(self) -> int:
+        """A window page in every sliding layer, K and V."""
+        return 2 * self.window_layers * self.num_kv_heads * self.page_size * self.head_dim * self.window_dtype.itemsize
 
     def int2_page_bytes(self) -> int:
         per_token = sum(self.code_bytes()) + 2 * 2 * 2 * (self.head_dim // self.group)  # codes + fp16 scale, zero
@@ -64,13 +78,17 @@ class PoolGeometry:
 
 
 def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: int, group: int,
-               model_dtype: torch.dtype, bits: tuple[int, int] = (2, 2)) -> PoolGeometry:
-    """Split ``cfg.kv_memory_bytes`` into BF16 and INT2 pages (see the module docstring); ``bits``: the
-    key and value bits of the history (the codec's)."""
+               model_dtype: torch.dtype, bits: tuple[int, int] = (2, 2),
+               sliding: SlidingLayers | None = None) -> PoolGeometry:
+    """Split ``cfg.kv_memory_bytes`` into window, BF16 and INT2 pages (see the module docstring); ``bits``: the
+    key and value bits of the history (the codec's); ``num_layers`` counts every layer, ``sliding`` names those
+    that keep only a window."""
     kv, P = cfg.kv, cfg.kv.page_size
     dtype = model_dtype if kv.method == "bf16" else torch.bfloat16
-    geo = PoolGeometry(num_layers, num_kv_heads, head_dim, group, P, dtype, 0, 0, bits)
-    budget = cfg.kv_memory_bytes
+    n_win_layers = len(sliding.layers) if sliding else 0
+    geo = PoolGeometry(num_layers - n_win_layers, num_kv_heads, head_dim, group, P, dtype, 0, 0, bits, n_win_layers)
+    n_win = _window_pages(cfg, sliding) if sliding else 0
+    budget = cfg.kv_memory_bytes - n_win * geo.window_page_bytes()
     if kv.method == "bf16":
         n_bf16 = budget // geo.bf16_page_bytes()
     elif cfg.bf16_fraction is not None:
@@ -81,15 +99,24 @@ def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: 
         n_bf16 = min(cfg.max_num_seqs * window_pages + step_pages, budget // 2 // geo.bf16_page_bytes())
     n_int2 = 0 if kv.method == "bf16" else (budget - n_bf16 * geo.bf16_page_bytes()) // geo.int2_page_bytes()
     if n_bf16 < 2 or (kv.method != "bf16" and n_int2 < 2):
-        raise ValueError(f"EngineConfig.kv_memory_bytes={budget} is too small: {n_bf16} BF16 and {n_int2} INT2 pages")
-    return PoolGeometry(num_layers, num_kv_heads, head_dim, group, P, dtype, int(n_bf16), int(n_int2), bits)
+        raise ValueError(f"EngineConfig.kv_memory_bytes={cfg.kv_memory_bytes} is too small: {n_bf16} BF16 and "
+                         f"{n_int2} INT2 pages" + (f" after {n_win} window pages" if n_win else ""))
+    return PoolGeometry(geo.num_layers, num_kv_heads, head_dim, group, P, dtype, int(n_bf16), int(n_int2),
+                        bits, n_win_layers, n_win)
+
+
+def _window_pages(cfg: EngineConfig, sliding: SlidingLayers) -> int:
+    """Window pages (scratch included) for ``max_num_seqs`` sequences: each holds at most
+    ``W + P - 2`` tokens between steps, plus one partial page, plus one step's chunk tokens in all."""
+    P = cfg.kv.page_size
+    return cfg.max_num_seqs * (-(-(sliding.window + P - 2) // P) + 1) + -(-cfg.max_num_batched_tokens // P) + 1
 
 
 class KVPools:
     """The pool tensors of every layer (leading layer dimension, see the layout contract)."""
 
-    def __init__(self, geo: PoolGeometry, device: torch.device | str = "cpu") -> None:
-        self.geo = geo
+    def __init__(self, geo: PoolGeometry, device: torch.device | str = "cpu", sliding: frozenset[int] = frozenset()) -> None:
+        self.geo, self.sliding = geo, sliding
         L, H, P, d = geo.num_layers, geo.num_kv_heads, geo.page_size, geo.head_dim
         self.bf16_k = torch.zeros(L, geo.bf16_pages, H, P, d, dtype=geo.window_dtype, device=device)
         self.bf16_v = torch.zeros_like(self.bf16_k)
@@ -97,6 +124,12 @@ class KVPools:
         if geo.int2_pages:
             self.int2_k, self.int2_v = (self._int2(L, geo.int2_pages, H, P, d, geo.group, bits, device)
                                         for bits in geo.bits)
+        assert len(sliding) == geo.window_layers, "one window-pool layer per sliding layer"
+        self.win_k = torch.zeros(geo.window_layers, geo.window_pages, H, P, d, dtype=geo.window_dtype, device=device)
+        self.win_v = torch.zeros_like(self.win_k)
+        layers = range(geo.num_layers + geo.window_layers)
+        # model layer -> its index in the main pools or in the window pool
+        self._index = {i: n for kind in (False, True) for n, i in enumerate(j for j in layers if (j in sliding) == kind)}
 
     @staticmethod
     def _int2(L: int, n: int, H: int, P: int, d: int, g: int, bits: int, device) -> Int2Pages:
@@ -104,8 +137,13 @@ class KVPools:
                          torch.zeros(L, n, H, P, d // g, dtype=torch.float16, device=device),
                          torch.zeros(L, n, H, P, d // g, dtype=torch.float16, device=device), bits)
 
-    def layer(self, i: int) -> LayerKV:
-        """Layer ``i``'s view: ``[N, H, P, ...]`` tensors sharing storage with the pools."""
+    def layer(self, layer: int) -> LayerKV:
+        """Model layer ``layer``'s view: ``[N, H, P, ...]`` tensors sharing storage with the pools (the
+        window pool's BF16 pages for a sliding layer)."""
+        i = self._index[layer]
+        if layer in self.sliding:
+            return LayerKV(self.win_k[i], self.win_v[i], None, None)
+
         def pick(p: Int2Pages | None) -> Int2Pages | None:
             return None if p is None else Int2Pages(p.codes[i], p.scale[i], p.zero[i], p.bits)
         return LayerKV(self.bf16_k[i], self.bf16_v[i], pick(self.int2_k), pick(self.int2_v))
@@ -114,4 +152,5 @@ class KVPools:
         """Bytes allocated per pool kind."""
         int2 = sum(t.numel() * t.element_size() for p in (self.int2_k, self.int2_v) if p is not None
                    for t in (p.codes, p.scale, p.zero))
-        return {"bf16": 2 * self.bf16_k.numel() * self.bf16_k.element_size(), "int2": int2}
+        out = {"bf16": 2 * self.bf16_k.numel() * self.bf16_k.element_size(), "int2": int2}
+        return out | ({"window": 2 * self.win_k.numel() * self.win_k.element_size()} if self.sliding else {})

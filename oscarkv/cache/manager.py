@@ -20,6 +20,10 @@ A chunk's prefix view is the cache *after* the step's demotions restricted to po
 tokens with chunk tokens; chunks start on page boundaries except decode steps, for which
 ``EngineConfig`` requires ``recent >= 1`` (or ``P = 1``), and explicit chunk schedules are
 checked by :meth:`KVCacheManager.check_schedule`.
+
+Sliding-window layers (Gemma 3): the pools above serve only the global layers; the sliding
+layers' bounded BF16 windows are the manager's :class:`~oscarkv.cache.window.WindowCache`
+(``window``), planned, committed, freed and matched in the same calls (``WritePlan.window``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Protocol
 
 from oscarkv.cache.page_pool import PagePool
 from oscarkv.cache.seq_kv import ChunkSchedule, SeqKV
+from oscarkv.cache.window import WindowCache, WindowPlan
 from oscarkv.config import KVConfig
 from oscarkv.quant.bpe import history_end
 
@@ -55,13 +60,15 @@ class WritePlan:
     view_int2: list[int] = field(default_factory=list)  # INT2 pages of the prefix view
     register: list[tuple[str, int, int]] = field(default_factory=list)  # (pool, page, page index) to key
     release: list[int] = field(default_factory=list)  # BF16 pages to release after the step
+    window: WindowPlan | None = None  # the sliding layers' share (models with sliding layers only)
 
 
 class KVCacheManager:
     """Pools, tier bookkeeping and prefix caching (see the module docstring)."""
 
-    def __init__(self, kv: KVConfig, bf16: PagePool, int2: PagePool | None, prefix_caching: bool = True) -> None:
-        self.kv, self.bf16, self.int2 = kv, bf16, int2
+    def __init__(self, kv: KVConfig, bf16: PagePool, int2: PagePool | None, prefix_caching: bool = True,
+                 window: WindowCache | None = None) -> None:
+        self.kv, self.bf16, self.int2, self.window = kv, bf16, int2, window
         self.prefix_caching = prefix_caching
         self.P = kv.page_size
         self.hit_tokens = 0  # prompt tokens served from the prefix cache (a statistic)
@@ -84,8 +91,8 @@ class KVCacheManager:
                 raise ValueError(f"chunk [{t0}, {schedule.end(t0)}) starts inside a page that it demotes to INT2; "
                                  f"start chunks on multiples of page_size ({self.P}) or keep them shorter than the recent window")
 
-    def pages_needed(self, schedule: ChunkSchedule, num_tokens: int) -> tuple[int, int]:
-        """(BF16, INT2) pages one sequence holds at most while it computes ``num_tokens`` tokens
+    def pages_needed(self, schedule: ChunkSchedule, num_tokens: int) -> tuple[int, int, int]:
+        """(BF16, INT2, window) pages one sequence holds at most while it computes ``num_tokens`` tokens
         alone: the prefill chunks of ``schedule``, then one token per step (what :meth:`plan`
         allocates before :meth:`commit` releases demoted pages; no prefix sharing)."""
         P, W = self.P, self.kv.recent
@@ -95,7 +102,8 @@ class KVCacheManager:
         steps = [(t0, schedule.end(t0)) for t0 in schedule.starts()] + [(t - 1, t) for t in range(first, num_tokens + 1)]
         bf16 = max(self._bf16_pages_in_step(t0, t1) for t0, t1 in steps)
         int2 = (self.hist_end(num_tokens) - self.kv.sink) // P if self.quantized else 0
-        return bf16, int2
+        window = max(self.window.pages_in_step(t0, t1) for t0, t1 in steps) if self.window else 0
+        return bf16, int2, window
 
     def _bf16_pages_in_step(self, t0: int, t1: int) -> int:
         S0, P = self.kv.sink, self.P
@@ -114,11 +122,13 @@ class KVCacheManager:
     def fits(self, seqs: list[CachedSequence], t1s: list[int]) -> bool:
         """Whether :meth:`plan` of every ``seqs[i]`` to ``t1s[i]`` together would succeed (nothing changes).
         NOTE: counts every demotion as a new INT2 page (a prefix-cache hit only needs fewer)."""
-        bf16 = int2 = 0
+        bf16 = int2 = win = 0
         for seq, t1 in zip(seqs, t1s):
             n_sink, n_recent, n_demote = self._new_pages(seq.kv, t1)
             bf16, int2 = bf16 + n_sink + n_recent, int2 + n_demote
-        return bf16 <= self.bf16.num_available and (not int2 or int2 <= self.int2.num_available)
+            win += self.window.new_pages(seq.kv.window, t1) if self.window else 0
+        return (bf16 <= self.bf16.num_available and (not int2 or int2 <= self.int2.num_available)
+                and (not win or win <= self.window.pool.num_available))
 
     def plan(self, seq: CachedSequence, t1: int) -> WritePlan | None:
         """Allocate for tokens ``[num_tokens, t1)``; ``None`` (nothing changed) when the pools are short."""
@@ -127,6 +137,8 @@ class KVCacheManager:
         n_sink, n_recent, n_demote = self._new_pages(s, t1)
         if self.bf16.num_available < n_sink + n_recent or (n_demote and self.int2.num_available < n_demote):
             return None
+        if self.window and self.window.pool.num_available < self.window.new_pages(s.window, t1):
+            return None
         s.sink += [self.bf16.allocate() for _ in range(n_sink)]
         s.recent += [self.bf16.allocate() for _ in range(n_recent)]
         plan = WritePlan(t0, t1, [self._slot(s, p, h0) for p in range(t0, t1)])
@@ -134,6 +146,8 @@ class KVCacheManager:
         self._demote(seq, plan, h0, n_demote)
         s.num_tokens = t1
         self._view(s, plan, t0, h1)
+        if self.window:
+            plan.window = self.window.plan(s.window, t0, t1)
         return plan
 
     def _slot(self, s: SeqKV, pos: int, h0: int) -> int:
@@ -179,13 +193,18 @@ class KVCacheManager:
                 (self.bf16 if pool == "bf16" else self.int2).register(page, self._key(seq, index))
         for page in plan.release:
             self.bf16.release(page)
+        if plan.window:
+            self.window.commit(plan.window, (lambda i: self._key(seq, i)) if self.prefix_caching else None)
 
     def abandon(self, plan: WritePlan) -> None:
         """The step of ``plan`` failed before :meth:`commit`: release the BF16 pages its
-        demotions took off the sequence, keying nothing (the step's writes may be partial).
-        The sequence itself must then be freed (:meth:`free`): its pages are not trustworthy."""
+        demotions took off the sequence (and the window pages it aged out), keying nothing (the
+        step's writes may be partial). The sequence itself must then be freed (:meth:`free`): its
+        pages are not trustworthy."""
         for page in plan.release:
             self.bf16.release(page)
+        if plan.window:
+            self.window.abandon(plan.window)
 
     def _key(self, seq: CachedSequence, index: int) -> bytes:
         return seq.kv.key(index, seq.token_ids, seq.schedule, self.P)
@@ -197,6 +216,8 @@ class KVCacheManager:
         self.bf16.release_all(s.sink + s.recent)
         if s.history:
             self.int2.release_all(s.history)
+        if self.window:
+            self.window.free(s.window)
         s.reset()
 
     def match_prefix(self, seq: CachedSequence) -> int:
@@ -223,12 +244,15 @@ class KVCacheManager:
         return out
 
     def _has_prefix(self, seq: CachedSequence, t: int) -> bool:
-        return all(pool.peek(key) for pool, key, _ in self._prefix_pages(seq, t))
+        window = not self.window or all(self.window.pool.peek(self._key(seq, i)) for i in self.window.prefix_indices(t))
+        return window and all(pool.peek(key) for pool, key, _ in self._prefix_pages(seq, t))
 
     def _adopt(self, seq: CachedSequence, t: int) -> None:
         s = seq.kv
         for pool, key, tier in self._prefix_pages(seq, t):
             getattr(s, tier).append(pool.lookup(key))
+        if self.window:
+            self.window.adopt(s.window, t, lambda i: self._key(seq, i))
         s.num_tokens = t
 
     def tier_tokens(self, seq: CachedSequence) -> tuple[int, int, int]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+from oscarkv.cache.window import WindowKV
+
 
 @dataclass(frozen=True)
 class ChunkSchedule:
@@ -72,6 +74,7 @@ class SeqKV:
     recent: list[int] = field(default_factory=list)  # BF16 pool
     num_tokens: int = 0
     keys: list[bytes] = field(default_factory=list)  # keys of full pages 0, 1, ... (computed lazily)
+    window: WindowKV = field(default_factory=WindowKV)  # the sliding layers' pages (oscarkv.cache.window)
 
     def key(self, index: int, tokens: list[int], schedule: ChunkSchedule, page: int) -> bytes:
         """Content key of full page ``index``; ``tokens`` must cover it."""
@@ -86,6 +89,7 @@ class SeqKV:
 
     def reset(self) -> None:
         self.sink, self.history, self.recent, self.num_tokens = [], [], [], 0
+        self.window.reset()
 
 
 def _chunk_start(schedule: ChunkSchedule, pos: int) -> int:

@@ -33,6 +33,7 @@ import torch
 from oscarkv.cache.manager import KVCacheManager
 from oscarkv.cache.page_pool import PagePool
 from oscarkv.cache.seq_kv import ChunkSchedule
+from oscarkv.cache.window import WindowCache
 from oscarkv.config import EngineConfig
 from oscarkv.engine import sampler
 from oscarkv.attention.step import AttentionBackend
@@ -47,6 +48,7 @@ from oscarkv.engine.workers import ParallelRunner
 from oscarkv.attention.backends import default_backend
 from oscarkv.models.llama import PagedLM
 from oscarkv.quant.artifact import ModelFingerprint
+from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import KVCodec, build_codec
 
 log = logging.getLogger(__name__)
@@ -71,9 +73,10 @@ class LLMEngine:
         self.runner, self.codec, self.cfg, self.tokenizer = runner, codec, cfg, tokenizer
         self.detokenizer = Detokenizer(tokenizer) if tokenizer is not None else None
         geo = runner.pools.geo
+        window = WindowCache(codec.sliding, cfg.kv.page_size, PagePool(geo.window_pages)) if codec.sliding else None
         self.manager = KVCacheManager(cfg.kv, PagePool(geo.bf16_pages),
                                       PagePool(geo.int2_pages) if geo.int2_pages else None,
-                                      cfg.enable_prefix_caching)
+                                      cfg.enable_prefix_caching, window)
         self.scheduler = Scheduler(cfg, self.manager)
         self.eos = tuple(eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
@@ -101,8 +104,13 @@ class LLMEngine:
         fp = ModelFingerprint.from_config(config)
         if artifact is not None:
             artifact.validate(fp)
-        codec = build_codec(cfg.kv, fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact)
-        backend = backend or default_backend(next(model.parameters()).device)
+        codec = build_codec(cfg.kv, fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact, SlidingLayers.from_config(config))
+        backend = backend or default_backend(next(model.parameters()).device, codec.sliding is not None)
+        if codec.sliding and not backend.sliding_window:
+            raise ValueError(f"{config.architectures[0]} has sliding-window layers, which {type(backend).__name__} "
+                             "does not implement; use TorchAttention (the default for such models)")
+        if codec.sliding and cfg.tensor_parallel_size > 1:
+            raise ValueError(f"{config.architectures[0]} has sliding-window layers: tensor parallelism is not supported")
         buckets = DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps else ()
         if cfg.tensor_parallel_size > 1:
             runner = ParallelRunner(model, codec, cfg, backend, buckets)
@@ -118,14 +126,16 @@ class LLMEngine:
         geo, n = self.runner.pools.geo, self.runner.tp.size
         cap = geo.capacity()
         t = cap["bf16_tokens"] + cap["int2_tokens"] if geo.int2_pages else cap["bf16_tokens"]
-        return {"method": self.cfg.kv.method, "tensor_parallel_size": n, **cap,
+        window = {"window_layers": geo.window_layers, "window_pages": geo.window_pages - 1} if geo.window_layers else {}
+        return {"method": self.cfg.kv.method, "tensor_parallel_size": n, **cap, **window,
                 "bytes_per_token": {k: v * n for k, v in geo.bytes_per_token().items()},
                 "pool_bytes": {k: v * n for k, v in self.runner.pools.nbytes().items()},
                 "bpe_at_capacity": round(self.bpe(t), 4)}
 
     def bpe(self, num_tokens: int) -> float:
         """Bits per stored KV element of a ``num_tokens``-token sequence: the codec's tier mix for a
-        quantized cache, else the width of the dtype the pools store (32 for an fp32 model)."""
+        quantized cache (with the sliding layers' BF16 windows, :meth:`KVCodec.bpe`), else the width of
+        the dtype the pools store (32 for an fp32 model)."""
         if self.codec.quantized:
             return self.codec.bpe(num_tokens)
         return 8.0 * self.runner.pools.geo.window_dtype.itemsize
@@ -153,6 +163,10 @@ class LLMEngine:
         if manager.int2 is not None:
             tiers["int2"] = TierStats(manager.int2.num_used, manager.int2.num_pages - 1, cap["int2_tokens"],
                                       geo.int2_page_bytes() * n)
+        if manager.window is not None:
+            pool = manager.window.pool
+            tiers["window"] = TierStats(pool.num_used, pool.num_pages - 1, (pool.num_pages - 1) * geo.page_size,
+                                        geo.window_page_bytes(), 2 * geo.window_layers * geo.num_kv_heads * geo.head_dim)
         return EngineStats(tiers, 2 * geo.num_layers * geo.num_kv_heads * n * geo.head_dim,
                            self.describe()["bpe_at_capacity"], manager.hit_tokens, self.num_prompt_tokens,
                            self.num_generated_tokens, sched.num_preemptions, len(sched.waiting), len(sched.running),
@@ -204,11 +218,13 @@ class LLMEngine:
 
     def _check_pages(self, request_id: str, schedule: ChunkSchedule, num_tokens: int) -> None:
         need = self.manager.pages_needed(schedule, num_tokens)
-        pools = (self.manager.bf16, self.manager.int2)
+        window = self.manager.window.pool if self.manager.window else None
+        pools = (self.manager.bf16, self.manager.int2, window)
         have = tuple(p.num_pages - 1 if p is not None else 0 for p in pools)  # the scratch page excluded
-        if need[0] > have[0] or need[1] > have[1]:
+        if any(n > h for n, h in zip(need, have)):
+            win = (f" (and {need[2]} window pages of the {have[2]} the window pool holds)" if window else "")
             raise ValueError(f"request {request_id}: storing {num_tokens} tokens needs {need[0]} BF16 and {need[1]} "
-                             f"INT2 KV pages, but the pools hold {have[0]} and {have[1]} pages in all; "
+                             f"INT2 KV pages, but the pools hold {have[0]} and {have[1]} pages in all{win}; "
                              "lower max_tokens or raise EngineConfig.kv_memory_bytes")
 
     def abort(self, request_id: str) -> RequestOutput | None:

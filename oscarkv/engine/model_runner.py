@@ -36,14 +36,15 @@ import torch
 from oscarkv.cache.kv_pools import KVPools, plan_pools
 from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.cache.manager import WritePlan
-from oscarkv.attention.step import AttentionBackend, LayerStorage, StepContext
+from oscarkv.attention.step import AttentionBackend, LayerStorage, StepContext, WindowStep
 from oscarkv.config import EngineConfig
 from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.folding import fold_values
 from oscarkv.models.parallel import TensorParallel
-from oscarkv.quant.codec import LayerCodec
+from oscarkv.quant.bpe import SlidingLayers
+from oscarkv.quant.codec import LayerCodec, TensorCodec
 
 
 @dataclass
@@ -83,10 +84,11 @@ class ModelRunner:
                  backend: AttentionBackend, graph_buckets: tuple[int, ...] = (),
                  tp: TensorParallel | None = None) -> None:
         self.model, self.pools, self.storage, self.backend = model, pools, storage, backend
+        self.sliding = SlidingLayers.from_config(model.config)
         self.tp = tp or TensorParallel()
         self.samples = self.tp.rank == 0  # NOTE: the hidden states are whole on every rank; rank 0 samples
         self.device = next(model.parameters()).device
-        self.scale = model.head_dim ** -0.5
+        self.scale = model.attention_scale
         self.graphs = DecodeGraphs(self, graph_buckets) if graph_buckets and self.device.type == "cuda" else None
 
     def is_decode(self, plans: list[WritePlan]) -> bool:
@@ -126,7 +128,18 @@ class ModelRunner:
                            device_tensor([s for p in plans for s in p.slots], dev),
                            device_tensor([s for p in plans for s in p.demote_src], dev),
                            device_tensor([s for p in plans for s in p.demote_dst], dev), self.scale, decode,
-                           cu_host=tuple(cu))
+                           cu_host=tuple(cu), window=self._window(plans))
+
+    def _window(self, plans: list[WritePlan]) -> WindowStep | None:
+        """The sliding layers' view of a step (``None`` for a model without sliding layers)."""
+        if self.sliding is None:
+            return None
+        dev, wins = self.device, [p.window for p in plans]
+        lens = tuple(w.view_len for w in wins)
+        tables = PageTables(_table([w.view for w in wins], dev), device_tensor(list(lens), dev),
+                            _table([[] for _ in wins], dev), device_tensor([0] * len(wins), dev),
+                            host_lens=(lens, (0,) * len(wins)))
+        return WindowStep(tables, device_tensor([s for w in wins for s in w.slots], dev), self.sliding.window)
 
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk], pending: PendingIds | None = None) -> RunnerOutput:
@@ -204,12 +217,17 @@ def _cu(plans: list[WritePlan]) -> list[int]:
 def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, backend: AttentionBackend,
                  graph_buckets: tuple[int, ...] = (), tp: TensorParallel | None = None) -> ModelRunner:
     """Fold the value codecs into ``model`` (in place), size this device's pools from ``cfg`` for the
-    model's KV heads (one rank's, with tensor parallelism) and build the runner."""
+    model's KV heads (one rank's, with tensor parallelism) and build the runner. Sliding-window layers
+    store K/V as given (their codecs are replaced by the identity: a BF16 window, nothing to fold)."""
     p = next(model.parameters())
-    layers = [LayerStorage(c.key, c.value).to(p.device) for c in codecs]
+    sliding = SlidingLayers.from_config(model.config)
+    bf16 = TensorCodec(None, codecs[0].key.group)
+    layers = [LayerStorage(bf16, bf16) if sliding and i in sliding.layers else LayerStorage(c.key, c.value).to(p.device)
+              for i, c in enumerate(codecs)]
     values = fold_values(model, layers)
     storage = [LayerStorage(layer.key, v) for layer, v in zip(layers, values)]
     attn = model.model.layers[0].self_attn
     bits = (codecs[0].key.bits or 2, codecs[0].value.bits or 2)  # None: kv=bf16, no history pages
-    geo = plan_pools(cfg, len(codecs), attn.num_kv_heads, attn.head_dim, codecs[0].key.group, p.dtype, bits)
-    return ModelRunner(model, KVPools(geo, p.device), storage, backend, graph_buckets, tp)
+    geo = plan_pools(cfg, len(codecs), attn.num_kv_heads, attn.head_dim, codecs[0].key.group, p.dtype, bits, sliding)
+    pools = KVPools(geo, p.device, sliding.layers if sliding else frozenset())
+    return ModelRunner(model, pools, storage, backend, graph_buckets, tp)

@@ -25,6 +25,9 @@ class TierStats:
     """Pages of the pool, the scratch page excluded."""
     capacity_tokens: int
     page_bytes: int
+    elements_per_token: int | None = None
+    """KV elements a token holds in this pool; ``None``: :attr:`EngineStats.elements_per_token` (the window
+    pool of sliding layers has its own)."""
 
     @property
     def pages_free(self) -> int:
@@ -61,6 +64,7 @@ class EngineStats:
     def bpe_in_use(self) -> float:
         """Bits per stored element over the pages now in use (0 when nothing is stored)."""
         used = [t for t in self.tiers.values() if t.pages_used]
-        tokens = sum(t.pages_used * t.capacity_tokens // max(t.pages_total, 1) for t in used)
+        elements = sum(t.pages_used * t.capacity_tokens // max(t.pages_total, 1) * (t.elements_per_token or self.elements_per_token)
+                       for t in used)
         bits = sum(8 * t.pages_used * t.page_bytes for t in used)
-        return bits / (tokens * self.elements_per_token) if tokens else 0.0
+        return bits / elements if elements else 0.0

@@ -77,6 +77,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return out[0].permute(1, 0, 2)
 
 
+def banded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
+                     window: int) -> torch.Tensor:
+    """Dense fp32 causal GQA attention of whole sequences (``query [B, Hq, T, d]``, ``key/value [B, H, T, d]``,
+    positions from 0) in which query ``p`` reads keys ``p - window < k <= p`` (a sliding-window layer;
+    calibration and the decode-faithful evaluation run it) → ``[B, Hq, T, d]``."""
+    i = torch.arange(query.shape[2], device=query.device)
+    mask = (i[None] <= i[:, None]) & (i[None] > i[:, None] - window)  # [T, T]
+    return torch.nn.functional.scaled_dot_product_attention(query.float(), key.float(), value.float(), attn_mask=mask,
+                                                            scale=scaling, enable_gqa=True)
+
+
 def decode_attention_ref(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float) -> torch.Tensor:
     """One query token per sequence over its whole mixed cache: ``q [B, Hq, d]`` → fp32 ``[B, Hq, d]``.
 
@@ -90,11 +101,16 @@ def decode_attention_ref(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale
 
 
 def extend_attention_ref(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV,
-                         tables: PageTables, cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
+                         tables: PageTables, cu_seqlens: torch.Tensor, scale: float,
+                         window: int | None = None) -> torch.Tensor:
     """Prefill/extend attention: each chunk sees its cached prefix and itself causally.
 
     ``q [T, Hq, d]``, ``k_new/v_new [T, H, d]`` (rotated, centered, full precision), chunk ``b``
-    is rows ``cu_seqlens[b]:cu_seqlens[b+1]`` → fp32 ``[T, Hq, d]``."""
+    is rows ``cu_seqlens[b]:cu_seqlens[b+1]`` → fp32 ``[T, Hq, d]``.
+
+    ``window = W``: a sliding-window layer (``oscarkv.cache.window``): each sequence's cached tokens are
+    consecutive positions in table order (BF16 pages only) and its chunk follows them; query ``p`` sees
+    key ``k`` only if ``p - W < k <= p``."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for b in range(len(cu_seqlens) - 1):
         lo, hi = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
@@ -106,6 +122,9 @@ def extend_attention_ref(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tens
         n, c = kc.shape[1], hi - lo
         causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
         mask = torch.cat([torch.ones(c, n, dtype=torch.bool, device=q.device), causal], 1)  # [c, n + c]
+        if window is not None:
+            key_pos = torch.arange(n + c, device=q.device)  # positions relative to the first cached token
+            mask &= key_pos[None] > (n + torch.arange(c, device=q.device))[:, None] - window
         out[lo:hi] = _attend(q[lo:hi], k, v, mask, scale)
     return out
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from oscarkv.config import KVConfig
-from oscarkv.quant.bpe import bits_per_element, tiers
+from oscarkv.quant.bpe import SlidingLayers, bits_per_element, mixed_bpe, tiers
 from oscarkv.quant.clip import clip_groups
 from oscarkv.quant.int2 import Packed, dequantize, quantize
 from oscarkv.quant.rotation import compose
@@ -111,6 +111,8 @@ class KVCodec:
     config: KVConfig
     layers: tuple[LayerCodec, ...]
     group: int
+    sliding: SlidingLayers | None = None
+    """The model's sliding-window layers (a BF16 window each, their codecs unused); ``None``: none."""
 
     @property
     def quantized(self) -> bool:
@@ -121,12 +123,15 @@ class KVCodec:
         return tiers(t, c.sink, c.recent, c.page_size)
 
     def bpe(self, t: int) -> float:
-        """Bits per element of a ``t``-token sequence, keys and values averaged, windows included."""
+        """Bits per element of a ``t``-token sequence, keys and values averaged, windows included; with
+        sliding layers, the bits every layer holds over the elements it holds (:func:`mixed_bpe`)."""
         tr = self.tiers(t)
         first = self.layers[0]
         n_bf16 = tr.sink + tr.recent
-        return 0.5 * (first.key.bpe(tr.history, n_bf16, self.config.page_size)
-                      + first.value.bpe(tr.history, n_bf16, self.config.page_size))
+        tiered = 0.5 * (first.key.bpe(tr.history, n_bf16, self.config.page_size)
+                        + first.value.bpe(tr.history, n_bf16, self.config.page_size))
+        n_sliding = len(self.sliding.layers) if self.sliding else 0
+        return mixed_bpe(tiered, len(self.layers) - n_sliding, t, self.sliding, self.config.page_size)
 
 
 def default_group(head_dim: int, group: int | None) -> int:
@@ -136,15 +141,17 @@ def default_group(head_dim: int, group: int | None) -> int:
     return g
 
 
-def build_codec(cfg: KVConfig, num_layers: int, num_kv_heads: int, head_dim: int, artifact=None) -> KVCodec:
-    """The codec of ``cfg.method``. ``oscar`` requires a matching artifact; others ignore it."""
+def build_codec(cfg: KVConfig, num_layers: int, num_kv_heads: int, head_dim: int, artifact=None,
+                sliding: SlidingLayers | None = None) -> KVCodec:
+    """The codec of ``cfg.method``. ``oscar`` requires a matching artifact; others ignore it. ``sliding``:
+    the model's sliding-window layers (:meth:`SlidingLayers.from_config`), which keep a BF16 window."""
     g = default_group(head_dim, cfg.group_size)
     if cfg.method == "oscar":
         if artifact is None:
             raise ValueError("kv method 'oscar' needs a rotation artifact (oscarkv calibrate --out DIR, then --rotations DIR)")
-        return artifact.codec(cfg, g)
+        return replace(artifact.codec(cfg, g), sliding=sliding)
     layer = _baseline_layer(cfg, num_kv_heads, head_dim, g)
-    return KVCodec(cfg, (layer,) * num_layers, g)
+    return KVCodec(cfg, (layer,) * num_layers, g, sliding)
 
 
 def with_bits(codec: TensorCodec, bits: int) -> TensorCodec:

@@ -175,7 +175,7 @@ def test_pages_needed_is_the_peak_of_a_run_alone(method, sink_pages, recent, pag
         plan = mgr.plan(seq, seq.schedule.end(seq.kv.num_tokens))
         peak_b, peak_i = max(peak_b, mgr.bf16.num_used), max(peak_i, mgr.int2.num_used if mgr.int2 else 0)
         mgr.commit(seq, plan)
-    assert mgr.pages_needed(seq.schedule, prompt + gen) == (peak_b, peak_i)
+    assert mgr.pages_needed(seq.schedule, prompt + gen) == (peak_b, peak_i, 0)
 
 
 def test_release_all_is_release_in_order():
