@@ -5,7 +5,8 @@ model as independent forwards of ``cfg.chunk`` tokens (positions from 0) while
 :class:`~oscarkv.calibrate.stats.StatsCollector` accumulates second moments; run the next
 ``cfg.heldout_tokens`` tokens (disjoint from the statistics) as one more forward, batched into
 windows of ``min(chunk, heldout_tokens)`` tokens, to capture the held-out ``q, k, v`` that
-clips are fitted on; solve (:mod:`oscarkv.calibrate.solve`); and wrap the result in an
+clips are fitted on; solve (:mod:`oscarkv.calibrate.solve`; sliding-window layers, which keep
+a BF16 window, are neither observed nor solved: the identity); and wrap the result in an
 :class:`~oscarkv.quant.artifact.Artifact` with the manifest that module defines.
 
 Owns nothing persistent: the artifact goes back to the caller (the CLI saves it), the
@@ -22,7 +23,7 @@ import torch
 from oscarkv.calibrate.solve import Solution, solve
 from oscarkv.calibrate.stats import HeldoutCapture, StatsCollector, run_forward
 from oscarkv.config import CalibrationConfig
-from oscarkv.models.loader import LoadedModel, is_default_model
+from oscarkv.models.loader import LoadedModel, bf16_layers, is_default_model
 from oscarkv.quant.artifact import Artifact, ModelFingerprint, new_manifest
 from oscarkv.quant.codec import default_group
 
@@ -70,14 +71,15 @@ def calibrate_variants(loaded: LoadedModel, cfgs: dict[str, CalibrationConfig], 
     if texts is None:
         texts, data_desc = [_default_text()], data_desc or f"oscarkv.data:{DEFAULT_TEXT}"
     chunks, heldout = split_tokens(token_ids(loaded.tokenizer, texts), first)
-    collector = StatsCollector(fp.num_layers, fp.num_kv_heads, fp.head_dim)
+    skip = bf16_layers(loaded.config)  # sliding-window layers: a BF16 window, nothing to calibrate
+    collector = StatsCollector(fp.num_layers, fp.num_kv_heads, fp.head_dim, skip)
     run_forward(loaded.model, chunks, collector, "calibration statistics")
     capture = HeldoutCapture()
     run_forward(loaded.model, [heldout], capture, "held-out tokens")
     stats = collector.finalize()
     out = {}
     for name, cfg in cfgs.items():
-        solution = solve(stats, capture, cfg, group)
+        solution = solve(stats, capture, cfg, group, skip)
         calibration = {"source": data_desc or f"{len(texts)} caller-supplied text(s)", "model_source": model_source(loaded),
                        "tokens": cfg.tokens, "heldout_tokens": heldout.numel(),
                        "seconds": round(time.perf_counter() - start, 2)}

@@ -58,12 +58,30 @@ class Solution:
     rows: list[dict]  # one summary row per layer
 
 
-def solve(stats: Statistics, heldout: HeldoutCapture, cfg: CalibrationConfig, group: int) -> Solution:
-    """Rotations from the statistics, then clips and the summary layer by layer."""
-    tensors = solve_rotations(stats, cfg)
-    rows = [fit_layer(i, tensors, stats, heldout.layer(i), cfg, group) for i in range(stats.c_q.shape[0])]
-    clips = {kind: [row[f"{kind}_clip"] for row in rows] for kind in KINDS}
+def solve(stats: Statistics, heldout: HeldoutCapture, cfg: CalibrationConfig, group: int,
+          skip: frozenset[int] = frozenset()) -> Solution:
+    """Rotations from the statistics, then clips and the summary layer by layer. ``skip``: layers that store
+    no INT2 (sliding-window layers, never observed): the identity, unclipped, and no summary row."""
+    tensors = identity_layers(solve_rotations(stats, cfg), skip)
+    layers = [i for i in range(stats.c_q.shape[0]) if i not in skip]
+    rows = [fit_layer(i, tensors, stats, heldout.layer(i), cfg, group) for i in layers]
+    fitted = {kind: {row["layer"]: row[f"{kind}_clip"] for row in rows} for kind in KINDS}
+    clips = {kind: [fitted[kind].get(i, 1.0) for i in range(stats.c_q.shape[0])] for kind in KINDS}
     return Solution(tensors, clips, rows)
+
+
+def identity_layers(tensors: dict[str, torch.Tensor], layers: frozenset[int]) -> dict[str, torch.Tensor]:
+    """``tensors`` with ``layers`` set to the identity: rotation and eigenvectors ``I``, eigenvalues and
+    means 0, scales 1 (what ``oscarkv.quant.reference`` writes for layers its files omit)."""
+    for i in layers:
+        for kind in KINDS:
+            d = tensors[f"{kind}.rotation"].shape[-1]
+            for name in ("rotation", "eigvecs"):
+                tensors[f"{kind}.{name}"][i] = torch.eye(d)
+            for name, value in (("eigenvalues", 0.0), ("mean", 0.0), ("scale", 1.0)):
+                if f"{kind}.{name}" in tensors:
+                    tensors[f"{kind}.{name}"][i] = value
+    return tensors
 
 
 def weighting_matrices(stats: Statistics, cfg: CalibrationConfig) -> dict[str, torch.Tensor]:

@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import AttentionInterface
 
+from oscarkv.kernels.reference import banded_attention
+
 NAME = "oscarkv_calibrate"
 """The transformers attention implementation name used only while calibrating."""
 
@@ -64,16 +66,19 @@ def calibration_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
 
     NOTE: calibration batches are unpadded sequences starting at position 0 with no KV cache,
     so plain causal attention is exact and ``attention_mask`` (None for a custom implementation)
-    is not needed. Sliding-window layers would need a banded mask and are refused.
+    is not needed. A sliding-window layer (Gemma 3) gets its band (query ``p`` reads keys
+    ``(p − W, p]``) and is not observed: it keeps a BF16 window, nothing to calibrate.
     """
     if key.shape[2] != query.shape[2]:
         raise ValueError("calibration attention needs whole causal sequences (use_cache=False, no past)")
-    if getattr(module, "sliding_window", None):
-        raise NotImplementedError(f"layer {module.layer_idx} uses sliding-window attention; calibration assumes full causal")
+    window = getattr(module, "sliding_window", None)
+    if window:
+        return banded_attention(query, key, value, scaling, window).transpose(1, 2).contiguous().to(query.dtype), None
     out = causal_attention(query, key, value, scaling)  # [B, Hq, T, d] fp32
     if oscar_stats is not None:
         oscar_stats.observe(module.layer_idx, query, key, value, out, scaling)
     return out.transpose(1, 2).contiguous().to(query.dtype), None
+
 
 
 AttentionInterface.register(NAME, calibration_attention)
@@ -152,8 +157,9 @@ class _LayerSums:
 class StatsCollector:
     """Accumulates :class:`Statistics` over calibration chunks; one per calibration run."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, skip: frozenset[int] = frozenset()):
         self.layers = [_LayerSums.zeros(num_kv_heads, head_dim) for _ in range(num_layers)]
+        self.skip = skip  # layers never observed (sliding-window layers): their sums stay zero
 
     def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 out: torch.Tensor, scaling: float) -> None:
@@ -172,9 +178,10 @@ class StatsCollector:
         s.wvv += gram(v, w)
 
     def finalize(self) -> Statistics:
-        """Divide the sums by the token count and stack over layers."""
-        n = self.layers[0].n
-        if n == 0 or any(s.n != n for s in self.layers):
+        """Divide the sums by the token count and stack over layers (skipped layers: zeros)."""
+        seen = [s.n for i, s in enumerate(self.layers) if i not in self.skip]
+        n = seen[0] if seen else 0
+        if n == 0 or any(m != n for m in seen):
             raise ValueError(f"calibration statistics saw {[s.n for s in self.layers]} tokens per layer")
         stack = lambda name: torch.stack([getattr(s, name) for s in self.layers]) / n  # noqa: E731
         return Statistics(stack("qq"), stack("oo"), stack("wvv"), stack("kk"), stack("vv"), stack("k"), stack("v"), n)

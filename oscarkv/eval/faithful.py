@@ -18,6 +18,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from oscarkv.kernels.reference import banded_attention
 from oscarkv.quant.bpe import history_end
 from oscarkv.quant.codec import KVCodec, TensorCodec
 
@@ -59,6 +60,9 @@ def _tier_masks(t: int, q0: int, q1: int, codec: KVCodec, device) -> tuple[torch
 def faithful_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, oscar_codec=None, **kwargs):
     """Attention with per-(query, key) storage tiers; ``query [B, Hq, T, d]``, ``key/value [B, Hkv, T, d]``."""
     layer = oscar_codec.layers[module.layer_idx] if oscar_codec is not None else None
+    if getattr(module, "sliding_window", None):  # a BF16 window (Gemma 3): its band, as computed (no mask is given)
+        out = banded_attention(query, key, value, scaling, module.sliding_window)
+        return out.transpose(1, 2).contiguous().to(query.dtype), None
     if layer is None or layer.key.bits is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     page = oscar_codec.config.page_size

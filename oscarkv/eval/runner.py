@@ -45,6 +45,7 @@ from oscarkv.eval.samples import answer_spans, needle_place, task_samples
 from oscarkv.eval.faithful import faithful_logits
 from oscarkv.eval.perplexity_data import max_windows, text_windows
 from oscarkv.quant.artifact import apply_recipe
+from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import KVCodec, build_codec
 
 
@@ -90,7 +91,7 @@ def build_codecs(model, cfg: EvalConfig, artifacts: dict[str, object] | None = N
             if kv.method == "bf16":
                 label = baseline_label(next(model.parameters()).dtype)
             windowed = kv.sink or kv.recent
-            out[label] = build_codec(apply_recipe(kv, art) if windowed else kv, *dims, art)
+            out[label] = build_codec(apply_recipe(kv, art) if windowed else kv, *dims, art, SlidingLayers.from_config(c))
     return out
 
 
