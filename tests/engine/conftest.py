@@ -1,10 +1,11 @@
-"""Tiny random models (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE), an OSCAR artifact for them, and engine factories."""
+"""Tiny random models (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3), an OSCAR artifact for them, and engine factories."""
 
 from dataclasses import asdict
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
+                          Qwen3MoeConfig)
 
 from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
@@ -14,11 +15,17 @@ from oscarkv.quant.artifact import FORMAT_VERSION, Artifact, ModelFingerprint
 L, HKV, D, VOCAB = 2, 2, 32, 128
 WINDOWS = dict(sink=8, recent=16, page_size=8)
 CONFIGS = {"LlamaForCausalLM": LlamaConfig, "Qwen2ForCausalLM": Qwen2Config, "Qwen3ForCausalLM": Qwen3Config,
-           "MistralForCausalLM": MistralConfig, "Qwen3MoeForCausalLM": Qwen3MoeConfig}
+           "MistralForCausalLM": MistralConfig, "Qwen3MoeForCausalLM": Qwen3MoeConfig,
+           "Gemma3ForCausalLM": Gemma3TextConfig}
 EXTRA = {"MistralForCausalLM": dict(sliding_window=None),
          "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
-                                     norm_topk_prob=True, mlp_only_layers=[1])}  # layer 0 sparse, layer 1 dense
-"""Per-architecture fields of the tiny configs (no window; a MoE with a sparse and a dense layer)."""
+                                     norm_topk_prob=True, mlp_only_layers=[1]),  # layer 0 sparse, layer 1 dense
+         "Gemma3ForCausalLM": dict(layer_types=["sliding_attention", "full_attention"], sliding_window=12,
+                                   query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+                                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                                                    "full_attention": {"rope_type": "default", "rope_theta": 1e6}})}
+"""Per-architecture fields of the tiny configs (no window, except Gemma 3's sliding layer 0 of 12 tokens; a MoE
+with a sparse and a dense layer)."""
 
 
 def tiny_config(arch: str = "LlamaForCausalLM", **kw):

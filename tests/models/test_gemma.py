@@ -1,0 +1,151 @@
+"""Gemma 3 against transformers on a tiny random config (no download): layer 0 slides over 12 tokens,
+layer 1 is global; prompts of 30-50 tokens, so the window matters.
+
+The paged model's logits equal transformers' on a dense forward (and differ without the window);
+the engine with ``kv=bf16`` gives transformers' greedy tokens with chunked prefill and a prefix hit;
+``kv=oscar`` with an artifact calibrated on the model equals ``OscarCache`` (whose sliding layers are
+BF16 windows too); a sliding layer's window pages stay bounded while the context grows; the BPE the
+engine reports is the bits its pages hold over the elements they hold.
+"""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from oscarkv.attention.backends import TritonAttention
+from oscarkv.cache.hf_cache import OscarCache, WindowLayer
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.request import SamplingParams
+from oscarkv.models.llama import PagedLM
+from oscarkv.models.loader import ModelLoadError, bf16_layers, check_config
+from oscarkv.quant.bpe import window_start
+from tests.engine.conftest import (D, HKV, WINDOWS, engine_config, hf_greedy, make_engine, prompts, run, tiny_config,
+                                   tiny_model)
+from tests.models.test_architectures import calibrated
+
+ARCH, W, N = "Gemma3ForCausalLM", 12, 16
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return tiny_model(ARCH)
+
+
+@pytest.fixture(scope="module")
+def gemma_artifact(gemma):
+    return calibrated(gemma)
+
+
+class BandedStep:
+    """Dense causal attention over the chunk, banded to ``window`` keys on the ``sliding`` layers."""
+
+    def __init__(self, scale: float, window: int, sliding: frozenset[int]) -> None:
+        self.scale, self.window, self.sliding = scale, window, sliding
+
+    def attention(self, layer, q, k, v):
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        i = torch.arange(q.shape[0])
+        visible = (i[None] <= i[:, None]) & ((i[None] > i[:, None] - self.window) if layer in self.sliding else True)
+        att = (torch.einsum("thd,shd->hts", q, k) * self.scale).masked_fill(~visible, float("-inf"))
+        return torch.einsum("hts,shd->thd", att.softmax(-1), v)
+
+
+def test_dense_forward_matches_transformers(gemma):
+    ours, ids = PagedLM.from_hf(gemma), torch.randint(0, 128, (29,))
+    assert bf16_layers(gemma.config) == {0} and ours.attention_scale == 24 ** -0.5
+    with torch.no_grad():
+        want = gemma(ids[None]).logits[0]
+        got = ours.compute_logits(ours(ids, torch.arange(29), BandedStep(ours.attention_scale, W, frozenset({0}))))
+        unbanded = ours.compute_logits(ours(ids, torch.arange(29), BandedStep(ours.attention_scale, W, frozenset())))
+    assert (got - want).abs().max() < 1e-4
+    assert (unbanded - want).abs().max() > 1e-2  # the window matters at 29 tokens
+    assert want.abs().max() <= 30.0  # final_logit_softcapping
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_engine_bf16_matches_transformers(gemma, chunked):
+    kw = dict(prefill_chunk=16, max_num_batched_tokens=32) if chunked else {}
+    ps = prompts(2, 40)
+    outs = run(make_engine(gemma, "bf16", **kw), ps)
+    for p, out in zip(ps, outs):
+        toks, lps = hf_greedy(gemma, p, N, DynamicCache(config=gemma.config), chunk=16 if chunked else None)
+        assert out.token_ids[:N] == toks
+        assert max(abs(a - b) for a, b in zip(out.logprobs, lps)) < 1e-4
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_prefix_hit_identical_to_cold(gemma, gemma_artifact, method):
+    base = prompts(1, 70, seed=3)[0]
+    b = base[:66] + [5, 6, 7, 8, 9]
+    kw = dict(prefill_chunk=16, max_num_batched_tokens=32)
+    warm = make_engine(gemma, method, gemma_artifact, **kw)
+    run(warm, [base])
+    hot = run(warm, [b])[0]
+    assert warm.manager.hit_tokens == 64  # window pages [56, 64) and the global layers' [0, 64) were cached
+    cold = run(make_engine(gemma, method, gemma_artifact, **kw), [b])[0]
+    assert hot.token_ids == cold.token_ids and hot.logprobs == cold.logprobs
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_engine_oscar_with_a_calibrated_artifact(gemma, gemma_artifact, chunked):
+    assert gemma_artifact.manifest["clip"]["key"][0] == 1.0  # the sliding layer: identity, unclipped
+    assert torch.equal(gemma_artifact.tensors["key.rotation"][0], torch.eye(D).expand(HKV, D, D))
+    kw = dict(prefill_chunk=16, max_num_batched_tokens=32) if chunked else {}
+    ps = prompts(2, 41)
+    outs = run(make_engine(gemma, "oscar", gemma_artifact, **kw), ps)
+    for p, out in zip(ps, outs):
+        cache = OscarCache(gemma.config, engine_config().kv, gemma_artifact)
+        toks, _ = hf_greedy(gemma, p, N, cache, chunk=16 if chunked else None)
+        assert out.token_ids[:N] == toks
+        assert isinstance(cache.layers[0], WindowLayer) and cache.layers[0].keys.dtype == torch.bfloat16
+        assert cache.layers[0].keys.shape[2] == W - 1
+
+
+def test_oscar_cache_bf16_is_dynamic_cache(gemma):
+    p = prompts(1, 30)[0]
+    assert hf_greedy(gemma, p, N, OscarCache(gemma.config, engine_config("bf16").kv)) == \
+        hf_greedy(gemma, p, N, DynamicCache(config=gemma.config))
+
+
+def test_sliding_layer_memory_is_bounded_and_bpe_counts_it(gemma, gemma_artifact):
+    """While one sequence grows from 20 to 140 tokens, the window pool holds exactly the pages of
+    ``[window_start(t), t)`` (never more than (W + 2P - 2) // P), as the main pools grow; the engine's BPE
+    is the bits of the pages it holds over their elements."""
+    engine = make_engine(gemma, "oscar", gemma_artifact)
+    engine.add_request("0", prompts(1, 20)[0], SamplingParams(max_tokens=120, temperature=0, ignore_eos=True))
+    P, seen = WINDOWS["page_size"], []
+    while engine.has_unfinished():
+        engine.step()
+        seq = engine.seqs.get("0")
+        t, held = (seq.kv.num_tokens if seq else 0), engine.manager.window.pool.num_used
+        if t:
+            assert held == -(-t // P) - window_start(t, W, P) // P <= (W + 2 * P - 2) // P
+            seen.append((t, held, engine.manager.int2.num_used))
+            sink, hist, recent = engine.manager.tier_tokens(seq)
+            window = t - seq.kv.window.first * P
+            bits = 16 * (sink + recent) + (2 + 32 / D) * hist + 16 * window  # one global, one sliding layer
+            assert engine.bpe(t) == pytest.approx(bits / (t + window))
+    assert seen[-1][0] >= 130 and seen[-1][2] > seen[0][2]  # the INT2 history grew, the window did not
+
+
+def test_triton_and_attention_softcapping_are_refused(gemma):
+    with pytest.raises(ValueError, match="sliding-window layers, which TritonAttention does not implement"):
+        LLMEngine.from_hf(gemma, engine_config("bf16"), backend=TritonAttention())
+    with pytest.raises(ModelLoadError, match="attn_logit_softcapping=50.0"):
+        check_config(tiny_config(ARCH, attn_logit_softcapping=50.0), "test")
+
+
+def test_decode_faithful_logits_band_the_sliding_layer(gemma, gemma_artifact):
+    """The decode-faithful pass (eval) gets no mask from transformers for a custom attention: with windows
+    that keep every token in BF16 it must still give the model's logits (the band applied)."""
+    from oscarkv.config import KVConfig
+    from oscarkv.eval.faithful import faithful_logits
+    from oscarkv.quant.bpe import SlidingLayers
+    from oscarkv.quant.codec import build_codec
+
+    ids = torch.randint(0, 128, (1, 40))
+    kv = KVConfig("oscar", group_size=D, sink=64, recent=256, page_size=8)
+    codec = build_codec(kv, 2, HKV, D, gemma_artifact, SlidingLayers.from_config(gemma.config))
+    with torch.no_grad():
+        assert (faithful_logits(gemma, ids, codec) - gemma(ids).logits).abs().max() < 0.05  # BF16 K/V of layer 1
