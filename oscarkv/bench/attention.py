@@ -55,12 +55,13 @@ def cache_bytes(cfg: AttentionBench, context: int, batch: int, int2: bool, group
     """Bytes one decode step must read for one layer: K and V once, q in, out written."""
     h, d = cfg.kv_heads, cfg.head_dim
     g = group or min(d, 128)
-    if int2:
+    if int2:  # K and V: BF16 windows, then history codes (d·bits/8) and fp16 scale + zero per group
         tr = tiers(context, cfg.sink, cfg.recent, cfg.page_size)
-        per_tok = (tr.sink + tr.recent) * d * 2 + tr.history * (d // 4 + 4 * (d // g))
+        per_tok = 2 * (tr.sink + tr.recent) * d * 2 + tr.history * sum(d * b // 8 + 4 * (d // g)
+                                                                          for b in (cfg.key_bits, cfg.value_bits))
     else:
-        per_tok = context * d * 2
-    return batch * (2 * h * per_tok + 2 * cfg.q_heads * d * 2)
+        per_tok = 2 * context * d * 2
+    return batch * (h * per_tok + 2 * cfg.q_heads * d * 2)
 
 
 def _torch_peer(cfg: AttentionBench, context: int, batch: int) -> float:
@@ -85,7 +86,8 @@ def measure(cfg: AttentionBench, context: int, batch: int, configs: dict | None 
         if nbytes > cfg.memory_gib * 2**30:
             continue
         kv, tables = random_cache([context] * batch, cfg.kv_heads, cfg.head_dim, page=cfg.page_size, sink=cfg.sink,
-                                  recent=cfg.recent, int2=kind == "int2", device="cuda", seed=context + batch)
+                                  recent=cfg.recent, int2=kind == "int2", device="cuda", seed=context + batch,
+                                  bits=(cfg.key_bits, cfg.value_bits))
         q = torch.randn(batch, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         scale = cfg.head_dim**-0.5
         row.us[kind] = _time_us(lambda: decode_attention(q, kv, tables, scale, config=configs.get(kind)))

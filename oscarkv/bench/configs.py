@@ -31,6 +31,10 @@ class AttentionBench:
     """BF16 recent window tokens."""
     memory_gib: float = 60.0
     """Skip a configuration whose caches would exceed this many GiB."""
+    key_bits: int = 2
+    """Bits of the low-bit cache's history keys, 2 or 4 (the precision ladder; 4: two INT2 planes)."""
+    value_bits: int = 2
+    """Bits of the low-bit cache's history values, 2 or 4."""
 
 
 @dataclass(frozen=True)

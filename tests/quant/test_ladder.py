@@ -101,3 +101,17 @@ def test_generate_and_serve_flags_choose_the_bits_over_the_recipe():
     assert kv("--kv", "int4").method == "int4"
     with pytest.raises(UserError, match="fixes its own bits"):
         kv("--kv", "int4", "--key-bits", "4")
+
+
+def test_bench_attention_counts_the_bytes_of_each_rung():
+    """``oscarkv bench attention --key-bits 4`` (the GPU check of a rung) divides time into these bytes."""
+    from oscarkv.bench.attention import AttentionBench, cache_bytes
+    from oscarkv.quant.bpe import tiers
+
+    cfg = AttentionBench()
+    hist = tiers(32768, cfg.sink, cfg.recent, cfg.page_size).history
+    int2 = cache_bytes(cfg, 32768, 2, True)
+    for kb, vb in RUNGS.values():
+        rung = AttentionBench(key_bits=kb, value_bits=vb)
+        extra = 2 * cfg.kv_heads * hist * cfg.head_dim * (kb + vb - 4) // 8  # batch 2
+        assert cache_bytes(rung, 32768, 2, True) - int2 == extra
