@@ -8,6 +8,8 @@ including the first divergence), and
 CUDA-graph decode ≡ eager decode (same tokens, log-probs within 0.01). The graphs' staged page
 tables (``cuda_graphs.StagedTable``) hold every row's current list and upload only what changed."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -25,9 +27,10 @@ class _DecodeTorch(TorchAttention):
     decode_steps = True
 
 
-def _engine(model, method, artifact, backend=None, cuda_graphs=True):
-    return LLMEngine.from_hf(model, engine_config(method), artifact if method == "oscar" else None,
-                             backend=backend, cuda_graphs=cuda_graphs)
+def _engine(model, method, artifact, backend=None, cuda_graphs=True, bits=(2, 2)):
+    cfg = engine_config(method)
+    cfg = replace(cfg, kv=replace(cfg.kv, key_bits=bits[0], value_bits=bits[1]))
+    return LLMEngine.from_hf(model, cfg, artifact if method == "oscar" else None, backend=backend, cuda_graphs=cuda_graphs)
 
 
 def _compare(a, b, lp_tol):
@@ -77,6 +80,17 @@ def test_triton_engine_matches_oracle_gpu(cuda_model, artifact, method):
     ref = run(_engine(cuda_model, method, artifact, TorchAttention()), ps)
     # NOTE: one bf16 ulp of a logit in [8, 16) is 0.0625: the tolerance is four such ulps (largest seen
     # on an H100, 2026-11-22: 0.163, oscar, 24 equal tokens).
+    _compare_prefix(ref, out, 0.25)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("bits", [(4, 2), (2, 4), (4, 4)], ids=["k4v2", "k2v4", "int4"])
+def test_triton_engine_rungs_match_oracle_gpu(cuda_model, artifact, bits):
+    """The precision ladder through the Triton kernels and CUDA graphs ≡ the PyTorch oracles (same bound)."""
+    ps = prompts(5, 61)
+    out = run(_engine(cuda_model, "oscar", artifact, bits=bits), ps)
+    ref = run(_engine(cuda_model, "oscar", artifact, TorchAttention(), bits=bits), ps)
     _compare_prefix(ref, out, 0.25)
 
 
