@@ -14,6 +14,7 @@ from transformers import DynamicCache
 
 from oscarkv.attention.backends import TritonAttention
 from oscarkv.cache.hf_cache import OscarCache, WindowLayer
+from oscarkv.cache.seq_kv import ChunkSchedule
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.models.llama import PagedLM
@@ -127,6 +128,8 @@ def test_sliding_layer_memory_is_bounded_and_bpe_counts_it(gemma, gemma_artifact
             bits = 16 * (sink + recent) + (2 + 32 / D) * hist + 16 * window  # one global, one sliding layer
             assert engine.bpe(t) == pytest.approx(bits / (t + window))
     assert seen[-1][0] >= 130 and seen[-1][2] > seen[0][2]  # the INT2 history grew, the window did not
+    need = [engine.manager.pages_needed(ChunkSchedule(20, 64), n)[2] for n in (200, 2000, 20_000)]
+    assert need[0] == need[1] == need[2] <= -(-(W + 64 + 2 * P) // P)  # the worst step, chunks included
 
 
 def test_triton_and_attention_softcapping_are_refused(gemma):
@@ -149,3 +152,34 @@ def test_decode_faithful_logits_band_the_sliding_layer(gemma, gemma_artifact):
     codec = build_codec(kv, 2, HKV, D, gemma_artifact, SlidingLayers.from_config(gemma.config))
     with torch.no_grad():
         assert (faithful_logits(gemma, ids, codec) - gemma(ids).logits).abs().max() < 0.05  # BF16 K/V of layer 1
+
+
+def test_calibrate_and_generate_from_a_model_directory(tmp_path, capsys):
+    """The user's path: ``oscarkv calibrate`` a Gemma 3 directory, then ``oscarkv generate --kv oscar`` with that
+    artifact; the streamed text is the offline API's with the same artifact."""
+    from oscarkv.cli.flags import engine_config as flags_config
+    from oscarkv.cli.main import build_parser, main
+    from oscarkv.llm import LLM
+    from oscarkv.models.loader import load_model
+    from tests.server.conftest import SMALL, SPECIAL, byte_tokenizer
+
+    torch.manual_seed(0)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(tiny_config(ARCH, vocab_size=len(SPECIAL) + 256, eos_token_id=256))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.15)
+    model.save_pretrained(tmp_path / "gemma")
+    byte_tokenizer().save_pretrained(tmp_path / "gemma")
+    art = tmp_path / "art"
+    assert main(["calibrate", "--model", str(tmp_path / "gemma"), "--out", str(art), "--tokens", "256",
+                 "--heldout-tokens", "64", "--chunk", "64", "--dtype", "float32"]) == 0
+    argv = ["generate", "--model", str(tmp_path / "gemma"), "--kv", "oscar", "--rotations", str(art), "--no-chat",
+            "--prompt", "The quick brown fox jumps over the lazy dog", "--max-tokens", "12", *SMALL]
+    capsys.readouterr()
+    assert main(argv) == 0
+    want = LLM(load_model(str(tmp_path / "gemma")), "oscar", rotations=art, config=flags_config(build_parser().parse_args(argv)))
+    out = want.generate("The quick brown fox jumps over the lazy dog", SamplingParams(12, 0.0))[0]
+    assert capsys.readouterr().out == f"{out.text}\n[{out.finish_reason}, {len(out.token_ids)} tokens]\n"
