@@ -132,6 +132,23 @@ def test_sliding_layer_memory_is_bounded_and_bpe_counts_it(gemma, gemma_artifact
     assert need[0] == need[1] == need[2] <= -(-(W + 64 + 2 * P) // P)  # the worst step, chunks included
 
 
+def test_preemption_resumes_exactly_and_frees_every_window_page(gemma, gemma_artifact):
+    ps = [p[:24] for p in prompts(3, 24, seed=4)]
+    params = [SamplingParams(max_tokens=20, temperature=0.8 if i % 2 else 0, seed=i, ignore_eos=True, logprobs=True)
+              for i in range(len(ps))]
+    roomy = run(make_engine(gemma, "oscar", gemma_artifact), ps, params)
+    tight = make_engine(gemma, "oscar", gemma_artifact, kv_memory_bytes=80_000, bf16_fraction=0.5, max_num_seqs=3)
+    preempted = []
+    orig = tight.scheduler._preempt
+    tight.scheduler._preempt = lambda seq, out: (preempted.append(seq.request_id), orig(seq, out))
+    outs = run(tight, ps, params)
+    assert preempted, "the pools were meant to be too small for all three requests"
+    for a, b in zip(roomy, outs):
+        assert a.token_ids == b.token_ids and max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    m = tight.manager
+    assert m.bf16.num_used == m.int2.num_used == m.window.pool.num_used == 0  # nothing leaked
+
+
 def test_triton_and_attention_softcapping_are_refused(gemma):
     with pytest.raises(ValueError, match="sliding-window layers, which TritonAttention does not implement"):
         LLMEngine.from_hf(gemma, engine_config("bf16"), backend=TritonAttention())
