@@ -150,9 +150,10 @@ def check_config(config, where: str) -> str:
 
     NOTE: Mistral and Qwen3-MoE restrict every layer to a sliding window when ``sliding_window`` is
     set; the paged engine attends to the whole context, so such a config is refused unless its
-    window covers ``max_position_embeddings`` (then the two agree). Gemma 3's sliding layers are
-    served (:class:`~oscarkv.quant.bpe.SlidingLayers`); its attention soft-capping and bidirectional
-    attention are not."""
+    window covers ``max_position_embeddings`` (then the two agree). Layers that ``layer_types``
+    marks ``sliding_attention`` (Gemma 3, Qwen2 with ``use_sliding_window``) are served with a bounded
+    window (:class:`~oscarkv.quant.bpe.SlidingLayers`); Gemma 3's attention soft-capping and
+    bidirectional attention are not."""
     arch = check_architecture((config.architectures or [None])[0], where)
     if arch == "Gemma3ForCausalLM":
         for name in ("attn_logit_softcapping", "use_bidirectional_attention"):

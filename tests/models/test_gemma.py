@@ -132,6 +132,25 @@ def test_sliding_layer_memory_is_bounded_and_bpe_counts_it(gemma, gemma_artifact
     assert need[0] == need[1] == need[2] <= -(-(W + 64 + 2 * P) // P)  # the worst step, chunks included
 
 
+def test_a_qwen2_config_with_sliding_layers_is_windowed_the_same_way():
+    """The window store is the config's ``layer_types``, not Gemma's: Qwen2 with ``use_sliding_window``
+    (layer 1 slides over 12 tokens) gives transformers' tokens, chunked."""
+    torch.manual_seed(0)
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=W, max_window_layers=1)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.15)
+    assert bf16_layers(model.config) == {1}
+    ps = prompts(2, 40)
+    for p, out in zip(ps, run(make_engine(model, "bf16", prefill_chunk=16, max_num_batched_tokens=32), ps)):
+        toks, lps = hf_greedy(model, p, N, DynamicCache(config=model.config), chunk=16)
+        assert out.token_ids[:N] == toks and max(abs(a - b) for a, b in zip(out.logprobs, lps)) < 1e-4
+
+
 def test_preemption_resumes_exactly_and_frees_every_window_page(gemma, gemma_artifact):
     ps = [p[:24] for p in prompts(3, 24, seed=4)]
     params = [SamplingParams(max_tokens=20, temperature=0.8 if i % 2 else 0, seed=i, ignore_eos=True, logprobs=True)
