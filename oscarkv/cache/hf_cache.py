@@ -329,6 +329,14 @@ class OscarCache(Cache):
             raise ValueError(f"OscarCache.from_artifact needs KVConfig.method 'oscar', got {kv.method!r}")
         return cls(config, kv, art, dequant_cache)
 
+    def store(self, doc: Cache) -> None:
+        """Write the K/V of a prefilled transformers cache (``DynamicCache``) into this one; a sliding layer
+        takes the document's length with its last tokens (so its mask offsets stay right)."""
+        for i, layer in enumerate(doc.layers):
+            self.update(layer.keys, layer.values, i)
+            if isinstance(self.layers[i], WindowLayer):
+                self.layers[i].cumulative_length = layer.cumulative_length
+
     def tiers(self) -> Tiers:
         return next(layer for layer in self.layers if isinstance(layer, OscarLayer)).tiers()
 

@@ -26,6 +26,7 @@ from oscarkv.config import RUNGS, KVConfig
 from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.runner import prefill, score_sample
 from oscarkv.eval.samples import answer_spans
+from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import KVCodec, build_codec
 
 DEV_SEEDS = (1000, 1001)
@@ -91,7 +92,7 @@ def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: K
                     kv = kv.without_windows()
                 elif r == 0 and kv.page_size > 1:
                     continue  # a decode step would demote the page holding its own token: not served
-                codec = build_codec(kv, *dims, artifact)
+                codec = build_codec(kv, *dims, artifact, SlidingLayers.from_config(c))
                 if max_bpe is None or codec.bpe(context) <= max_bpe:
                     out[f"oscar{'' if rung == 'int2' else '-' + rung} s={s} r={r}"] = codec
     return out
@@ -156,7 +157,8 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
     ``cfg`` is a :class:`~oscarkv.config.RecipeSearchConfig`."""
     c = loaded.model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    bf16 = {"bf16": build_codec(KVConfig("bf16"), c.num_hidden_layers, c.num_key_value_heads, head_dim)}
+    bf16 = {"bf16": build_codec(KVConfig("bf16"), c.num_hidden_layers, c.num_key_value_heads, head_dim,
+                                sliding=SlidingLayers.from_config(c))}
     windows = window_codecs(loaded, artifact, cfg.context, cfg.max_bpe, KVConfig(), cfg.sinks, cfg.recents, cfg.rungs)
     if not windows:
         raise ValueError(f"no window fits --max-bpe {cfg.max_bpe} at --context {cfg.context}")
@@ -181,7 +183,7 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
     dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
     arts = {name or "recipe": art for name, (art, _) in results.items()}
     extra = {f"ablation {n}": build_codec(KVConfig("oscar", group_size=a.manifest["group_size"]).without_windows(),
-                                          *dims, a) for n, a in arts.items() if n != "recipe"}
+                                          *dims, a, SlidingLayers.from_config(c)) for n, a in arts.items() if n != "recipe"}
 
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "dev_samples.jsonl", "w")

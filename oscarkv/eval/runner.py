@@ -108,8 +108,7 @@ def score_sample(model, doc: DynamicCache, codec: KVCodec, q_ids: torch.Tensor, 
     """Fraction of answer spans (token index ranges in ``target``) predicted exactly, and the
     mean negative log-likelihood of the answer tokens (a continuous score for small studies)."""
     cache = OscarCache.from_codec(codec)
-    for i, layer in enumerate(doc.layers):
-        cache.update(layer.keys, layer.values, i)
+    cache.store(doc)
     start = doc.get_seq_length()
     ids = torch.cat([q_ids, target[:, :-1]], dim=1)
     pos = torch.arange(start, start + ids.shape[1]).unsqueeze(0)

@@ -219,3 +219,22 @@ def test_calibrate_and_generate_from_a_model_directory(tmp_path, capsys):
     want = LLM(load_model(str(tmp_path / "gemma")), "oscar", rotations=art, config=flags_config(build_parser().parse_args(argv)))
     out = want.generate("The quick brown fox jumps over the lazy dog", SamplingParams(12, 0.0))[0]
     assert capsys.readouterr().out == f"{out.text}\n[{out.finish_reason}, {len(out.token_ids)} tokens]\n"
+
+
+def test_teacher_forced_scoring_keeps_the_window_aligned(gemma):
+    """eval's teacher-forced path stores a prefilled document into ``OscarCache`` (the sliding layer gets only
+    its last W - 1 tokens, and the document's length): with ``kv=bf16`` its answer NLL is that of one forward
+    over the whole text."""
+    from oscarkv.config import KVConfig
+    from oscarkv.eval.runner import prefill, score_sample
+    from oscarkv.quant.bpe import SlidingLayers
+    from oscarkv.quant.codec import build_codec
+
+    ids = torch.tensor([prompts(1, 40, seed=7)[0]])  # document 30, question 4, answer 6
+    doc, q, target = ids[:, :30], ids[:, 30:34], ids[:, 34:40]
+    codec = build_codec(KVConfig("bf16"), 2, HKV, D, sliding=SlidingLayers.from_config(gemma.config))
+    _, nll, cache = score_sample(gemma, prefill(gemma, doc), codec, q, target[0][None], [(0, 6)])
+    assert cache.get_seq_length() == 39 and cache.layers[0].keys.shape[2] == W - 1  # positions of the whole text
+    with torch.no_grad():
+        logits = gemma(ids[:, :-1]).logits[0, 33:].float()
+    assert nll == pytest.approx(float(torch.nn.functional.cross_entropy(logits, target[0])), abs=1e-4)
