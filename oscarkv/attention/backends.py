@@ -35,23 +35,17 @@ compiled and interpreted kernels when a ``@triton.jit`` function is defined.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import LayerKV, PageTables, device_tensor
-from oscarkv.attention.step import AttentionBackend, LayerStorage, QKRope, WindowStep, stored_domain
+from oscarkv.attention.step import AttentionBackend, LayerStorage, QKRope, stored_domain
 from oscarkv.kernels import reference as ref
 from oscarkv.quant.codec import TensorCodec
-
-log = logging.getLogger(__name__)
 
 
 class TorchAttention(AttentionBackend):
     """The PyTorch implementation (CPU or GPU): ``oscarkv.kernels.reference`` behind the interface."""
-
-    sliding_window = True
 
     def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
         # NOTE: for BF16 pools this is ``reference.write_ref`` after ``to_rotated`` (tested
@@ -68,9 +62,6 @@ class TorchAttention(AttentionBackend):
 
     def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host=None):
         return ref.extend_attention_ref(q, k_new, v_new, kv, tables, cu_seqlens, scale)
-
-    def extend_window(self, q, k_new, v_new, kv, window: WindowStep, cu_seqlens, scale):
-        return ref.extend_attention_ref(q, k_new, v_new, kv, window.tables, cu_seqlens, scale, window.size)
 
     def decode(self, q, kv, tables, scale, out_dtype=None):
         out = ref.decode_attention_ref(q, kv, tables, scale)
@@ -162,13 +153,6 @@ class TritonAttention(AttentionBackend):
         return decode_attention(q, kv, tables, scale, out_dtype=out_dtype)
 
 
-def default_backend(device: torch.device, sliding_window: bool = False) -> AttentionBackend:
-    """Triton kernels on CUDA, the PyTorch oracles anywhere else, and for a model with sliding-window
-    layers (``sliding_window``) everywhere: the Triton kernels do not implement the window (logged)."""
-    if torch.device(device).type != "cuda":
-        return TorchAttention()
-    if sliding_window:
-        log.warning("sliding-window layers: the Triton kernels do not implement the window; attention runs on "
-                    "the PyTorch backend (TorchAttention) on %s", device)
-        return TorchAttention()
-    return TritonAttention()
+def default_backend(device: torch.device) -> AttentionBackend:
+    """Triton kernels on CUDA, the PyTorch oracles anywhere else."""
+    return TritonAttention() if torch.device(device).type == "cuda" else TorchAttention()

@@ -27,8 +27,9 @@ tokens read from the cache, the current one as just stored (BF16).
 Sliding-window layers (Gemma 3, :class:`~oscarkv.quant.bpe.SlidingLayers`): ``pools.sliding``
 names them; their K/V are stored as given (no codec: a BF16 window, never INT2) in the window
 pool at the step's :class:`WindowStep` slots, and they attend over their window view with a band
-(:meth:`AttentionBackend.extend_window`). Only extend steps: a backend that implements the band
-sets ``sliding_window`` (the engine refuses the others for such models).
+(:meth:`AttentionBackend.extend_window`: the PyTorch band for every backend, the window being short;
+the Triton kernels serve the global layers). In decode steps too, a sliding layer's token attends to
+its window as stored and to itself at full precision (extend's rule: ``OscarCache``'s).
 
 The implementations live in :mod:`oscarkv.attention.backends`: ``TorchAttention`` runs
 anywhere, the CPU included, on the PyTorch oracles of ``oscarkv.kernels.reference`` (the
@@ -47,6 +48,7 @@ import torch
 
 from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import LayerKV, PageTables
+from oscarkv.kernels import reference as ref
 from oscarkv.quant.codec import TensorCodec
 
 
@@ -55,9 +57,6 @@ class AttentionBackend(ABC):
 
     decode_steps: bool = False
     """Whether one-token-per-sequence steps go to :meth:`decode` (else :meth:`extend`)."""
-
-    sliding_window: bool = False
-    """Whether :meth:`extend_window` is implemented (models with sliding-window layers need it)."""
 
     @abstractmethod
     def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
@@ -100,8 +99,12 @@ class AttentionBackend(ABC):
     def extend_window(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV,
                       window: WindowStep, cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
         """:meth:`extend` of a sliding-window layer over its window view (``window.tables``, the K/V as given,
-        no codec): query ``p`` reads keys ``(p - window.size, p]`` → fp32 ``[T, Hq, d]``."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement sliding-window attention")
+        no codec): query ``p`` reads keys ``(p - window.size, p]`` → fp32 ``[T, Hq, d]``.
+
+        NOTE: the PyTorch oracle on any device, one sequence at a time: a window view holds at most
+        ``W + P - 2`` tokens, so its gather is small next to the global layers' history, which the
+        backend's own kernels read; a Triton band kernel is not written."""
+        return ref.extend_attention_ref(q, k_new, v_new, kv, window.tables, cu_seqlens, scale, window.size)
 
     @abstractmethod
     def decode(self, q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float,
@@ -203,8 +206,8 @@ class StepContext:
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this step's K/V of ``layer``, demote, attend (see the module docstring)."""
         st, kv = self.storage[layer], self.pools.layer(layer)
-        if layer in self.pools.sliding:
-            assert not self.decode and self.window is not None, "sliding layers run extend steps with a window view"
+        if layer in self.pools.sliding:  # decode steps too: the window view excludes the token written now
+            assert self.window is not None, "a sliding layer needs the step's window view"
             self.backend.write(kv, k, v, self.window.slots)
             return self.backend.extend_window(q, k, v, kv, self.window, self.cu_seqlens, self.scale)
         if self.decode:

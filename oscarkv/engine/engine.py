@@ -105,13 +105,11 @@ class LLMEngine:
         if artifact is not None:
             artifact.validate(fp)
         codec = build_codec(cfg.kv, fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact, SlidingLayers.from_config(config))
-        backend = backend or default_backend(next(model.parameters()).device, codec.sliding is not None)
-        if codec.sliding and not backend.sliding_window:
-            raise ValueError(f"{config.architectures[0]} has sliding-window layers, which {type(backend).__name__} "
-                             "does not implement; use TorchAttention (the default for such models)")
+        backend = backend or default_backend(next(model.parameters()).device)
         if codec.sliding and cfg.tensor_parallel_size > 1:
             raise ValueError(f"{config.architectures[0]} has sliding-window layers: tensor parallelism is not supported")
-        buckets = DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps else ()
+        # NOTE: a sliding layer's band runs eagerly (oscarkv.attention.step), so such a model decodes without graphs
+        buckets = DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps and not codec.sliding else ()
         if cfg.tensor_parallel_size > 1:
             runner = ParallelRunner(model, codec, cfg, backend, buckets)
         else:

@@ -4,7 +4,8 @@ layer 1 is global; prompts of 30-50 tokens, so the window matters.
 The paged model's logits equal transformers' on a dense forward (and differ without the window);
 the engine with ``kv=bf16`` gives transformers' greedy tokens with chunked prefill and a prefix hit;
 ``kv=oscar`` with an artifact calibrated on the model equals ``OscarCache`` (whose sliding layers are
-BF16 windows too); a sliding layer's window pages stay bounded while the context grows; the BPE the
+BF16 windows too); the decode route (Triton's) equals the extend route; a sliding layer's window pages
+stay bounded while the context grows; the BPE the
 engine reports is the bits its pages hold over the elements they hold.
 """
 
@@ -168,9 +169,42 @@ def test_preemption_resumes_exactly_and_frees_every_window_page(gemma, gemma_art
     assert m.bf16.num_used == m.int2.num_used == m.window.pool.num_used == 0  # nothing leaked
 
 
-def test_triton_and_attention_softcapping_are_refused(gemma):
-    with pytest.raises(ValueError, match="sliding-window layers, which TritonAttention does not implement"):
-        LLMEngine.from_hf(gemma, engine_config("bf16"), backend=TritonAttention())
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_decode_route_matches_extend(gemma, gemma_artifact, method):
+    """A backend whose one-token steps go to ``decode`` (the Triton backend's route, here on the PyTorch
+    oracles) gives the extend route's tokens: its sliding layer reads its window view without the token
+    written this step and attends to that token at full precision, as in extend; the global layer reads
+    the decode view (tolerances of tests/engine/test_gpu_engine.py)."""
+    from tests.engine.test_gpu_engine import _DecodeTorch, _compare
+
+    ps = prompts(2, 37)
+    ref = run(make_engine(gemma, method, gemma_artifact), ps)
+    out = run(LLMEngine.from_hf(gemma, engine_config(method), gemma_artifact if method == "oscar" else None,
+                                backend=_DecodeTorch()), ps)
+    _compare(ref, out, 1e-4 if method == "bf16" else 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_triton_engine_matches_oracle_gpu(gemma, gemma_artifact, method):
+    """The Triton backend (global layers on the kernels, the sliding layer's band in PyTorch, no CUDA graphs)
+    gives the oracle backend's tokens on the same bf16 model up to a near-tie (test_gpu_engine's rule)."""
+    from oscarkv.attention.backends import TorchAttention
+    from tests.engine.test_gpu_engine import _compare_prefix
+
+    model = tiny_model(ARCH).to("cuda", torch.bfloat16)
+    art = gemma_artifact if method == "oscar" else None
+    ps = prompts(3, 41)
+    ref = run(LLMEngine.from_hf(model, engine_config(method), art, backend=TorchAttention()), ps)
+    engine = LLMEngine.from_hf(model, engine_config(method), art, backend=TritonAttention())
+    assert engine.runner.graphs is None  # the band runs eagerly
+    _compare_prefix(ref, run(engine, ps), 0.25)
+
+
+def test_tensor_parallelism_and_attention_softcapping_are_refused(gemma):
+    with pytest.raises(ValueError, match="sliding-window layers: tensor parallelism is not supported"):
+        LLMEngine.from_hf(gemma, engine_config("bf16", tensor_parallel_size=2))
     with pytest.raises(ModelLoadError, match="attn_logit_softcapping=50.0"):
         check_config(tiny_config(ARCH, attn_logit_softcapping=50.0), "test")
 
