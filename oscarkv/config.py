@@ -106,6 +106,10 @@ class KVConfig:
         """``(key_bits, value_bits)``."""
         return self.key_bits, self.value_bits
 
+    def stored_bits(self) -> tuple[int, int]:
+        """Key and value bits of the history as stored: ``int4`` 4/4, the others ``bits`` (KIVI 2/2)."""
+        return (4, 4) if self.method == "int4" else self.bits
+
     def rung(self) -> str:
         """The precision rung of a per-token method: ``int2``, ``k4v2``, ``k2v4`` or ``int4``."""
         kb, vb = self.bits

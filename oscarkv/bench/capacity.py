@@ -64,7 +64,8 @@ def geometry(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_
     step = dict(max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk) if chunk else {}
     ecfg = EngineConfig(kv, kv_memory_bytes=int(cfg.kv_gib * 2**30), max_num_seqs=max_num_seqs, **step)
     d, heads = s["head_dim"], max(1, s["num_key_value_heads"] // cfg.tensor_parallel_size)  # one rank's
-    return plan_pools(ecfg, s["num_hidden_layers"], heads, d, default_group(d, kv.group_size), torch.bfloat16)
+    return plan_pools(ecfg, s["num_hidden_layers"], heads, d, default_group(d, kv.group_size), torch.bfloat16,
+                      kv.stored_bits())
 
 
 def fits(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_seqs: int = 32) -> dict:

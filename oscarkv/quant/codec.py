@@ -161,14 +161,11 @@ def with_bits(codec: TensorCodec, bits: int) -> TensorCodec:
 
 
 def _baseline_layer(cfg: KVConfig, heads: int, d: int, g: int) -> LayerCodec:
-    method, (kb, vb) = cfg.method, cfg.bits
+    method, (kb, vb) = cfg.method, cfg.stored_bits()
     if method == "bf16":
         bf = TensorCodec(None, g)
         return LayerCodec(bf, bf)
-    if method == "int4":
-        c = TensorCodec(4, g)
-        return LayerCodec(c, c)
-    if method == "naive":
+    if method in ("int4", "naive"):
         return LayerCodec(TensorCodec(kb, g), TensorCodec(vb, g))
     if method == "quarot":
         h = compose(torch.eye(d).expand(heads, d, d), "h")

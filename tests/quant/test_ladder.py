@@ -115,3 +115,15 @@ def test_bench_attention_counts_the_bytes_of_each_rung():
         rung = AttentionBench(key_bits=kb, value_bits=vb)
         extra = 2 * cfg.kv_heads * hist * cfg.head_dim * (kb + vb - 4) // 8  # batch 2
         assert cache_bytes(rung, 32768, 2, True) - int2 == extra
+
+
+def test_pools_are_sized_for_the_stored_bits():
+    """A 4-bit kind costs ``d/4`` more code bytes per token and head than INT2 (``int4``: both kinds)."""
+    from oscarkv.bench.capacity import geometry
+    from oscarkv.bench.configs import CapacityBench
+
+    cfg = CapacityBench()
+    int2, int4 = (geometry(cfg, m) for m in ("naive", "int4"))
+    assert int4.bits == (4, 4) and int2.bits == (2, 2)
+    per_token = int2.num_layers * int2.num_kv_heads * int2.page_size
+    assert int4.int2_page_bytes() - int2.int2_page_bytes() == per_token * 2 * int2.head_dim // 4
