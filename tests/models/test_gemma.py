@@ -4,7 +4,8 @@ layer 1 is global; prompts of 30-50 tokens, so the window matters.
 The paged model's logits equal transformers' on a dense forward (and differ without the window);
 the engine with ``kv=bf16`` gives transformers' greedy tokens with chunked prefill and a prefix hit;
 ``kv=oscar`` with an artifact calibrated on the model equals ``OscarCache`` (whose sliding layers are
-BF16 windows too); the decode route (Triton's) equals the extend route; a sliding layer's window pages
+BF16 windows too); the decode route (Triton's) equals the extend route, and the Triton backend in the
+interpreter gives the oracle's tokens up to a near-tie; a sliding layer's window pages
 stay bounded while the context grows; the BPE the
 engine reports is the bits its pages hold over the elements they hold.
 """
@@ -182,6 +183,18 @@ def test_decode_route_matches_extend(gemma, gemma_artifact, method):
     out = run(LLMEngine.from_hf(gemma, engine_config(method), gemma_artifact if method == "oscar" else None,
                                 backend=_DecodeTorch()), ps)
     _compare(ref, out, 1e-4 if method == "bf16" else 2e-2)
+
+
+def test_triton_backend_in_the_interpreter(gemma, gemma_artifact):
+    """The Triton backend on the CPU (its kernels in Triton's interpreter, the sliding layer's band in PyTorch)
+    gives the oracle backend's tokens up to a near-tie: its kernels round queries to bf16 and decode reads the
+    current token as stored (test_gpu_engine's rule)."""
+    from tests.engine.test_gpu_engine import _compare_prefix
+
+    ps, params = prompts(1, 37), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=True)
+    ref = run(make_engine(gemma, "oscar", gemma_artifact), ps, params)
+    out = run(LLMEngine.from_hf(gemma, engine_config("oscar"), gemma_artifact, backend=TritonAttention()), ps, params)
+    _compare_prefix(ref, out, 0.25)
 
 
 @pytest.mark.gpu
