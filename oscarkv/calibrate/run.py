@@ -124,8 +124,11 @@ def split_tokens(ids: torch.Tensor, cfg: CalibrationConfig) -> tuple[list[torch.
 
 def build_manifest(fp: ModelFingerprint, cfg: CalibrationConfig, group: int, solution: Solution,
                    calibration: dict) -> dict:
-    """The artifact manifest (field meanings in :mod:`oscarkv.quant.artifact`)."""
-    return new_manifest(fp, asdict(cfg), group, solution.clips, calibration, summary=solution.rows)
+    """The artifact manifest (field meanings in :mod:`oscarkv.quant.artifact`); ``bf16_layers`` lists the layers
+    not calibrated (sliding-window layers: identity), when there are any."""
+    skipped = sorted(set(range(fp.num_layers)) - {row["layer"] for row in solution.rows})
+    return new_manifest(fp, asdict(cfg), group, solution.clips, calibration, summary=solution.rows,
+                        **({"bf16_layers": skipped} if skipped else {}))
 
 
 _COLUMNS = (("layer", "layer", "{:>5d}"), ("K conc", "key_concentration", "{:>7.3f}"),

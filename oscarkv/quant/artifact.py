@@ -17,7 +17,9 @@ mixes it, and the noise it receives shrinks by ``1/a_i``. The codec built here c
 explicit inverse and the query map ``R⁻ᵀ`` (``oscarkv.quant.codec``). ``rotation`` itself stays
 the orthogonal ``U·H·P_br`` and is validated as such; absent ``scale`` means ``a = 1``.
 The manifest records the format version, the oscarkv version, the model fingerprint, the
-method options, the group size, per-layer clip ratios and the calibration data. Loading
+method options, the group size, per-layer clip ratios and the calibration data (and, for a
+model with sliding-window layers, ``bf16_layers``: those layers hold the identity, unclipped, being
+never stored in INT2 nor calibrated). Loading
 validates all of it and raises :class:`ArtifactError` naming the offending field — there is
 no silent fallback to an identity rotation. Never pickle.
 """

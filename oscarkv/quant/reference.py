@@ -200,7 +200,8 @@ def export_rotations(art: Artifact, out_dir: str | Path, name: str | None = None
 
     A layer's heads sharing one rotation give a ``[d, d]`` entry (format 1), per-head rotations
     ``[H, d, d]`` (format 2). An imported artifact writes back its files' names and top-level
-    fields and only the layers they held."""
+    fields and only the layers they held; a calibrated one leaves out its ``bf16_layers`` (sliding-window
+    layers, never calibrated), as the reference's files for hybrid models do."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     imported = art.manifest.get("imported", {})
@@ -219,7 +220,8 @@ def _reference_object(art: Artifact, kind: str, meta: dict) -> dict:
     rot, evals = art.tensors[f"{kind}.rotation"], art.tensors[f"{kind}.eigenvalues"]
     shared = not meta["per_head"] if meta else bool((rot == rot[:, :1]).all())
     layers = {}
-    for i in meta.get("layer_ids", range(rot.shape[0])):
+    bf16 = set(art.manifest.get("bf16_layers", ()))  # layers that store no INT2 (sliding): not in the files
+    for i in meta.get("layer_ids", [i for i in range(rot.shape[0]) if i not in bf16]):
         key = str(i) if meta.get("layer_keys") == "str" else i
         entry = {"layer_id": key, "rotation": (rot[i, 0] if shared else rot[i]).clone()}
         if meta.get("eigenvalues", True):

@@ -285,3 +285,16 @@ def test_teacher_forced_scoring_keeps_the_window_aligned(gemma):
     with torch.no_grad():
         logits = gemma(ids[:, :-1]).logits[0, 33:].float()
     assert nll == pytest.approx(float(torch.nn.functional.cross_entropy(logits, target[0])), abs=1e-4)
+
+
+def test_export_leaves_the_sliding_layer_out_and_imports_back(gemma, gemma_artifact, tmp_path):
+    """``export-rotations`` of a calibrated Gemma 3 artifact writes the global layer only (sparse layer ids, as the
+    reference's files of hybrid models); importing them with the sliding layer as ``bf16_layers`` restores it."""
+    from oscarkv.quant.reference import export_rotations, import_rotations
+
+    assert gemma_artifact.manifest["bf16_layers"] == [0]
+    paths, _ = export_rotations(gemma_artifact, tmp_path, "tiny-gemma")
+    assert list(torch.load(paths[0], weights_only=True)["layers"]) == [1]
+    back = import_rotations(tmp_path, gemma.config, bf16_layers=bf16_layers(gemma.config))
+    for kind in ("key", "value"):
+        assert torch.equal(back.tensors[f"{kind}.rotation"], gemma_artifact.tensors[f"{kind}.rotation"])
