@@ -62,19 +62,21 @@ def test_ladder_rungs_match_oscar_cache(llama, artifact, method, bits):
         assert max(abs(a - b) for a, b in zip(out.logprobs, lps)) < TOL_Q
 
 
-@pytest.mark.parametrize("method", ["bf16", "oscar"])
-def test_chunked_prefill(llama, artifact, method):
-    """bf16: chunked ≡ unchunked. oscar: a later chunk sees earlier ones as stored, so the
-    engine's chunked prefill must equal OscarCache fed the same chunks."""
+@pytest.mark.parametrize("method,bits", [("bf16", (2, 2)), ("oscar", (2, 2)), ("oscar", (4, 2))],
+                         ids=["bf16", "oscar", "oscar-k4v2"])
+def test_chunked_prefill(llama, artifact, method, bits):
+    """bf16: chunked ≡ unchunked. oscar (INT2, and a rung of the ladder): a later chunk sees earlier
+    ones as stored, so the engine's chunked prefill must equal OscarCache fed the same chunks."""
     ps = prompts(2, 50)
-    chunked = run(make_engine(llama, method, artifact, prefill_chunk=16, max_num_batched_tokens=32), ps)
-    whole = run(make_engine(llama, method, artifact), ps)
+    kv = replace(engine_config(method).kv, key_bits=bits[0], value_bits=bits[1])
+    chunked = run(make_engine(llama, method, artifact, prefill_chunk=16, max_num_batched_tokens=32, kv=kv), ps)
+    whole = run(make_engine(llama, method, artifact, kv=kv), ps)
     for p, c, w in zip(ps, chunked, whole):
         if method == "bf16":
             assert c.token_ids == w.token_ids
             assert max(abs(a - b) for a, b in zip(c.logprobs, w.logprobs)) < TOL
         else:
-            toks, lps = hf_greedy(llama, p, N, OscarCache(llama.config, engine_config().kv, artifact), chunk=16)
+            toks, lps = hf_greedy(llama, p, N, OscarCache(llama.config, kv, artifact), chunk=16)
             assert c.token_ids == toks
             assert max(abs(a - b) for a, b in zip(c.logprobs, lps)) < TOL_Q
 
