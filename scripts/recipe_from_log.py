@@ -19,7 +19,7 @@ import argparse
 import json
 import re
 
-from oscarkv.config import KVConfig
+from oscarkv.config import RUNGS, KVConfig
 from pathlib import Path
 
 from oscarkv.eval.objective import DevScore, choose, recipe_record, spearman
@@ -44,9 +44,10 @@ def main() -> None:
                           tuple(r["nll"][k] for r in rows)) for k in labels}
     codecs = {}
     for k in labels:
-        m = re.fullmatch(r"oscar s=(\d+) r=(\d+)", k)
-        if m and (m[1] == "0" or m[2] != "0"):  # the engine serves no sink without a recent page
-            kv = KVConfig("naive", sink=int(m[1]), recent=int(m[2]))  # same tiers and bits as oscar
+        m = re.fullmatch(r"oscar(?:-(\w+))? s=(\d+) r=(\d+)", k)  # oscar-RUNG: a rung of calibrate --rungs
+        if m and (m[2] == "0" or m[3] != "0"):  # the engine serves no sink without a recent page
+            kb, vb = RUNGS[m[1] or "int2"]
+            kv = KVConfig("naive", sink=int(m[2]), recent=int(m[3]), key_bits=kb, value_bits=vb)  # oscar's tiers, bits
             codecs[k] = build_codec(kv if kv.sink or kv.recent else kv.without_windows(), *DIMS)
     contexts = sorted({int(b.split(":")[0]) for b in args.budgets.split(",")})
     seeds = [r["seed"] for r in rows]
