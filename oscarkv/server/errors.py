@@ -4,7 +4,8 @@ Role: :func:`install_handlers` makes each exception a handler answers with an Op
 (``{"error": {message, type, param, code}}``) and a status, so the server keeps serving:
 
 * :class:`~oscarkv.server.protocol.RequestError` (raised by validation) — its own body, 4xx;
-* ``RequestValidationError`` (malformed JSON, schema violations) — 400, ``param`` the field;
+* ``RequestValidationError`` (malformed JSON, schema violations) — 400, ``param`` the field; a content
+  part that is not text is refused naming the served model as text only;
 * Starlette's ``HTTPException`` (unknown path, wrong method) — its status;
 * :class:`~oscarkv.engine.async_engine.RequestFailed` (the engine step of this request
   failed; the engine thread fails only the requests of that step) — 500;
@@ -44,17 +45,21 @@ def _most_telling(errors: list[dict]) -> dict:
     then the deepest location."""
     def rank(err: dict) -> tuple:
         kind = err.get("type", "")
-        return kind == "json_invalid", kind == "value_error", not kind.endswith("_type"), len(err.get("loc", ()))
+        return (kind == "json_invalid", kind in ("value_error", P.TEXT_ONLY), not kind.endswith("_type"),
+                len(err.get("loc", ())))
     return max(errors, key=rank) if errors else {"loc": (), "msg": "invalid request"}
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     err = _most_telling(list(exc.errors()))
     loc = [str(x) for x in err.get("loc", ()) if x != "body" and not _union_tag(str(x))]
     if err.get("type") == "json_invalid":
         return error_response(400, f"malformed JSON body: {err.get('ctx', {}).get('error', err['msg'])}",
                               code="json_invalid")
     where, msg = ".".join(loc), err["msg"].removeprefix("Value error, ")
+    server = getattr(request.app.state, "server", None)
+    if err.get("type") == P.TEXT_ONLY and server is not None:  # name the served model
+        msg = P.TEXT_ONLY_MESSAGE.format(**{**err["ctx"], "model": repr(server.model.name)})
     return error_response(400, f"{where + ': ' if where else ''}{msg}", where or None, err.get("type"))
 
 

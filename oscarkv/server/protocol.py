@@ -18,6 +18,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from oscarkv.engine.request import SamplingParams
 
@@ -157,6 +158,11 @@ class CompletionRequest(SamplingRequest):
         return p[0] if isinstance(p, list) and isinstance(p[0], (str, list)) else p
 
 
+TEXT_ONLY = "text_only"
+"""The error type of a content part that is not text; the app's handler names the served model in it."""
+TEXT_ONLY_MESSAGE = "{what} not supported: {model} is served text only here (content part type {kind}); send text parts only"
+
+
 class TextPart(_Strict):
     type: Literal["text"]
     text: Text
@@ -168,7 +174,8 @@ class TextPart(_Strict):
         if isinstance(kind, str) and kind != "text":
             what = "images are" if "image" in kind else "audio is" if "audio" in kind else "files are" \
                 if "file" in kind else f"content parts of type {kind!r} are"
-            raise ValueError(f"{what} not supported (content part type {kind!r}); send text parts only")
+            raise PydanticCustomError(TEXT_ONLY, TEXT_ONLY_MESSAGE, {"what": what, "model": "the model",
+                                                                     "kind": repr(kind)})
         return part
 
 

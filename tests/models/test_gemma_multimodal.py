@@ -1,7 +1,7 @@
 """A ``Gemma3ForConditionalGeneration`` directory served text only, on a tiny random ``Gemma3Config`` (no download).
 
 The checkpoint is written by transformers' ``save_pretrained`` (``language_model.model.*``) and, rewritten, in the
-``model.language_model.*`` layout of transformers 4.52-4.57; its text model has the tiny Gemma 3 geometry of
+``model.language_model.*`` layout of transformers 4.52-4.57, and in shards; its text model has the tiny Gemma 3 geometry of
 tests/engine (layer 0 slides over 12 tokens, layer 1 is global; tied embeddings, as the published checkpoints).
 Loading reads the language model's tensors only and gives transformers' weights; the engine's ``kv=bf16`` greedy
 tokens equal transformers' ``Gemma3ForConditionalGeneration`` text generation past the window; ``oscarkv
@@ -54,8 +54,10 @@ def _older_layout(name: str) -> str:
 
 
 def write_checkpoint(path, layout: str = "saved"):
-    """The tiny model's directory (byte tokenizer) as ``save_pretrained`` writes it, or in the ``older`` layout."""
-    tiny_multimodal().save_pretrained(path)
+    """The tiny model's directory (byte tokenizer) as ``save_pretrained`` writes it (in one file or ``sharded``),
+    or in the ``older`` layout."""
+    tiny_multimodal().save_pretrained(path, max_shard_size="40KB" if layout == "sharded" else "1GB")
+    assert (layout == "sharded") == (len(list(path.glob("*.safetensors"))) > 1)
     byte_tokenizer().save_pretrained(path)
     if layout == "older":
         state = {_older_layout(k): v for k, v in load_file(path / "model.safetensors").items()}
@@ -64,7 +66,7 @@ def write_checkpoint(path, layout: str = "saved"):
     return path
 
 
-@pytest.fixture(scope="module", params=["saved", "older"])
+@pytest.fixture(scope="module", params=["saved", "older", "sharded"])
 def mm_dir(request, tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp(f"gemma-mm-{request.param}"), request.param)
 

@@ -81,7 +81,7 @@ MESSAGES = [  # (id, path, body, words the message must hold)
     ("ten-stops", "/v1/completions", {**OK, "stop": list("abcdefghij")}, "at most 4 stop sequences"),
     ("image-part", "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x"}}]}]},
-     "images are not supported"),
+     f"images are not supported: {MODEL!r} is served text only here"),
     ("surrogate", "/v1/completions", {**OK, "prompt": "x\udfffy"}, "lone surrogate U+DFFF at character 1"),
     ("chars-over-context", "/v1/completions", {**OK, "prompt": "x" * 10**6}, "the prompt has 1000000 characters"),
 ]
