@@ -20,7 +20,7 @@ from transformers import DynamicCache, Gemma3Config, Gemma3ForConditionalGenerat
 
 from oscarkv.cache.hf_cache import OscarCache
 from oscarkv.engine.engine import LLMEngine
-from oscarkv.models.loader import bf16_layers, load_config, load_model
+from oscarkv.models.loader import ModelLoadError, bf16_layers, load_config, load_model
 from oscarkv.quant.artifact import Artifact, ModelFingerprint
 from tests.engine.conftest import EXTRA, engine_config, hf_greedy, prompts, run, tiny_config
 from tests.server.conftest import SPECIAL, byte_tokenizer
@@ -139,3 +139,53 @@ def test_calibrate_then_serve_kv_oscar(tmp_path):
         toks, _ = hf_greedy(reference, p, N, cache, chunk=16)
         assert out.token_ids[:N] == toks
         assert cache.layers[0].keys.dtype == torch.bfloat16 and cache.layers[0].keys.shape[2] == 11  # the window
+
+
+PUBLISHED = {  # gemma-3-4b-it's config.json (transformers 4.50) at tiny sizes: no layer_types, linear RoPE scaling
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": VOCAB, "eoi_token_index": VOCAB + 1,
+    "eos_token_id": [256, 257], "image_token_index": VOCAB + 2, "mm_tokens_per_image": 4, "model_type": "gemma3",
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "text_config": {"hidden_size": 64, "intermediate_size": 128, "model_type": "gemma3_text", "num_hidden_layers": 6,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "query_pre_attn_scalar": 32,
+                    "vocab_size": VOCAB + 3, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 12},
+    "vision_config": {"hidden_size": 32, "intermediate_size": 64, "model_type": "siglip_vision_model",
+                      "num_attention_heads": 2, "num_hidden_layers": 1, "image_size": 28, "patch_size": 14}}
+
+
+def test_a_published_config_with_bf16_weights(tmp_path):
+    """The published config's shape (layer types from the default pattern: 5 sliding, 1 global; the global layers'
+    RoPE scaled linearly) and bf16 weights: loaded in fp32 as transformers loads them; kv=bf16 tokens equal its."""
+    import json
+
+    from transformers import AutoConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED))
+    torch.manual_seed(1)
+    model = Gemma3ForConditionalGeneration(AutoConfig.from_pretrained(tmp_path))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.02 if "norm" in name else 0.15)
+    model.to(torch.bfloat16).save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED))  # as published, not as transformers 5 rewrites it
+    byte_tokenizer().save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert bf16_layers(loaded.config) == {0, 1, 2, 3, 4} and loaded.config.eos_token_id == [256, 257]
+    assert loaded.config.rope_parameters["full_attention"]["rope_type"] == "linear"
+    reference = Gemma3ForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert torch.equal(loaded.model.model.layers[5].mlp.up_proj.weight, reference.model.language_model.layers[5].mlp.up_proj.weight)
+    ps = prompts(2, 40)
+    for p, out in zip(ps, run(LLMEngine.from_hf(loaded.model, engine_config("bf16")), ps)):
+        toks, lps = hf_greedy(reference, p, N, DynamicCache(config=reference.config.text_config))
+        assert out.token_ids[:N] == toks and max(abs(a - b) for a, b in zip(out.logprobs, lps)) < 1e-4
+
+
+def test_a_missing_language_tensor_is_refused_and_the_vision_tower_is_not_needed(tmp_path):
+    path = write_checkpoint(tmp_path / "gemma-mm")
+    state = load_file(path / "model.safetensors")
+    text_only = {k: v for k, v in state.items() if k.startswith("language_model.")}
+    save_file(text_only, path / "model.safetensors", metadata={"format": "pt"})
+    assert load_model(str(path)).config.architectures == ["Gemma3ForCausalLM"]
+    del text_only["language_model.model.layers.1.mlp.up_proj.weight"]
+    save_file(text_only, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"tensor model\.layers\.1\.mlp\.up_proj\.weight: missing from model\.safetensors"):
+        load_model(str(path))
