@@ -32,13 +32,13 @@ DIMS = (30, 3, 64)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("log")
+    p.add_argument("log", help="dev_samples.jsonl of a search, or several comma-separated (their samples pooled)")
     p.add_argument("--budgets", default="4096:3.0", help="CONTEXT:MAX_BPE,... (comma-separated)")
     p.add_argument("--tolerance", type=float, default=0.05)
     p.add_argument("--rotations", type=Path, help="the artifact the log's search ran on (to write the choice into)")
     p.add_argument("--out", type=Path, help="where to write the artifact with the first budget's choice")
     args = p.parse_args()
-    rows = [json.loads(line) for line in open(args.log) if line.strip()]
+    rows = [json.loads(line) for path in args.log.split(",") for line in open(path) if line.strip()]
     labels = list(rows[0]["nll"])
     scores = {k: DevScore(sum(r["nll"][k] for r in rows) / len(rows), sum(r["accuracy"][k] for r in rows) / len(rows),
                           tuple(r["nll"][k] for r in rows)) for k in labels}
