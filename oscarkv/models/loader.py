@@ -39,7 +39,7 @@ import torch
 from oscarkv.config import CACHE_DIR, DTYPES
 from oscarkv.models.hub import HubError, is_hub_id
 from oscarkv.models.hub import resolve as resolve_hub
-from oscarkv.models.multimodal import is_text_only, load_text_model, text_config, text_files
+from oscarkv.models.multimodal import is_text_only, load_text_model, load_tokenizer, text_config, text_files
 from oscarkv.quant.bpe import SlidingLayers
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ def _load_hf_dir(path: Path):
     finally:
         transformers_log.removeFilter(_no_load_report)
     check_loaded(model, info, files, path)
-    return model, AutoTokenizer.from_pretrained(path)
+    return model, load_tokenizer(path) if is_text_only(config) else AutoTokenizer.from_pretrained(path)
 
 
 def _no_load_report(record: logging.LogRecord) -> bool:

@@ -16,11 +16,15 @@ transformers 5 reads (``conversion_mapping``'s ``llava`` renames for ``gemma3``)
 * ``model.language_model.*`` (+ ``lm_head.weight``), as transformers 4.52-4.57 saved them.
 
 Both map to the text model's ``model.*`` / ``lm_head.*`` (:data:`LANGUAGE_PREFIXES`).
+
+The tokenizer's chat template may live in the processor's ``chat_template.json`` only, which transformers'
+tokenizer does not read (:func:`load_tokenizer` does).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from pathlib import Path
 
@@ -100,3 +104,15 @@ def load_text_model(path: Path, config, files: dict[str, str]):
 def text_files(files: dict[str, str]) -> dict[str, str]:
     """``files`` (checkpoint name → file) under the text model's names, for error messages."""
     return {text_name(n): f for n, f in files.items() if text_name(n) is not None}
+
+
+def load_tokenizer(path: Path):
+    """The directory's tokenizer, its chat template taken from the processor's ``chat_template.json`` where the
+    tokenizer's own files hold none (transformers reads that file for the processor only)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    processor_template = path / "chat_template.json"
+    if not getattr(tok, "chat_template", None) and processor_template.is_file():
+        tok.chat_template = json.loads(processor_template.read_text())["chat_template"]
+    return tok

@@ -189,3 +189,14 @@ def test_a_missing_language_tensor_is_refused_and_the_vision_tower_is_not_needed
     save_file(text_only, path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match=r"tensor model\.layers\.1\.mlp\.up_proj\.weight: missing from model\.safetensors"):
         load_model(str(path))
+
+
+def test_the_chat_template_of_the_processor_is_the_tokenizers(tmp_path):
+    """A checkpoint whose chat template is the processor's ``chat_template.json`` alone chats with it."""
+    import json
+
+    path = write_checkpoint(tmp_path / "gemma-mm")
+    template = (path / "chat_template.jinja").read_text()
+    (path / "chat_template.jinja").unlink()
+    (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    assert load_model(str(path)).tokenizer.chat_template == template == byte_tokenizer().chat_template
