@@ -200,3 +200,22 @@ def test_the_chat_template_of_the_processor_is_the_tokenizers(tmp_path):
     (path / "chat_template.jinja").unlink()
     (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
     assert load_model(str(path)).tokenizer.chat_template == template == byte_tokenizer().chat_template
+
+
+def test_served_text_only_and_images_refused_naming_the_model(tmp_path):
+    """Served over HTTP: a chat in text is answered; an image part is refused naming the model as text only."""
+    import httpx
+
+    from oscarkv.config import ServerConfig
+    from tests.server.conftest import start
+
+    loaded = load_model(str(write_checkpoint(tmp_path / "gemma-mm")))
+    chat = {"model": "gemma-3-mm", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    image = {**chat, "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                                                {"type": "image_url", "image_url": {"url": "http://x"}}]}]}
+    with start(loaded.model, loaded.tokenizer, ServerConfig(served_model_name="gemma-3-mm")) as s:
+        ok = httpx.post(s.url + "/v1/chat/completions", json=chat, timeout=30)
+        refused = httpx.post(s.url + "/v1/chat/completions", json=image, timeout=30)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+    assert refused.status_code == 400, refused.text
+    assert "images are not supported: 'gemma-3-mm' is served text only here" in refused.json()["error"]["message"]
