@@ -9,7 +9,7 @@ engine runs; ``ServerConfig`` what the HTTP layer adds. This module imports noth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -202,6 +202,14 @@ class CalibrationConfig:
     """Quantization group used when fitting clips; ``None`` means ``min(head_dim, 128)``."""
     seed: int = 0
     """Seed for the choice of calibration windows."""
+    stream_layers: bool = False
+    """Run the statistics and held-out passes one decoder layer at a time (hidden states on the host,
+    one layer's weights on the GPU), so a model larger than the GPU calibrates; the same artifact."""
+
+    def options(self) -> dict:
+        """The fields an artifact's manifest records: all but ``stream_layers`` (how the passes ran,
+        which changes nothing in the artifact)."""
+        return {k: v for k, v in asdict(self).items() if k != "stream_layers"}
 
     def clip_mode(self, kind: str) -> str:
         """The clip mode of ``kind`` (``key`` or ``value``)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
 from pathlib import Path
 
 from oscarkv.calibrate.run import calibrate, format_summary
@@ -35,7 +34,7 @@ RECALIBRATE = "oscarkv calibrate --model default --out DIR, then --rotations DIR
 
 def current_recipe() -> dict:
     """The recipe's options as a manifest stores them (JSON types: lists, not tuples)."""
-    return json.loads(json.dumps(asdict(CalibrationConfig())))
+    return json.loads(json.dumps(CalibrationConfig().options()))
 
 
 def _usable(path: Path, fp: ModelFingerprint, what: str) -> Artifact | None:

@@ -16,12 +16,11 @@ per-layer summary rows go to :func:`format_summary` and into the manifest.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
-
 import torch
 
 from oscarkv.calibrate.solve import Solution, solve
 from oscarkv.calibrate.stats import HeldoutCapture, StatsCollector, run_forward
+from oscarkv.calibrate.stream import check_streamable, stream_forward
 from oscarkv.config import CalibrationConfig
 from oscarkv.models.loader import LoadedModel, bf16_layers, is_default_model
 from oscarkv.quant.artifact import Artifact, ModelFingerprint, new_manifest
@@ -61,7 +60,7 @@ def calibrate_variants(loaded: LoadedModel, cfgs: dict[str, CalibrationConfig], 
     must agree, since the statistics are shared."""
     start = time.perf_counter()
     first = next(iter(cfgs.values()))
-    data_fields = ("tokens", "heldout_tokens", "chunk", "seed", "group_size")
+    data_fields = ("tokens", "heldout_tokens", "chunk", "seed", "group_size", "stream_layers")
     for name, cfg in cfgs.items():
         bad = [f for f in data_fields if getattr(cfg, f) != getattr(first, f)]
         if bad:
@@ -73,9 +72,12 @@ def calibrate_variants(loaded: LoadedModel, cfgs: dict[str, CalibrationConfig], 
     chunks, heldout = split_tokens(token_ids(loaded.tokenizer, texts), first)
     skip = bf16_layers(loaded.config)  # sliding-window layers: a BF16 window, nothing to calibrate
     collector = StatsCollector(fp.num_layers, fp.num_kv_heads, fp.head_dim, skip)
-    run_forward(loaded.model, chunks, collector, "calibration statistics")
+    if first.stream_layers:
+        check_streamable(loaded.config)
+    forward = stream_forward if first.stream_layers else run_forward
+    forward(loaded.model, chunks, collector, "calibration statistics")
     capture = HeldoutCapture()
-    run_forward(loaded.model, [heldout], capture, "held-out tokens")
+    forward(loaded.model, [heldout], capture, "held-out tokens")
     stats = collector.finalize()
     out = {}
     for name, cfg in cfgs.items():
@@ -127,7 +129,7 @@ def build_manifest(fp: ModelFingerprint, cfg: CalibrationConfig, group: int, sol
     """The artifact manifest (field meanings in :mod:`oscarkv.quant.artifact`); ``bf16_layers`` lists the layers
     not calibrated (sliding-window layers: identity), when there are any."""
     skipped = sorted(set(range(fp.num_layers)) - {row["layer"] for row in solution.rows})
-    return new_manifest(fp, asdict(cfg), group, solution.clips, calibration, summary=solution.rows,
+    return new_manifest(fp, cfg.options(), group, solution.clips, calibration, summary=solution.rows,
                         **({"bf16_layers": skipped} if skipped else {}))
 
 

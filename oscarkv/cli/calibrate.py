@@ -20,7 +20,8 @@ def setup(p: argparse.ArgumentParser) -> None:
                    help="also write one artifact per ablation under OUT/ablations/, from the same statistics "
                         "(default: off)")
     add_fields(p, CalibrationConfig, ["tokens", "heldout_tokens", "chunk", "rotation", "value_objective",
-                                      "share_heads", "center", "scaling", "clip", "group_size", "seed"])
+                                      "share_heads", "center", "scaling", "clip", "group_size", "seed",
+                                      "stream_layers"])
     p.add_argument("--rotations", type=Path, default=None, metavar="DIR",
                    help="choose the recipe (--max-bpe or --tolerance) for this existing artifact instead of fitting "
                         "one; the artifact is written to --out with its recipe (default: fit)")
