@@ -203,8 +203,9 @@ class CalibrationConfig:
     seed: int = 0
     """Seed for the choice of calibration windows."""
     stream_layers: bool = False
-    """Run the statistics and held-out passes one decoder layer at a time (hidden states on the host,
-    one layer's weights on the GPU), so a model larger than the GPU calibrates; the same artifact."""
+    """Run the statistics and held-out passes one decoder layer at a time, on the GPU when there is one
+    (hidden states and weights stay in host memory, one layer's weights at a time on the GPU), so a model
+    larger than the GPU calibrates; on the same device, the same artifact bit for bit."""
 
     def options(self) -> dict:
         """The fields an artifact's manifest records: all but ``stream_layers`` (how the passes ran,

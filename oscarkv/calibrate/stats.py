@@ -166,16 +166,16 @@ class StatsCollector:
         heads = key.shape[1]
         s = self.layers[layer]
         k, v = by_kv_head(key.float(), heads), by_kv_head(value.float(), heads)  # [H, N, d]
-        s.qq += gram(by_kv_head(query.float(), heads))
-        s.oo += gram(by_kv_head(out, heads))
-        s.kk += gram(k)
-        s.vv += gram(v)
-        s.k += k.sum(1).double()
-        s.v += v.sum(1).double()
+        s.qq += gram(by_kv_head(query.float(), heads)).cpu()  # NOTE: products on the tensors' device, sums on the host
+        s.oo += gram(by_kv_head(out, heads)).cpu()
+        s.kk += gram(k).cpu()
+        s.vv += gram(v).cpu()
+        s.k += k.sum(1).double().cpu()
+        s.v += v.sum(1).double().cpu()
         s.n += k.shape[1]
-        c_q = (s.qq / s.n).float()  # running estimate, this chunk included (module docstring)
+        c_q = (s.qq / s.n).float().to(k.device)  # running estimate, this chunk included (module docstring)
         w = ((k @ c_q) * k).sum(-1)  # [H, N] k C_Q kᵀ
-        s.wvv += gram(v, w)
+        s.wvv += gram(v, w).cpu()
 
     def finalize(self) -> Statistics:
         """Divide the sums by the token count and stack over layers (skipped layers: zeros)."""
@@ -207,7 +207,8 @@ class HeldoutCapture:
                 out: torch.Tensor, scaling: float) -> None:
         if layer in self.layers:
             raise ValueError(f"held-out capture saw layer {layer} twice: run a single forward")
-        self.layers[layer] = HeldoutLayer(query.float().clone(), key.float().clone(), value.float().clone(), scaling)
+        host = lambda x: x.float().cpu().clone()  # noqa: E731  (on the host, where the solve runs)
+        self.layers[layer] = HeldoutLayer(host(query), host(key), host(value), scaling)
 
     def layer(self, index: int) -> HeldoutLayer:
         return self.layers[index]

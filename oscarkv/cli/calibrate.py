@@ -57,8 +57,17 @@ def run(args: argparse.Namespace) -> int:
         print(format_summary(rows) if not args.ablations else f"{name or 'recipe':>13s} {format_summary(rows).splitlines()[-1]}")
     seconds = results[""][0].manifest["calibration"]["seconds"]
     print(f"wrote {args.out}" + (f" and {len(ABLATIONS)} ablations under {args.out / 'ablations'}" if args.ablations else "")
-          + f" ({seconds:.1f} s)")
+          + f" ({seconds:.1f} s{_peak_gpu_memory()})")
     return 0
+
+
+def _peak_gpu_memory() -> str:
+    """``, peak GPU memory X GiB`` when the passes ran on a GPU (``--stream-layers``), else nothing."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.max_memory_allocated() == 0:
+        return ""
+    return f", peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
 
 
 def _search_only(args: argparse.Namespace, search: RecipeSearchConfig) -> int:
