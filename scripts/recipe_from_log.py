@@ -37,6 +37,8 @@ def main() -> None:
     p.add_argument("--tolerance", type=float, default=0.05)
     p.add_argument("--rotations", type=Path, help="the artifact the log's search ran on (to write the choice into)")
     p.add_argument("--out", type=Path, help="where to write the artifact with the first budget's choice")
+    p.add_argument("--rule", choices=["nll", "tolerance"], default="nll",
+                   help="the choice written: least NLL (--max-bpe), or the cheapest within --tolerance of BF16's accuracy")
     args = p.parse_args()
     rows = [json.loads(line) for path in args.log.split(",") for line in open(path) if line.strip()]
     labels = list(rows[0]["nll"])
@@ -75,11 +77,12 @@ def main() -> None:
 
 
 def write_choice(args, rows: list[dict], scores: dict, codecs: dict) -> None:
-    """The artifact at ``args.rotations`` with the first budget's least-NLL choice as its recipe, in ``args.out``."""
+    """The artifact at ``args.rotations`` with the first budget's choice (``args.rule``) as its recipe, in ``args.out``."""
     ctx, cap = (float(x) for x in args.budgets.split(",")[0].split(":"))
     ok = {k: c for k, c in codecs.items() if c.bpe(int(ctx)) <= cap}
-    label = choose({k: scores[k] for k in ok}, ok, int(ctx))
-    dev = {"max_bpe": cap, "tolerance": None, "dev_samples": len(rows), "dev_seeds": sorted({r["seed"] for r in rows}),
+    tol = args.tolerance if args.rule == "tolerance" else None
+    label = choose({k: scores[k] for k in ok}, ok, int(ctx), scores.get("bf16"), tol)
+    dev = {"max_bpe": cap, "tolerance": tol, "dev_samples": len(rows), "dev_seeds": sorted({r["seed"] for r in rows}),
            "haystack": "calibration", "log": args.log}
     art = Artifact.load(args.rotations)
     art.manifest["recipe"] = recipe_record(label, {k: scores[k] for k in ok}, ok, int(ctx), dev, scores.get("bf16"))

@@ -90,8 +90,12 @@ def test_an_artifacts_recipe_sets_its_windows(loaded):
     from oscarkv.eval.runner import build_codecs
 
     chosen = make_artifact(loaded.model.config)
-    chosen.manifest["recipe"] = {"sink": 0, "recent": 24, "page_size": 8}
-    cfg = EvalConfig(methods=("oscar",), windows=(True, False), kv=KVConfig(sink=8, recent=16, page_size=8, group_size=D))
-    codecs = build_codecs(loaded.model, cfg, {"": make_artifact(loaded.model.config), "choice": chosen})
-    windows = {k: (c.config.sink, c.config.recent) for k, c in codecs.items()}
-    assert windows == {"oscar+win": (8, 16), "oscar:choice+win": (0, 24), "oscar": (0, 0), "oscar:choice": (0, 0)}
+    chosen.manifest["recipe"] = {"sink": 0, "recent": 24, "page_size": 8, "key_bits": 4}
+    cfg = EvalConfig(methods=("oscar",), windows=(True, False), kv=KVConfig(sink=8, recent=16, page_size=8, group_size=D),
+                     tasks=("niah_single",), contexts=(256,), samples=1)
+    arts = {"": make_artifact(loaded.model.config), "choice": chosen}
+    codecs = build_codecs(loaded.model, cfg, arts)
+    tiers = {k: (c.config.sink, c.config.recent, c.config.key_bits) for k, c in codecs.items()}
+    assert tiers == {"oscar+win": (8, 16, 2), "oscar:choice+win": (0, 24, 4), "oscar": (0, 0, 2), "oscar:choice": (0, 0, 2)}
+    records, _ = evaluate(loaded, cfg, arts, backend="engine")  # the recipe's rung runs through the engine
+    assert {r["method"] for r in records if r["protocol"] == "free"} == {"oscar+win", "oscar:choice+win"}
