@@ -100,16 +100,18 @@ def stream_forward(model: torch.nn.Module, batches: Sequence[torch.Tensor], obse
     n = len(backbone.layers)
     layer_types = getattr(model.config, "layer_types", None) or ["full_attention"] * n
     rotary = backbone.rotary_emb.to(device)
+    positions = [torch.arange(h.shape[1], device=device)[None] for h in hidden]
+    tables = {}  # (batch, layer type) -> (cos, sin): computed once, shared by the layers of that type
     stream = LayerStream(backbone.layers, device)
     try:
         with calibration_mode(model):
             for i in tqdm(range(n), desc=desc, unit="layer", leave=False):
                 with stream.resident(i) as layer:
                     for b, h in enumerate(hidden):
-                        h = h.to(device)
-                        positions = torch.arange(h.shape[1], device=device)[None]
-                        table = _rotary_table(model, h, positions, layer_types[i])
-                        out = layer(h, attention_mask=None, position_embeddings=table, position_ids=positions,
+                        h, key = h.to(device), (b, layer_types[i])
+                        if key not in tables:
+                            tables[key] = _rotary_table(model, h, positions[b], layer_types[i])
+                        out = layer(h, attention_mask=None, position_embeddings=tables[key], position_ids=positions[b],
                                     past_key_values=None, oscar_stats=observer)
                         hidden[b] = out.to(host)
     finally:
