@@ -54,15 +54,14 @@ def test_full_pool_queues_and_preempts(model, tok):
     prompts = [[(7 * i + j) % 250 for j in range(9 + i)] for i in range(10)]
     ref = offline(model, tok, prompts, 14, ignore_eos=True, **kw)
     with start(model, tok, ServerConfig(served_model_name=MODEL), **kw) as s:
-        client = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
-
-        async def one(p):
+        async def one(client, p):
             r = await client.completions.create(model=MODEL, prompt=p, max_tokens=14, temperature=0,
                                                 extra_body={"ignore_eos": True})
             return r.choices[0].text
 
-        async def main():
-            return await asyncio.gather(*[one(p) for p in prompts])
+        async def main():  # the client is closed inside its own loop (see test_openai_client)
+            async with openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0) as client:
+                return await asyncio.gather(*[one(client, p) for p in prompts])
 
         texts = asyncio.run(main())
         during = _metrics(s.url)

@@ -40,10 +40,9 @@ def test_load_64_streams_equal_offline_and_pool_returns_to_baseline():
     baseline = (llm.manager.bf16.num_used, len(llm.scheduler.waiting))
     try:
         with serving_in_thread(app) as url:
-            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
             sem = asyncio.Semaphore(CONCURRENCY)
 
-            async def one(i: int) -> tuple[int, str, int]:
+            async def one(client, i: int) -> tuple[int, str, int]:
                 async with sem:
                     text, n = "", 0
                     stream = await client.completions.create(
@@ -54,8 +53,10 @@ def test_load_64_streams_equal_offline_and_pool_returns_to_baseline():
                         n = chunk.usage.completion_tokens if chunk.usage else n
                     return i, text, n
 
-            async def main():
-                return await asyncio.gather(*[one(i) for i in range(REQUESTS)])
+            async def main():  # the client is closed inside its own loop (see test_openai_client)
+                async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                                              timeout=600) as client:
+                    return await asyncio.gather(*[one(client, i) for i in range(REQUESTS)])
 
             results = asyncio.run(main())
             for _ in range(100):  # the last aborts/frees are applied by the engine thread

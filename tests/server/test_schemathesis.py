@@ -3,11 +3,18 @@
 import httpx
 import pytest
 import schemathesis
+import schemathesis.specs.openapi.schemas  # noqa: F401  imported (and assert-rewritten) at collection: see below
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from oscarkv.config import ServerConfig
 from tests.server.conftest import MODEL, start
+
+
+# Python 3.11 before 3.11.8 keeps one AST recursion counter per interpreter (CPython gh-106905):
+# an ast.parse nested inside another, as when the garbage collector logs a traceback while pytest
+# rewrites a lazily imported module, fails with "AST constructor recursion depth mismatch".
+# Importing schemathesis's schema module up front keeps its rewrite out of the test run.
 
 
 @pytest.fixture(scope="module")
