@@ -137,7 +137,7 @@ class RecipeSearchConfig:
     """Instead of the least NLL, the cheapest window whose development accuracy is at least
     ``1 - tolerance`` times BF16's."""
     dev_samples: int = 32
-    """Development samples (split over ``dev_seeds``); one prefill each, shared by all candidates."""
+    """Development samples (split over ``dev_seeds``)."""
     dev_context: int = 2048
     """Prompt length of the development samples (tokens)."""
     dev_seeds: tuple[int, ...] = (1000, 1001)
@@ -146,6 +146,11 @@ class RecipeSearchConfig:
     """Candidate BF16 sink sizes (tokens); the engine serves whole pages only."""
     recents: tuple[int, ...] = (0, 64, 128, 256, 512, 1024, 2048)
     """Candidate BF16 recent window sizes (tokens)."""
+    protocol: str = "served"
+    """How a candidate is scored (``oscarkv.eval.objective``): ``served``, through the engine's
+    chunked prefill as ``serve`` runs it (one prefill per sample and candidate), or ``forced``,
+    one full-precision prefill per sample shared by every candidate (fast; blind to what chunked
+    prefill loses)."""
     rungs: tuple[str, ...] = ("int2",)
     """Candidate key/value bits (``RUNGS``: ``int2``, ``k4v2``, ``k2v4``, ``int4``), each with every
     window; the chosen one is recorded in the recipe (``key_bits``, ``value_bits``)."""
@@ -158,6 +163,8 @@ class RecipeSearchConfig:
         bad = [r for r in self.rungs if r not in RUNGS]
         if bad or not self.rungs:
             raise ValueError(f"RecipeSearchConfig.rungs: unknown {bad or 'empty list'}; choose from {tuple(RUNGS)}")
+        if self.protocol not in ("served", "forced"):
+            raise ValueError(f"RecipeSearchConfig.protocol must be 'served' or 'forced', got {self.protocol!r}")
         if self.dev_samples < len(self.dev_seeds) or not self.dev_seeds:
             raise ValueError("RecipeSearchConfig.dev_samples must give every seed a sample")
 

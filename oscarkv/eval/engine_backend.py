@@ -13,6 +13,9 @@ with their BF16 windows; the others are measured by the teacher-forced diagnosti
 labelled "not served". The runner (``oscarkv.eval.runner``) drives the loop and scores the
 diagnostic on the same samples.
 
+:func:`score_chunked` is the development objective as served: document, question and gold
+answer prefilled by the same chunked prefill, the answer tokens' log-probabilities read from the
+prompt's (``oscarkv.eval.objective``, ``protocol="served"``).
 :func:`score_engine` keeps the teacher-forced protocol on the engine (document as one chunk,
 question and gold answer as the next, argmax per answer token): it is the bridge that shows
 the engine and the HF path score alike (``tests/engine/test_engine_backend.py``).
@@ -36,24 +39,29 @@ def served(kv: KVConfig) -> bool:
     return kv.method in ENGINE_METHODS and (kv.method == "bf16" or kv.sink > 0 or kv.recent > 0)
 
 
+def engine_for(loaded, kv: KVConfig, artifact, context: int, batch: int) -> LLMEngine:
+    """An engine serving ``kv`` for ``batch`` concurrent sequences of up to ``context`` tokens (plus
+    room for the question and answer), prefilling in 512-token chunks as ``serve`` does by default."""
+    c = loaded.model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    budget = context + 1024
+    # batch sequences held entirely in BF16 (K and V, every layer), with room to spare
+    memory = batch * 2 * budget * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * 2
+    ecfg = EngineConfig(kv, kv_memory_bytes=memory, max_num_seqs=batch, max_num_batched_tokens=budget,
+                        prefill_chunk=512 - 512 % kv.page_size or kv.page_size, enable_prefix_caching=False)
+    return LLMEngine.from_hf(loaded.model, ecfg, artifact, loaded.tokenizer)
+
+
 def build_engines(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, artifacts) -> dict[str, LLMEngine]:
     """One engine per report label, sized for ``cfg.batch`` sequences of the largest context."""
     engines = {}
-    c = loaded.model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    budget = max(cfg.contexts) + 1024
-    # cfg.batch sequences held entirely in BF16 (K and V, every layer), with room to spare
-    memory = cfg.batch * 2 * budget * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * 2
     for label, codec in codecs.items():
         kv = codec.config
         if kv.method not in ENGINE_METHODS:
             raise ValueError(f"eval --backend engine serves {ENGINE_METHODS}; {label!r} needs --backend hf")
         name = label.split(":", 1)[1].split("+")[0] if label.startswith("oscar:") else ""
         art = (artifacts or {}).get(name) if kv.method == "oscar" else None
-        ecfg = EngineConfig(kv, kv_memory_bytes=memory, max_num_seqs=cfg.batch,
-                            max_num_batched_tokens=budget,
-                            prefill_chunk=512 - 512 % kv.page_size or kv.page_size, enable_prefix_caching=False)
-        engines[label] = LLMEngine.from_hf(loaded.model, ecfg, art, loaded.tokenizer)
+        engines[label] = engine_for(loaded, kv, art, max(cfg.contexts), cfg.batch)
     return engines
 
 
@@ -82,6 +90,32 @@ def score_free(engine: LLMEngine, prompts: list[list[int]], samples: list[task_l
     outs = [done[f"eval-{i}"] for i in range(len(prompts))]
     return [(task_lib.score_text(s, o.text), engine.bpe(len(p) + len(o.token_ids)), o.text)
             for s, p, o in zip(samples, prompts, outs)]
+
+
+def score_chunked(engine: LLMEngine, prompts: list[list[int]], targets: list[list[int]],
+                  spans: list[list[tuple[int, int]]]) -> list[tuple[float, float]]:
+    """Teacher-forced through the engine's own chunked prefill, the samples as concurrent requests:
+    per sample, (fraction of answer spans predicted exactly, mean NLL of the answer tokens) when
+    ``prompt + target`` is prefilled as ``serve`` prefills a prompt, each chunk reading the earlier
+    ones as stored. The development objective as served (``oscarkv.eval.objective``)."""
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1, ignore_eos=True)
+    for i, (prompt, target) in enumerate(zip(prompts, targets)):
+        engine.add_request(f"dev-{i}", prompt + target, params)
+    done = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                if o.finish_reason == "error":
+                    raise RuntimeError(f"engine request {o.request_id} failed: {o.error}")
+                done[o.request_id] = o
+    out = []
+    for i, (prompt, target, sp) in enumerate(zip(prompts, targets, spans)):
+        rows = done[f"dev-{i}"].prompt_logprobs[len(prompt):]  # row j: the distribution of target[j]
+        ok = [max(r.items(), key=lambda kv: kv[1])[0] == t for r, t in zip(rows, target)]
+        nll = [-r[t] for r, t in zip(rows, target)]
+        answer = [x for a, b in sp for x in nll[a:b]]
+        out.append((sum(all(ok[a:b]) for a, b in sp) / len(sp), sum(answer) / len(answer)))
+    return out
 
 
 def score_engine(engine: LLMEngine, doc: list[int], question: list[int], target: list[int],

@@ -2,11 +2,19 @@
 
 Role (issue 17): a configuration is scored on **development NIAH answer NLL** — the mean
 negative log-likelihood of the answer tokens of ``niah_single`` needles hidden in the
-*calibration* haystack, under seeds other than evaluation's (``DEV_SEEDS``), teacher-forced in
-one chunk after the document is stored per configuration (``oscarkv.eval.runner.score_sample``).
-A storage-format study found it ranks configurations the way retrieval does where average
-attention errors do not (``docs/RESULTS.md``). Every configuration of one call shares each
-sample's single prefill, so scoring many costs little more than scoring one.
+*calibration* haystack, under seeds other than evaluation's (``DEV_SEEDS``), the answer
+teacher-forced. A storage-format study found it ranks configurations the way retrieval does
+where average attention errors do not (``docs/RESULTS.md``). Two protocols:
+
+* ``served`` (the default): document, question and answer prefilled through the engine's own
+  chunked prefill (``oscarkv.eval.engine_backend.score_chunked``), each 512-token chunk reading
+  the earlier ones as stored, as ``serve`` prefills a prompt. One prefill per sample and
+  configuration; configurations the engine does not serve are not scored.
+* ``forced`` (fast): the document prefilled once at full precision and stored per
+  configuration, question and answer as one more chunk (``oscarkv.eval.runner.score_sample``);
+  every configuration shares each sample's prefill. It cannot see what chunked prefill loses
+  when earlier chunks are read from low-bit storage (a window without a BF16 sink looks as good
+  as one with it, and retrieves half as often as served: ``docs/RESULTS.md``).
 
 :func:`search_windows` chooses the BF16 sink and recent window of an OSCAR artifact on it:
 among candidate windows whose bits per element at ``context`` stay within ``max_bpe``, the one
@@ -24,6 +32,7 @@ from pathlib import Path
 
 from oscarkv.config import RUNGS, KVConfig
 from oscarkv.eval import tasks as task_lib
+from oscarkv.eval.engine_backend import engine_for, score_chunked, served
 from oscarkv.eval.runner import prefill, score_sample
 from oscarkv.eval.samples import answer_spans
 from oscarkv.quant.bpe import SlidingLayers
@@ -54,8 +63,17 @@ def dev_samples(tokenizer, context: int, n: int, seeds: tuple[int, ...] = DEV_SE
                                        limit=limit)]
 
 
-def dev_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sample], progress=None) -> dict[str, DevScore]:
-    """Every codec on the development samples; one prefill per sample shared by all of them."""
+def dev_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sample], progress=None,
+               protocol: str = "forced", artifacts: dict[str, object] | None = None, batch: int = 4) -> dict[str, DevScore]:
+    """Every codec on the development samples. ``forced``: one full-precision prefill per sample,
+    shared by all of them, stored per codec, the question and answer as one more chunk.
+    ``served``: each codec through the engine's chunked prefill as ``serve`` runs it (one prefill
+    per sample and codec; ``artifacts`` by label for ``oscar`` codecs); codecs the engine does not
+    serve (no windows) are left out."""
+    if protocol == "served":
+        return _served_scores(loaded, codecs, samples, progress, artifacts or {}, batch)
+    if protocol != "forced":
+        raise ValueError(f"development protocol must be 'forced' or 'served', got {protocol!r}")
     tok, model = loaded.tokenizer, loaded.model
     nll: dict[str, list[float]] = {k: [] for k in codecs}
     acc: dict[str, list[float]] = {k: [] for k in codecs}
@@ -70,6 +88,31 @@ def dev_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sample
         if progress is not None:
             progress(sample, {k: v[-1] for k, v in nll.items()}, {k: v[-1] for k, v in acc.items()})
     return {k: DevScore(sum(nll[k]) / len(nll[k]), sum(acc[k]) / len(acc[k]), tuple(nll[k])) for k in codecs}
+
+
+def _served_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sample], progress,
+                   artifacts: dict[str, object], batch: int) -> dict[str, DevScore]:
+    tok = loaded.tokenizer
+    prompts, targets, spans = [], [], []
+    for s in samples:
+        prompts.append(tok(s.document, add_special_tokens=False).input_ids
+                       + tok(s.question, add_special_tokens=False).input_ids)
+        target, sp = answer_spans(tok, task_lib.answer_target(s), s.answers)
+        targets.append(target[0].tolist())
+        spans.append(sp)
+    context = max(len(p) + len(t) for p, t in zip(prompts, targets))
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for label, codec in codecs.items():
+        if not served(codec.config):
+            continue
+        engine = engine_for(loaded, codec.config, artifacts.get(label), context, batch)
+        rows[label] = [r for i in range(0, len(samples), batch)
+                       for r in score_chunked(engine, prompts[i:i + batch], targets[i:i + batch], spans[i:i + batch])]
+    if progress is not None:
+        for i, sample in enumerate(samples):
+            progress(sample, {k: v[i][1] for k, v in rows.items()}, {k: v[i][0] for k, v in rows.items()})
+    return {k: DevScore(sum(n for _, n in v) / len(v), sum(a for a, _ in v) / len(v), tuple(n for _, n in v))
+            for k, v in rows.items()}
 
 
 def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: KVConfig,
@@ -150,10 +193,10 @@ def _ranks(xs: list[float]) -> list[float]:
 
 
 def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = None,
-                   progress=None) -> tuple[dict, dict[str, DevScore]]:
+                   progress=None, extra_artifacts: dict[str, object] | None = None) -> tuple[dict, dict[str, DevScore]]:
     """Score BF16, every candidate window within ``cfg.max_bpe`` at ``cfg.context`` and the
     ``extra`` codecs (ablations, reported only) on ``cfg.dev_samples`` development samples of
-    ``cfg.dev_context`` tokens; returns (the manifest's ``recipe``, every score).
+    ``cfg.dev_context`` tokens, under ``cfg.protocol``; returns (the manifest's ``recipe``, every score).
     ``cfg`` is a :class:`~oscarkv.config.RecipeSearchConfig`."""
     c = loaded.model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -164,10 +207,13 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
         raise ValueError(f"no window fits --max-bpe {cfg.max_bpe} at --context {cfg.context}")
     limit = getattr(c, "max_position_embeddings", None)
     samples = dev_samples(loaded.tokenizer, cfg.dev_context, cfg.dev_samples, cfg.dev_seeds, limit)
-    scores = dev_scores(loaded, bf16 | windows | (extra or {}), samples, progress)
-    mine = {k: scores[k] for k in windows}
+    arts = {k: artifact for k in windows} | (extra_artifacts or {})
+    scores = dev_scores(loaded, bf16 | windows | (extra or {}), samples, progress, cfg.protocol, arts)
+    mine = {k: scores[k] for k in windows if k in scores}
+    if not mine:
+        raise ValueError("no candidate window is served by the engine: give --recents other than 0")
     label = choose(mine, windows, cfg.context, scores["bf16"], cfg.tolerance)
-    dev = {"max_bpe": cfg.max_bpe, "tolerance": cfg.tolerance, "dev_context": cfg.dev_context,
+    dev = {"max_bpe": cfg.max_bpe, "tolerance": cfg.tolerance, "protocol": cfg.protocol, "dev_context": cfg.dev_context,
            "dev_samples": len(samples), "dev_seeds": list(cfg.dev_seeds), "haystack": "calibration"}
     return recipe_record(label, mine, windows, cfg.context, dev, scores["bf16"]), scores
 
@@ -195,7 +241,8 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
               f"{min(v for k, v in nll.items() if k.startswith('oscar') and ' s=' in k):.3f} nats", flush=True)
 
     with log:
-        recipe, scores = search_windows(loaded, arts["recipe"], search, extra, progress)
+        recipe, scores = search_windows(loaded, arts["recipe"], search, extra, progress,
+                                        {f"ablation {n}": a for n, a in arts.items() if n != "recipe"})
     results[""][0].manifest["recipe"] = recipe
     first = search.dev_seeds[0]
     n_first = -(-search.dev_samples // len(search.dev_seeds))  # the first seed's share (dev_samples)

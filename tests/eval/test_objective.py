@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from oscarkv.config import EngineConfig, KVConfig, RecipeSearchConfig
-from oscarkv.eval.objective import DevScore, choose, dev_samples, search_windows, spearman, window_codecs
+from oscarkv.eval.objective import DevScore, choose, dev_samples, dev_scores, search_windows, spearman, window_codecs
 from oscarkv.quant.artifact import apply_recipe
 from tests.engine.conftest import make_artifact
 
@@ -31,12 +32,53 @@ def test_search_respects_the_budget_and_writes_every_candidate(loaded):
     assert codecs and all(c.bpe(512) <= 4.0 for c in codecs.values()) and "oscar s=8 r=256" not in codecs
     assert not any(k.startswith("oscar s=4 ") for k in codecs)  # not whole pages: not served
     assert "oscar s=0 r=0" in codecs and "oscar s=8 r=0" not in codecs  # a sink without a recent page: not served
-    recipe, scores = search_windows(loaded, art, cfg)
+    recipe, scores = search_windows(loaded, art, replace(cfg, protocol="forced"))
     assert recipe["bpe"] <= 4.0 and {"bf16"} < set(scores)
     assert len(recipe["candidates"]) == len(scores) - 1 and recipe["dev_samples"] == 2
     best = min(recipe["candidates"], key=lambda c: round(c["answer_nll"], 3))
     assert round(best["answer_nll"], 3) == round(min(c["answer_nll"] for c in recipe["candidates"]), 3)
     json.dumps(recipe)  # goes into the manifest as is
+
+
+def test_served_protocol_reads_earlier_chunks_as_stored(loaded):
+    """Through the engine's chunked prefill: an unquantized cache scores as the shared full-precision
+    prefill does; a prompt within one chunk is computed at full precision whatever the storage;
+    across 512-token chunks the later ones read the earlier ones as stored, and scores move."""
+    from oscarkv.quant.bpe import SlidingLayers
+    from oscarkv.quant.codec import build_codec
+
+    art = make_artifact(loaded.model.config)
+    c = loaded.model.config
+    dims = (c.num_hidden_layers, c.num_key_value_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    g = art.manifest["group_size"]
+    codecs = {"bf16": build_codec(KVConfig("bf16"), *dims),
+              "w": build_codec(KVConfig("oscar", sink=8, recent=8, page_size=8, group_size=g), *dims, art,
+                               SlidingLayers.from_config(c)),
+              "unserved": build_codec(KVConfig("oscar", group_size=g).without_windows(), *dims, art)}
+    arts = {"w": art, "unserved": art}
+    for context, chunks in ((300, 1), (1100, 3)):
+        samples = dev_samples(loaded.tokenizer, context, 2)
+        forced = dev_scores(loaded, codecs, samples, protocol="forced")
+        served = dev_scores(loaded, codecs, samples, protocol="served", artifacts=arts, batch=2)
+        assert set(served) == {"bf16", "w"}  # no windows: not served, not scored
+        assert served["bf16"].per_sample == pytest.approx(forced["bf16"].per_sample, abs=1e-4)
+        if chunks == 1:
+            assert served["w"].per_sample == pytest.approx(served["bf16"].per_sample, abs=1e-4)
+        else:
+            assert served["w"].per_sample != pytest.approx(served["bf16"].per_sample, abs=1e-3)
+            assert served["w"].per_sample != pytest.approx(forced["w"].per_sample, abs=1e-3)
+    with pytest.raises(ValueError, match="protocol"):
+        dev_scores(loaded, codecs, samples, protocol="chunked")
+    with pytest.raises(ValueError, match="protocol"):
+        RecipeSearchConfig(protocol="chunked")
+
+
+def test_served_search_leaves_unserved_candidates_out(loaded):
+    art = make_artifact(loaded.model.config)
+    cfg = RecipeSearchConfig(max_bpe=8.0, context=1024, dev_samples=2, dev_context=256, sinks=(0, 64), recents=(0, 64))
+    recipe, scores = search_windows(loaded, art, cfg)
+    assert recipe["protocol"] == "served" and "oscar s=0 r=0" not in scores and "oscar s=64 r=64" in scores
+    assert {(c["sink"], c["recent"]) for c in recipe["candidates"]} == {(0, 64), (64, 64)}
 
 
 def test_choose_with_a_tolerance_takes_the_cheapest_that_holds():
