@@ -15,7 +15,8 @@ into the JSON — plus a ``meta`` dict describing the run. Output, in ``out_dir`
 * ``accuracy.png`` — mean accuracy over tasks and haystacks against context (the headline
   protocol: free-running where measured), one line per method, the
   unquantized one dashed;
-  ``pareto.png`` — that accuracy against bits per element, one panel per context;
+  ``pareto.png`` — accuracy against bits per element, one panel per context and task group
+  (the single needle, the mean of the multi-needle tasks);
   ``perplexity.png`` likewise when there are perplexity records.
 
 Plots use matplotlib's object API (``Figure`` renders with Agg), so no global backend is set.
@@ -286,18 +287,30 @@ def _bars(ax, grid: dict[str, dict[int, float]], context: int, scale: float) -> 
     ax.grid(axis="x", alpha=0.3)
 
 
+TASK_GROUPS = ("single needle", "multi-needle mean", "other tasks")
+
+
+def task_group(task: str) -> str:
+    """The Pareto plot's rows (``TASK_GROUPS``): the single needle apart from the mean of the multi-needle tasks."""
+    return TASK_GROUPS[0] if task == "niah_single" else TASK_GROUPS[1] if task.startswith("niah_multi") else TASK_GROUPS[2]
+
+
 def pareto_plot(acc: list[dict], path: pathlib.Path, title: str) -> None:
-    """Accuracy (mean over tasks and haystacks) against bits per element, one point per method,
-    one panel per context: free-running figures where measured (filled), teacher-forced ones for
-    the configurations without (hollow, labelled "tf"); the unquantized cache as a dashed line,
-    the upper-left frontier of the filled points in grey."""
+    """Accuracy (mean over the tasks of a :func:`task_group` and over haystacks) against bits per
+    element, one point per method, one panel per task group (rows) and context (columns):
+    free-running figures where measured (filled), teacher-forced ones for the configurations
+    without (hollow, labelled "tf"); the unquantized cache as a dashed line, the upper-left
+    frontier of the filled points in grey."""
     from matplotlib.figure import Figure
 
     contexts = sorted({r["context"] for r in acc})
-    fig = Figure(figsize=(5.0 * len(contexts), 4.2), layout="constrained")
-    for i, ctx in enumerate(contexts):
-        ax = fig.add_subplot(1, len(contexts), i + 1)
-        pts = _pareto_points([r for r in acc if r["context"] == ctx])
+    groups = [g for g in TASK_GROUPS if any(task_group(r["task"]) == g for r in acc)]
+    fig = Figure(figsize=(5.0 * len(contexts), 4.2 * len(groups)), layout="constrained")
+    for (g, group), (i, ctx) in ((a, b) for a in enumerate(groups) for b in enumerate(contexts)):
+        pts = _pareto_points([r for r in acc if r["context"] == ctx and task_group(r["task"]) == group])
+        if not pts:
+            continue  # not measured: the panel stays blank
+        ax = fig.add_subplot(len(groups), len(contexts), g * len(contexts) + i + 1)
         for x, y, m, free in pts:
             if m in REFERENCES:
                 ax.axhline(y, color="black", linestyle="--", linewidth=1)
@@ -316,14 +329,14 @@ def pareto_plot(acc: list[dict], path: pathlib.Path, title: str) -> None:
         ax.set_xlabel("bits per KV element stored")
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(-2, 102)
-        ax.set_title(f"context {ctx}: filled free-running, hollow teacher-forced (tf)", fontsize="small")
+        ax.set_title(f"{group}, context {ctx}: filled free-running, hollow teacher-forced (tf)", fontsize="small")
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize="medium")
     fig.savefig(path, dpi=120)
 
 
 def _pareto_points(rows: list[dict]) -> list[tuple[float, float, str, bool]]:
-    """(BPE, accuracy %, method, free-running?) per method: free-running where measured."""
+    """(BPE, accuracy %, method, free-running?) per method with any rows: free-running where measured."""
     pts = []
     for m in _methods(rows):
         mine = [r for r in rows if r["method"] == m]

@@ -101,3 +101,15 @@ def test_free_running_beside_teacher_forced(tmp_path):
     assert "| oscar | not served / 25.0 | not served / 25.0 |" in md
     assert "| free | oscar+win | 50.0 (3) · 100.0 (1) |" in md
     assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_pareto_groups_the_single_needle_apart_from_the_multi_needle_mean(tmp_path):
+    from oscarkv.eval.report import _pareto_points, task_group
+
+    recs = [{"method": "oscar+win", "task": t, "context": 4096, "haystack": "eval", "protocol": "free", "samples": 4,
+             "accuracy": a, "bpe": 3.5} for t, a in (("niah_single", 1.0), ("niah_multikey", 0.5), ("niah_multivalue", 0.0))]
+    assert [task_group(r["task"]) for r in recs] == ["single needle", "multi-needle mean", "multi-needle mean"]
+    multi = [r for r in recs if task_group(r["task"]) == "multi-needle mean"]
+    assert _pareto_points(multi) == [(3.5, 25.0, "oscar+win", True)]
+    write_report(recs + [dict(recs[0], context=8192)], tmp_path, {"model": "tiny"})  # 8K multi unmeasured: blank
+    assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
