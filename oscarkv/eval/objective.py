@@ -30,6 +30,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from oscarkv.config import RUNGS, KVConfig
 from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.engine_backend import engine_for, score_chunked, served
@@ -102,12 +104,15 @@ def _served_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sa
         spans.append(sp)
     context = max(len(p) + len(t) for p, t in zip(prompts, targets))
     rows: dict[str, list[tuple[float, float]]] = {}
-    for label, codec in codecs.items():
-        if not served(codec.config):
-            continue
-        engine = engine_for(loaded, codec.config, artifacts.get(label), context, batch)
-        rows[label] = [r for i in range(0, len(samples), batch)
-                       for r in score_chunked(engine, prompts[i:i + batch], targets[i:i + batch], spans[i:i + batch])]
+    todo = {k: c for k, c in codecs.items() if served(c.config)}
+    with tqdm(total=len(todo) * len(samples), desc="development samples, as served", unit="prefill") as bar:
+        for label, codec in todo.items():
+            engine = engine_for(loaded, codec.config, artifacts.get(label), context, batch)
+            rows[label] = []
+            for i in range(0, len(samples), batch):
+                rows[label] += score_chunked(engine, prompts[i:i + batch], targets[i:i + batch], spans[i:i + batch])
+                bar.update(len(prompts[i:i + batch]))
+            bar.set_postfix_str(f"{label}: {sum(n for _, n in rows[label]) / len(samples):.3f} nats")
     if progress is not None:
         for i, sample in enumerate(samples):
             progress(sample, {k: v[i][1] for k, v in rows.items()}, {k: v[i][0] for k, v in rows.items()})
