@@ -74,12 +74,10 @@ def _run(engine: LLMEngine, prompt: list[int], params: SamplingParams, chunk_end
     return out
 
 
-def score_free(engine: LLMEngine, prompts: list[list[int]], samples: list[task_lib.Sample],
-               answer_tokens: list[int]) -> list[tuple[float, float, str]]:
-    """Per sample, run as concurrent requests: (string-match score of the greedy generation, BPE
-    of the stored sequence, the text)."""
-    for i, (prompt, n) in enumerate(zip(prompts, answer_tokens)):
-        engine.add_request(f"eval-{i}", prompt, SamplingParams(max_tokens=n + EXTRA_TOKENS, temperature=0))
+def _run_all(engine: LLMEngine, requests: list[tuple[list[int], SamplingParams]]) -> list:
+    """Run ``(prompt, params)`` requests at once to completion; their final outputs, in order."""
+    for i, (prompt, params) in enumerate(requests):
+        engine.add_request(f"eval-{i}", prompt, params)
     done = {}
     while engine.has_unfinished():
         for o in engine.step():
@@ -87,7 +85,15 @@ def score_free(engine: LLMEngine, prompts: list[list[int]], samples: list[task_l
                 if o.finish_reason == "error":
                     raise RuntimeError(f"engine request {o.request_id} failed: {o.error}")
                 done[o.request_id] = o
-    outs = [done[f"eval-{i}"] for i in range(len(prompts))]
+    return [done[f"eval-{i}"] for i in range(len(requests))]
+
+
+def score_free(engine: LLMEngine, prompts: list[list[int]], samples: list[task_lib.Sample],
+               answer_tokens: list[int]) -> list[tuple[float, float, str]]:
+    """Per sample, run as concurrent requests: (string-match score of the greedy generation, BPE
+    of the stored sequence, the text)."""
+    outs = _run_all(engine, [(p, SamplingParams(max_tokens=n + EXTRA_TOKENS, temperature=0))
+                             for p, n in zip(prompts, answer_tokens)])
     return [(task_lib.score_text(s, o.text), engine.bpe(len(p) + len(o.token_ids)), o.text)
             for s, p, o in zip(samples, prompts, outs)]
 
@@ -99,18 +105,10 @@ def score_chunked(engine: LLMEngine, prompts: list[list[int]], targets: list[lis
     ``prompt + target`` is prefilled as ``serve`` prefills a prompt, each chunk reading the earlier
     ones as stored. The development objective as served (``oscarkv.eval.objective``)."""
     params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1, ignore_eos=True)
-    for i, (prompt, target) in enumerate(zip(prompts, targets)):
-        engine.add_request(f"dev-{i}", prompt + target, params)
-    done = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                if o.finish_reason == "error":
-                    raise RuntimeError(f"engine request {o.request_id} failed: {o.error}")
-                done[o.request_id] = o
+    outs = _run_all(engine, [(p + t, params) for p, t in zip(prompts, targets)])
     out = []
-    for i, (prompt, target, sp) in enumerate(zip(prompts, targets, spans)):
-        rows = done[f"dev-{i}"].prompt_logprobs[len(prompt):]  # row j: the distribution of target[j]
+    for o, prompt, target, sp in zip(outs, prompts, targets, spans):
+        rows = o.prompt_logprobs[len(prompt):]  # row j: the distribution of target[j]
         ok = [max(r.items(), key=lambda kv: kv[1])[0] == t for r, t in zip(rows, target)]
         nll = [-r[t] for r, t in zip(rows, target)]
         answer = [x for a, b in sp for x in nll[a:b]]
