@@ -43,6 +43,9 @@ LADDER_METHODS = ("naive", "quarot", "oscar")
 FIXED_BITS = ("bf16", "int4", "kivi")
 """Methods with their own bits (none, 4/4 without rotation, KIVI's 2/2)."""
 
+DEV_PROTOCOLS = ("served", "forced")
+"""How the recipe search scores a candidate (``RecipeSearchConfig.protocol``)."""
+
 RUNGS = {"int2": (2, 2), "k4v2": (4, 2), "k2v4": (2, 4), "int4": (4, 4)}
 """The precision ladder: rung name → ``(key_bits, value_bits)`` of ``KVConfig``."""
 
@@ -163,8 +166,8 @@ class RecipeSearchConfig:
         bad = [r for r in self.rungs if r not in RUNGS]
         if bad or not self.rungs:
             raise ValueError(f"RecipeSearchConfig.rungs: unknown {bad or 'empty list'}; choose from {tuple(RUNGS)}")
-        if self.protocol not in ("served", "forced"):
-            raise ValueError(f"RecipeSearchConfig.protocol must be 'served' or 'forced', got {self.protocol!r}")
+        if self.protocol not in DEV_PROTOCOLS:
+            raise ValueError(f"RecipeSearchConfig.protocol must be one of {DEV_PROTOCOLS}, got {self.protocol!r}")
         if self.dev_samples < len(self.dev_seeds) or not self.dev_seeds:
             raise ValueError("RecipeSearchConfig.dev_samples must give every seed a sample")
 

@@ -27,6 +27,7 @@ from oscarkv.config import ENGINE_METHODS, EngineConfig, EvalConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.eval import tasks as task_lib
+from oscarkv.quant.artifact import ModelFingerprint
 from oscarkv.quant.codec import KVCodec
 
 EXTRA_TOKENS = 8
@@ -42,11 +43,10 @@ def served(kv: KVConfig) -> bool:
 def engine_for(loaded, kv: KVConfig, artifact, context: int, batch: int) -> LLMEngine:
     """An engine serving ``kv`` for ``batch`` concurrent sequences of up to ``context`` tokens (plus
     room for the question and answer), prefilling in 512-token chunks as ``serve`` does by default."""
-    c = loaded.model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    layers, kv_heads, head_dim = ModelFingerprint.from_config(loaded.model.config).kv_dims
     budget = context + 1024
     # batch sequences held entirely in BF16 (K and V, every layer), with room to spare
-    memory = batch * 2 * budget * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * 2
+    memory = batch * 2 * budget * layers * kv_heads * head_dim * 2 * 2
     ecfg = EngineConfig(kv, kv_memory_bytes=memory, max_num_seqs=batch, max_num_batched_tokens=budget,
                         prefill_chunk=512 - 512 % kv.page_size or kv.page_size, enable_prefix_caching=False)
     return LLMEngine.from_hf(loaded.model, ecfg, artifact, loaded.tokenizer)

@@ -32,11 +32,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from oscarkv.config import RUNGS, KVConfig
+from oscarkv.config import DEV_PROTOCOLS, RUNGS, KVConfig
 from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.engine_backend import engine_for, score_chunked, served
 from oscarkv.eval.runner import prefill, score_sample
 from oscarkv.eval.samples import answer_spans
+from oscarkv.quant.artifact import ModelFingerprint
 from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import KVCodec, build_codec
 
@@ -75,7 +76,7 @@ def dev_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sample
     if protocol == "served":
         return _served_scores(loaded, codecs, samples, progress, artifacts or {}, batch)
     if protocol != "forced":
-        raise ValueError(f"development protocol must be 'forced' or 'served', got {protocol!r}")
+        raise ValueError(f"development protocol must be one of {DEV_PROTOCOLS}, got {protocol!r}")
     tok, model = loaded.tokenizer, loaded.model
     nll: dict[str, list[float]] = {k: [] for k in codecs}
     acc: dict[str, list[float]] = {k: [] for k in codecs}
@@ -127,8 +128,7 @@ def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: K
     window at all: page size 1, as :class:`~oscarkv.config.EngineConfig` requires) and rung within
     ``max_bpe`` at ``context``."""
     c = loaded.model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
+    dims = ModelFingerprint.from_config(c).kv_dims
     out = {}
     for rung in rungs:
         kb, vb = RUNGS[rung]
@@ -204,8 +204,7 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
     ``cfg.dev_context`` tokens, under ``cfg.protocol``; returns (the manifest's ``recipe``, every score).
     ``cfg`` is a :class:`~oscarkv.config.RecipeSearchConfig`."""
     c = loaded.model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    bf16 = {"bf16": build_codec(KVConfig("bf16"), c.num_hidden_layers, c.num_key_value_heads, head_dim,
+    bf16 = {"bf16": build_codec(KVConfig("bf16"), *ModelFingerprint.from_config(c).kv_dims,
                                 sliding=SlidingLayers.from_config(c))}
     windows = window_codecs(loaded, artifact, cfg.context, cfg.max_bpe, KVConfig(), cfg.sinks, cfg.recents, cfg.rungs)
     if not windows:
@@ -230,8 +229,7 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
     each cheaper proxy) to ``out/dev_study.json``, each sample's scores to ``out/dev_samples.jsonl``
     as they are measured. Returns the ``recipe``."""
     c = loaded.model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
+    dims = ModelFingerprint.from_config(c).kv_dims
     arts = {name or "recipe": art for name, (art, _) in results.items()}
     extra = {f"ablation {n}": build_codec(KVConfig("oscar", group_size=a.manifest["group_size"]).without_windows(),
                                           *dims, a, SlidingLayers.from_config(c)) for n, a in arts.items() if n != "recipe"}

@@ -44,7 +44,7 @@ from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.samples import answer_spans, needle_place, task_samples
 from oscarkv.eval.faithful import faithful_logits
 from oscarkv.eval.perplexity_data import max_windows, text_windows
-from oscarkv.quant.artifact import apply_recipe
+from oscarkv.quant.artifact import ModelFingerprint, apply_recipe
 from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import KVCodec, build_codec
 
@@ -81,8 +81,7 @@ def build_codecs(model, cfg: EvalConfig, artifacts: dict[str, object] | None = N
     ``recipe`` (``oscarkv calibrate --max-bpe``) gets that recipe's windows, as ``serve`` does;
     the others get ``cfg.kv``'s."""
     c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    dims = (c.num_hidden_layers, c.num_key_value_heads, head_dim)
+    dims = ModelFingerprint.from_config(c).kv_dims
     out = {}
     for kv in kv_configs(cfg):
         variants = (artifacts or {"": None}) if kv.method == "oscar" else {"": None}

@@ -89,6 +89,11 @@ class ModelFingerprint:
         return cls(arch, config.num_hidden_layers, config.num_attention_heads,
                    config.num_key_value_heads, head_dim, digest)
 
+    @property
+    def kv_dims(self) -> tuple[int, int, int]:
+        """``(num_layers, num_kv_heads, head_dim)``: the shape arguments of ``build_codec``."""
+        return self.num_layers, self.num_kv_heads, self.head_dim
+
 
 def _rope_theta(config) -> float | None:
     params = getattr(config, "rope_parameters", None) or {}
