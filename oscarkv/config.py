@@ -19,8 +19,12 @@ CACHE_DIR = Path.home() / ".cache" / "oscarkv"
 """Default home of derived files: converted GGUF models and the default model's artifact."""
 
 DTYPES = ("auto", "bfloat16", "float32")
-"""Model compute dtypes by name; ``auto``: bfloat16 where a GPU runs the model, float32 on a CPU
+"""Model compute dtypes by name; ``auto``: bfloat16 where a GPU runs the model, float32 where a CPU does
 (``oscarkv.models.loader.resolve_dtype``)."""
+
+DEVICES = ("auto", "cpu", "cuda")
+"""Where a loaded model runs; ``auto``: the first CUDA device when one is visible, else the CPU
+(``oscarkv.models.loader.resolve_device``). The engine runs where the model's weights are."""
 
 TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
 """Synthetic long-context tasks (``oscarkv.eval.tasks``)."""

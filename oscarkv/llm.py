@@ -28,7 +28,7 @@ class LLM:
 
     def __init__(self, model="default", kv: str = "oscar", rotations: str | Path | None = None,
                  config: EngineConfig | None = None, dtype: str = "auto", artifact: Artifact | None = None,
-                 tensor_parallel_size: int | None = None) -> None:
+                 tensor_parallel_size: int | None = None, device: str = "auto") -> None:
         """``model``: a spec for :func:`~oscarkv.models.loader.load_model` or a ``LoadedModel``;
         ``kv`` overrides ``config.kv.method``; ``rotations``: the artifact directory for ``oscar``
         (or ``artifact``, one already loaded; the default model needs neither);
@@ -36,9 +36,11 @@ class LLM:
         processes until :meth:`close`; they are spawned and import the main module, so a script that
         builds this needs the ``if __name__ == "__main__":`` guard). Without ``config``, an OSCAR
         artifact's recipe (the windows ``oscarkv calibrate --max-bpe`` chose, in its manifest) sets
-        the windows; the line describing them is logged at start-up and kept as ``self.recipe``."""
+        the windows; the line describing them is logged at start-up and kept as ``self.recipe``.
+        ``device``: where a model named by a spec runs (:data:`oscarkv.config.DEVICES`; ``auto``: the
+        first CUDA device when one is visible); a ``LoadedModel`` runs where its weights are."""
         if isinstance(model, str):
-            model = load_model(model, dtype)
+            model = load_model(model, dtype, device=device)
         artifact = artifact if artifact is not None else artifact_for(model, kv, rotations)
         kv_cfg = replace((config or EngineConfig()).kv, method=kv)
         kv_cfg = apply_recipe(kv_cfg, artifact) if config is None else kv_cfg

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
         from oscarkv.bench.engine import format_table, run_engine_cpu
 
-        rows = run_engine_cpu(load(args.model, "float32"), cfg, args.rotations)
+        rows = run_engine_cpu(load(args.model, "float32", "cpu"), cfg, args.rotations)
         print(format_table(rows))
         if args.out:
             args.out.write_text(json.dumps(rows, indent=2) + "\n")

@@ -12,7 +12,7 @@ from oscarkv.config import CalibrationConfig, RecipeSearchConfig
 
 def setup(p: argparse.ArgumentParser) -> None:
     """Fit OSCAR rotations and clips from attention statistics and write the artifact."""
-    model_args(p, "float32")
+    model_args(p, "float32", "cpu")  # NOTE: the host holds the model; --stream-layers runs the passes on a GPU
     p.add_argument("--data", type=Path, action="append", default=None, metavar="FILE",
                    help="calibration text file, repeat for several (default: the shipped calibration text)")
     p.add_argument("--out", type=Path, required=True, help="artifact directory to write")
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         return _search_only(args, search)
     cfg = config_from(CalibrationConfig, args)
     cfgs = {"": cfg} | ({name: replace(cfg, **change) for name, change in ABLATIONS.items()} if args.ablations else {})
-    loaded = load(args.model, args.dtype)
+    loaded = load(args.model, args.dtype, args.device)
     try:
         results = calibrate_variants(loaded, cfgs, texts, desc)
     except ValueError as e:
@@ -77,7 +77,7 @@ def _search_only(args: argparse.Namespace, search: RecipeSearchConfig) -> int:
 
     if search.max_bpe is None and search.tolerance is None:
         raise UserError("--rotations DIR only chooses a recipe: give --max-bpe B (with --context N) or --tolerance T")
-    loaded = load(args.model, args.dtype)
+    loaded = load(args.model, args.dtype, args.device)
     try:
         art = Artifact.load(args.rotations, expect=ModelFingerprint.from_config(loaded.config))
         search_recipe(loaded, {"": (art, [])}, search, args.out)

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     windows = {"both": (True, False), "on": (True,), "off": (False,)}[args.windows]
     kv = config_from(KVConfig, argparse.Namespace(sink=args.sink, recent=args.recent))
     cfg = config_from(EvalConfig, args, windows=windows, kv=kv)
-    loaded = load(args.model, args.dtype)
+    loaded = load(args.model, args.dtype, args.device)
     artifacts = artifacts_for(loaded, args) if "oscar" in cfg.methods else None
     args.out.mkdir(parents=True, exist_ok=True)
     try:

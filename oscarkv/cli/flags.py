@@ -19,7 +19,7 @@ from dataclasses import MISSING, asdict, fields
 from functools import cache
 from pathlib import Path
 
-from oscarkv.config import DTYPES, ENGINE_METHODS, EngineConfig, KVConfig
+from oscarkv.config import DEVICES, DTYPES, ENGINE_METHODS, EngineConfig, KVConfig
 
 
 class UserError(Exception):
@@ -91,21 +91,25 @@ def config_from(cls, args: argparse.Namespace, **extra):
         raise UserError(str(e)) from e
 
 
-def model_args(p: argparse.ArgumentParser, dtype: str = "auto") -> None:
+def model_args(p: argparse.ArgumentParser, dtype: str = "auto", device: str = "auto") -> None:
     p.add_argument("--model", default="default",
                    help="'default' (the embedded SmolLM2-135M-Instruct), a Hugging Face model directory, a .gguf file "
                         "or a Hugging Face Hub id ORG/NAME[@REVISION] (its cache; HF_HUB_OFFLINE=1 reads only the cache) "
                         "(default: default)")
     p.add_argument("--dtype", choices=DTYPES, default=dtype,
                    help=f"model compute dtype; auto: bfloat16 on CUDA, float32 on a CPU (default: {dtype})")
+    p.add_argument("--device", choices=DEVICES, default=device,
+                   help="where the model (and the engine, and its KV cache) runs; auto: the first CUDA device when "
+                        f"one is visible, else the CPU (default: {device})")
 
 
-def load(spec: str, dtype: str):
-    """The model named by ``--model``/``--dtype``; a missing or unsupported model is a UserError."""
+def load(spec: str, dtype: str, device: str = "auto"):
+    """The model named by ``--model``/``--dtype``/``--device``; a missing or unsupported model (or
+    an absent device) is a UserError."""
     from oscarkv.models.loader import ModelLoadError, load_model
 
     try:
-        return load_model(spec, dtype)
+        return load_model(spec, dtype, device=device)
     except ModelLoadError as e:
         raise UserError(str(e)) from e
 

@@ -34,6 +34,14 @@ EXTRA_TOKENS = 8
 """Tokens generated beyond the gold answer's length (room for a space or a stray token)."""
 
 
+def answer_budget(answer_tokens: int, prompt_tokens: int, max_len: int | None) -> int:
+    """Tokens a free-running answer may generate: the gold answer's length plus :data:`EXTRA_TOKENS`,
+    cut to the room the model's maximum length leaves after the prompt (never below the answer's
+    length: a task sample's prompt and answer fit its context, ``oscarkv.eval.tasks``)."""
+    budget = answer_tokens + EXTRA_TOKENS
+    return min(budget, max(answer_tokens, max_len - prompt_tokens)) if max_len else budget
+
+
 def served(kv: KVConfig) -> bool:
     """Whether ``serve`` can run this configuration: an engine method, and low-bit methods only
     with their BF16 windows (the engine demotes whole pages behind a recent window)."""
@@ -92,7 +100,7 @@ def score_free(engine: LLMEngine, prompts: list[list[int]], samples: list[task_l
                answer_tokens: list[int]) -> list[tuple[float, float, str]]:
     """Per sample, run as concurrent requests: (string-match score of the greedy generation, BPE
     of the stored sequence, the text)."""
-    outs = _run_all(engine, [(p, SamplingParams(max_tokens=n + EXTRA_TOKENS, temperature=0))
+    outs = _run_all(engine, [(p, SamplingParams(max_tokens=answer_budget(n, len(p), engine.max_model_len), temperature=0))
                              for p, n in zip(prompts, answer_tokens)])
     return [(task_lib.score_text(s, o.text), engine.bpe(len(p) + len(o.token_ids)), o.text)
             for s, p, o in zip(samples, prompts, outs)]

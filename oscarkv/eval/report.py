@@ -11,7 +11,9 @@ into the JSON — plus a ``meta`` dict describing the run. Output, in ``out_dir`
 * ``results.json`` — ``{"meta": meta, "records": records}``, the source of truth;
 * ``results.md`` — per protocol and haystack, accuracy per method × task for each context (with
   its BPE and the mean over tasks) and a summary per method × context; free-running beside
-  teacher-forced per method; needles in the window apart from those in history; perplexity;
+  teacher-forced per method; each configuration against the reference on the same samples
+  (``oscarkv.eval.paired``: haystacks pooled, share kept, paired difference, the cheapest holding
+  95%); needles in the window apart from those in history; perplexity;
 * ``accuracy.png`` — mean accuracy over tasks and haystacks against context (the headline
   protocol: free-running where measured), one line per method, the
   unquantized one dashed;
@@ -30,6 +32,7 @@ from collections import defaultdict
 from statistics import mean
 
 from oscarkv.config import ENGINE_METHODS
+from oscarkv.eval import paired
 
 REFERENCES = ("bf16", "fp16", "fp32")
 """Labels of the unquantized method (its cache's dtype, ``oscarkv.eval.runner.baseline_label``),
@@ -65,6 +68,11 @@ def markdown(acc: list[dict], ppl: list[dict], meta: dict) -> str:
         for ctx in sorted({r["context"] for r in rows}):
             ctx_rows = [r for r in rows if r["context"] == ctx]
             parts += [f"### Context {ctx}", "", _samples(ctx_rows), "", *_context_table(ctx_rows), ""]
+    if rows := paired.table(paired.compare(headline(acc), task_group, REFERENCES)):
+        parts += [f"## Against the reference on the same samples, haystacks pooled ({_protocol(headline(acc)[0])})", "",
+                  f"Share of the reference's accuracy and the paired difference (± its standard error); in bold, the "
+                  f"configuration of fewest bits keeping ≥ {paired.HOLD:.0%} of the reference per task group and context.", "",
+                  *rows, ""]
     if len({_protocol(r) for r in acc}) > 1:
         parts += ["## Free-running vs teacher-forced (%, mean over tasks)", "", *_protocol_table(acc), ""]
     if any("window" in r or "history" in r for r in acc):

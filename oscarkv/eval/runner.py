@@ -94,10 +94,15 @@ def build_codecs(model, cfg: EvalConfig, artifacts: dict[str, object] | None = N
     return out
 
 
+def on_model(model, t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the device of ``model``'s weights (token ids and positions are built on the host)."""
+    return t.to(next(model.parameters()).device)
+
+
 @torch.inference_mode()
 def prefill(model, ids: torch.Tensor) -> DynamicCache:
     cache = DynamicCache(config=model.config)
-    model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)  # only the K/V are needed
+    model(on_model(model, ids), past_key_values=cache, use_cache=True, logits_to_keep=1)  # only the K/V are needed
     return cache
 
 
@@ -109,8 +114,9 @@ def score_sample(model, doc: DynamicCache, codec: KVCodec, q_ids: torch.Tensor, 
     cache = OscarCache.from_codec(codec)
     cache.store(doc)
     start = doc.get_seq_length()
+    q_ids, target = on_model(model, q_ids), on_model(model, target)
     ids = torch.cat([q_ids, target[:, :-1]], dim=1)
-    pos = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
+    pos = on_model(model, torch.arange(start, start + ids.shape[1]).unsqueeze(0))
     logits = model(ids, past_key_values=cache, position_ids=pos, use_cache=True).logits
     answer_logits = logits[0, q_ids.shape[1] - 1:].float()
     ok = answer_logits.argmax(-1) == target[0]
@@ -136,6 +142,7 @@ class Tally:
         self.sums: dict[Key, list[float]] = {}
         self.nll: dict[Key, list[float]] = {}  # answer NLLs, where measured
         self.places: dict[Key, dict[str, list[float]]] = {}
+        self.values: dict[Key, list[float]] = {}  # per sample, in scoring order (paired comparisons)
         self.log = log
 
     def add(self, key: Key, value: float, bpe: float, kv_bytes: int | None = None,
@@ -152,6 +159,7 @@ class Tally:
             p = self.places.setdefault(key, {}).setdefault(place, [0.0, 0])
             p[0] += value
             p[1] += 1
+        self.values.setdefault(key, []).append(value)
         s = self.sums.setdefault(key, [0.0, 0, 0.0, 0])
         s[0] += value
         s[1] += 1
@@ -170,6 +178,8 @@ class Tally:
                 rec["answer_nll"] = round(sum(key_nll) / len(key_nll), 4)
             for place, (v, k) in sorted(self.places.get(key, {}).items()):
                 rec[place] = {"samples": k, metric: v / k}
+            if metric == "accuracy":
+                rec["values"] = self.values[key]
             out.append(rec)
         return out
 
@@ -230,7 +240,8 @@ def greedy_full_precision(loaded, doc: DynamicCache, sample, max_tokens: int) ->
     for _ in range(max_tokens):
         start = doc.get_seq_length()
         pos = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
-        logits = model(ids, past_key_values=doc, position_ids=pos, use_cache=True, logits_to_keep=1).logits
+        logits = model(on_model(model, ids), past_key_values=doc, position_ids=on_model(model, pos), use_cache=True,
+                       logits_to_keep=1).logits
         nxt = int(logits[0, -1].argmax())
         if nxt in eos:
             break
@@ -300,7 +311,9 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, ta
             if backend == "hf" or cfg.diagnostic or on_hf:
                 doc = score_forced(loaded, codecs, p.sample, p.places, tally)
                 for label in on_hf:
-                    text = greedy_full_precision(loaded, doc, p.sample, p.answer_tokens + engine_backend.EXTRA_TOKENS)
+                    budget = engine_backend.answer_budget(p.answer_tokens, len(p.ids),
+                                                          getattr(loaded.config, "max_position_embeddings", None))
+                    text = greedy_full_precision(loaded, doc, p.sample, budget)
                     tally.add((label, *p.cell, FREE), task_lib.score_text(p.sample, text), full_bits(loaded),
                               place=p.places[label])
             bar.update(len(codecs))
@@ -311,7 +324,7 @@ def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqd
     for ctx in cfg.contexts:
         n = min(cfg.samples, max_windows(loaded.tokenizer, ctx))  # the text holds only so many windows
         for window in text_windows(loaded.tokenizer, ctx, n, seed=cfg.seed):
-            ids = window.view(1, -1)
+            ids = on_model(loaded.model, window.view(1, -1))
             for label, codec in codecs.items():
                 logits = faithful_logits(loaded.model, ids, codec).float()
                 nll = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from oscarkv.config import CACHE_DIR, DTYPES
+from oscarkv.config import CACHE_DIR, DEVICES, DTYPES
 from oscarkv.models.hub import HubError, is_hub_id
 from oscarkv.models.hub import resolve as resolve_hub
 from oscarkv.models.multimodal import is_text_only, load_text_model, load_tokenizer, text_config, text_files
@@ -66,17 +66,30 @@ class LoadedModel:
         return self.model.config
 
 
-def resolve_dtype(name: str) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
     """The compute dtype named ``name`` (:data:`oscarkv.config.DTYPES`); ``auto`` is bfloat16
-    where a GPU runs the model and float32 on a CPU.
+    where a GPU runs the model (``device``; default: wherever one is visible) and float32 on a CPU.
 
     NOTE: CPUs without native bf16 matmul (AVX2-only, like the CI machine) run a bf16 model
     4-5x slower than fp32; the KV cache under test stores BF16 windows either way."""
     if name not in DTYPES:
         raise ModelLoadError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
     if name == "auto":
-        name = "bfloat16" if torch.cuda.is_available() else "float32"
+        gpu = device.type == "cuda" if device is not None else torch.cuda.is_available()
+        name = "bfloat16" if gpu else "float32"
     return getattr(torch, name)
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device named ``name`` (:data:`oscarkv.config.DEVICES`); ``auto`` is the first CUDA
+    device when one is visible, else the CPU."""
+    if name not in DEVICES:
+        raise ModelLoadError(f"unknown device {name!r}; choose from {', '.join(DEVICES)}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
 
 
 def is_default_model(loaded: LoadedModel) -> bool:
@@ -95,12 +108,15 @@ def default_model_path() -> Path:
     return path
 
 
-def load_model(spec: str, dtype: torch.dtype | str = torch.float32, cache_dir: Path | None = CACHE_DIR) -> LoadedModel:
+def load_model(spec: str, dtype: torch.dtype | str = torch.float32, cache_dir: Path | None = CACHE_DIR,
+               device: str = "cpu") -> LoadedModel:
     """Load ``spec`` (see module docstring) in eval mode with the given parameter dtype (a
-    ``torch.dtype`` or a name of :data:`oscarkv.config.DTYPES`).
+    ``torch.dtype`` or a name of :data:`oscarkv.config.DTYPES`), its weights on ``device`` (a name
+    of :data:`oscarkv.config.DEVICES`; the serving entry points pass ``auto``).
 
     ``cache_dir`` holds converted GGUF models; ``None`` converts in memory every time."""
-    dtype = resolve_dtype(dtype) if isinstance(dtype, str) else dtype
+    target = resolve_device(device)
+    dtype = resolve_dtype(dtype, target) if isinstance(dtype, str) else dtype
     path = model_path(spec)
     if path.is_file() and path.suffix == ".gguf":
         model, tok = _load_gguf_cached(path, cache_dir) if cache_dir else _load_gguf(path)
@@ -109,7 +125,7 @@ def load_model(spec: str, dtype: torch.dtype | str = torch.float32, cache_dir: P
     else:
         raise ModelLoadError(f"model {spec}: not a directory or a .gguf file")
     model.config._attn_implementation = "sdpa"
-    return LoadedModel(model.to(dtype).eval(), tok, str(path))
+    return LoadedModel(model.to(dtype).to(target).eval(), tok, str(path))
 
 
 def model_path(spec: str, weights: bool = True) -> Path:

@@ -99,3 +99,21 @@ def test_an_artifacts_recipe_sets_its_windows(loaded):
     assert tiers == {"oscar+win": (8, 16, 2), "oscar:choice+win": (0, 24, 4), "oscar": (0, 0, 2), "oscar:choice": (0, 0, 2)}
     records, _ = evaluate(loaded, cfg, arts, backend="engine")  # the recipe's rung runs through the engine
     assert {r["method"] for r in records if r["protocol"] == "free"} == {"oscar+win", "oscar:choice+win"}
+
+
+def test_a_context_at_the_models_length_runs(loaded):
+    """A sample filling the model's positions (8K multi-needle prompts on the default model) leaves
+    less than the answer plus EXTRA_TOKENS: the answer budget shrinks to the room left instead of the
+    engine refusing the request; the answer itself always fits."""
+    from copy import deepcopy
+
+    from oscarkv.eval.engine_backend import EXTRA_TOKENS, answer_budget
+
+    assert answer_budget(10, 100, None) == answer_budget(10, 100, 1000) == 10 + EXTRA_TOKENS
+    assert answer_budget(10, 8180, 8192) == 12 and answer_budget(10, 8182, 8192) == 10
+    short = deepcopy(loaded)
+    short.model.config.max_position_embeddings = 512  # the context below: prompt + answer fit, no more
+    cfg = EvalConfig(methods=("bf16",), tasks=("niah_multivalue",), contexts=(512,), samples=1, haystacks=("eval",),
+                     kv=KVConfig(sink=8, recent=16, page_size=8, group_size=D), diagnostic=False)
+    records, _ = evaluate(short, cfg, None, io.StringIO(), backend="engine")
+    assert [r["protocol"] for r in records] == ["free"]

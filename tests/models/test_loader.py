@@ -47,6 +47,54 @@ def test_tiny_hf_dir_loads(tmp_path):
     assert loaded.tokenizer("w1 w2").input_ids[-2:] == [1, 2]
 
 
+def _tiny_dir(path):
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16, vocab_size=50, architectures=["LlamaForCausalLM"])
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    _word_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def test_device_names():
+    """``auto`` is the CPU here, the CPU's ``auto`` dtype is float32, and a device that is not there
+    is a clear error (the serving commands' ``--device``)."""
+    from oscarkv.models.loader import resolve_device, resolve_dtype
+
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    with pytest.raises(ModelLoadError, match="unknown device 'tpu'"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(ModelLoadError, match="no CUDA device is visible"):
+            resolve_device("cuda")
+
+
+def test_cli_device_without_gpu_is_a_user_error(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    from oscarkv.cli.main import main
+
+    assert main(["generate", "--model", _tiny_dir(tmp_path), "--kv", "bf16", "--device", "cuda", "--prompt", "hi"]) == 2
+    assert "no CUDA device is visible" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_serving_entry_points_run_on_the_gpu(tmp_path):
+    """``LLM`` (and so ``serve``, ``generate``, ``eval``) puts a loaded model on the GPU by default, in
+    bf16, and the engine, its pools and its kernels follow the weights."""
+    from oscarkv.engine.request import SamplingParams
+    from oscarkv.llm import LLM
+
+    llm = LLM(_tiny_dir(tmp_path), kv="bf16")
+    p = next(llm.loaded.model.parameters())
+    assert p.device.type == "cuda" and p.dtype == torch.bfloat16
+    assert llm.engine.runner.device.type == "cuda"
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(out[0].token_ids) == 4
+
+
 def test_gguf_conversion_is_cached_by_content(tmp_path, monkeypatch):
     """A GGUF file is converted once; the same bytes load from the cache, changed bytes convert anew."""
     from oscarkv.models import loader
