@@ -35,6 +35,9 @@ CENTER_MODES = ("both", "keys", "values", "none")
 CLIP_MODES = ("fitted", "fixed", "none")
 """How ``CalibrationConfig.clip`` sets a kind's clip ratio."""
 
+QUERY_WEIGHTINGS = ("uniform", "retrieval")
+"""How ``CalibrationConfig.query_weighting`` weighs the calibration queries in ``C_Q``."""
+
 HAYSTACKS = ("eval", "gazetteer", "calibration")
 """Filler texts of the synthetic tasks (``oscarkv.eval.tasks.HAYSTACKS`` maps them to files)."""
 
@@ -216,6 +219,12 @@ class CalibrationConfig:
     """Quantization group used when fitting clips; ``None`` means ``min(head_dim, 128)``."""
     seed: int = 0
     """Seed for the choice of calibration windows."""
+    query_weighting: str = "uniform"
+    """How the calibration queries weigh in the key objective's ``C_Q``: ``uniform`` (every query
+    alike, the paper's average) or ``retrieval`` (each query row weighted by its retrieval score,
+    the largest attention probability it puts on one key past the BF16 sink and at least the recent
+    window's length back, normalized to mean 1: ``oscarkv.calibrate.stats.retrieval_scores``), which
+    tilts the key rotation, scaling and clips toward the few sharp, long-range queries that retrieve."""
     stream_layers: bool = False
     """Run the statistics and held-out passes one decoder layer at a time, on the GPU when there is one
     (hidden states and weights stay in host memory, one layer's weights at a time on the GPU), so a model
@@ -223,8 +232,10 @@ class CalibrationConfig:
 
     def options(self) -> dict:
         """The fields an artifact's manifest records: all but ``stream_layers`` (how the passes ran,
-        which changes nothing in the artifact)."""
-        return {k: v for k, v in asdict(self).items() if k != "stream_layers"}
+        which changes nothing in the artifact), and ``query_weighting`` only when it is not ``uniform``
+        (artifacts fitted before the option record none, and were fitted with uniform weights)."""
+        skip = {"stream_layers"} | ({"query_weighting"} if self.query_weighting == "uniform" else set())
+        return {k: v for k, v in asdict(self).items() if k not in skip}
 
     def clip_mode(self, kind: str) -> str:
         """The clip mode of ``kind`` (``key`` or ``value``)."""
@@ -238,6 +249,9 @@ class CalibrationConfig:
     def __post_init__(self) -> None:
         if self.rotation not in ("uhp", "u", "h"):
             raise ValueError(f"CalibrationConfig.rotation must be uhp, u or h, got {self.rotation!r}")
+        if self.query_weighting not in QUERY_WEIGHTINGS:
+            raise ValueError(f"CalibrationConfig.query_weighting must be one of {QUERY_WEIGHTINGS}, "
+                             f"got {self.query_weighting!r}")
         if self.value_objective not in ("exact", "proxy"):
             raise ValueError(f"CalibrationConfig.value_objective must be exact or proxy, got {self.value_objective!r}")
         if isinstance(self.center, bool):  # artifacts of format 2 recorded a boolean

@@ -56,11 +56,11 @@ def calibrate_variants(loaded: LoadedModel, cfgs: dict[str, CalibrationConfig], 
     """:func:`calibrate` for several configs from one pass of statistics (the forward dominates).
 
     The configs may differ only in solve-time options (rotation, objectives, centering, scaling,
-    clipping, head sharing); the data options (tokens, held-out tokens, chunk, seed, group size)
-    must agree, since the statistics are shared."""
+    clipping, head sharing); the data options (tokens, held-out tokens, chunk, seed, group size,
+    query weighting) must agree, since the statistics are shared."""
     start = time.perf_counter()
     first = next(iter(cfgs.values()))
-    data_fields = ("tokens", "heldout_tokens", "chunk", "seed", "group_size", "stream_layers")
+    data_fields = ("tokens", "heldout_tokens", "chunk", "seed", "group_size", "stream_layers", "query_weighting")
     for name, cfg in cfgs.items():
         bad = [f for f in data_fields if getattr(cfg, f) != getattr(first, f)]
         if bad:
@@ -71,7 +71,7 @@ def calibrate_variants(loaded: LoadedModel, cfgs: dict[str, CalibrationConfig], 
         texts, data_desc = [_default_text()], data_desc or f"oscarkv.data:{DEFAULT_TEXT}"
     chunks, heldout = split_tokens(token_ids(loaded.tokenizer, texts), first)
     skip = bf16_layers(loaded.config)  # sliding-window layers: a BF16 window, nothing to calibrate
-    collector = StatsCollector(fp.num_layers, fp.num_kv_heads, fp.head_dim, skip)
+    collector = StatsCollector(fp.num_layers, fp.num_kv_heads, fp.head_dim, skip, first.query_weighting)
     if first.stream_layers:
         check_streamable(loaded.config)
     forward = stream_forward if first.stream_layers else run_forward

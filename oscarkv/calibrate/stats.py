@@ -14,7 +14,10 @@ Data owned:
   of the KV head's group, ``N`` tokens), the proxy ``(1/N) Σ_t (k C_Q kᵀ) vᵀv``, the key and value
   means and second moments ``C_K``, ``C_V`` (for the importance scaling and reports). Summing over the group's heads (rather than
   averaging) makes ``e C_Q eᵀ`` the total squared logit error of every query head that reads the
-  key, on the same footing as the value objective.
+  key, on the same footing as the value objective. With ``query_weighting="retrieval"``
+  (``CalibrationConfig``), ``C_Q = (1/N) Σ_t Σ_g ŵ_gt q_gtᵀq_gt`` instead, ``ŵ = w / mean(w)``
+  with ``w`` the :func:`retrieval_scores` and the mean over the ``N·G`` query rows of each
+  (layer, KV head); the proxy weighs its values with that ``C_Q``, every other moment is unchanged.
 * :class:`HeldoutCapture` — the fp32 ``q``, ``k``, ``v`` of the held-out tokens (about 1K
   tokens, kept in memory) on which clips are fitted.
 
@@ -40,6 +43,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import AttentionInterface
 
+from oscarkv.config import QUERY_WEIGHTINGS
 from oscarkv.kernels.reference import banded_attention
 
 NAME = "oscarkv_calibrate"
@@ -103,6 +107,38 @@ def run_forward(model: torch.nn.Module, batches: Sequence[torch.Tensor], observe
             model(ids, use_cache=False, logits_to_keep=1, oscar_stats=observer)
 
 
+RETRIEVAL_SINK = 64
+"""Keys before this position are the BF16 sink (``KVConfig`` default): a query's attention on them
+is no retrieval from INT2 and does not count in its score (the first tokens draw most heads' mass)."""
+RETRIEVAL_DISTANCE = 256
+"""A key counts for a query's retrieval score only this many positions back or more (the default
+BF16 recent window): the keys a served query reads from INT2."""
+SCORE_ROWS = 256
+"""Query rows per block when :func:`retrieval_scores` forms the attention probabilities."""
+
+
+def retrieval_scores(query: torch.Tensor, key: torch.Tensor, scaling: float, sink: int = RETRIEVAL_SINK,
+                     distance: int = RETRIEVAL_DISTANCE) -> torch.Tensor:
+    """Each query's retrieval score, fp32 ``[B, Hq, T]`` from ``query [B, Hq, T, d]``, ``key [B, Hkv, T, d]``.
+
+    ``w_gt = max_j p_g(t, j)`` over the keys ``sink ≤ j ≤ t − distance`` (0 when there are none),
+    ``p`` the causal softmax probabilities: high only for a query that puts much of its attention on
+    one far key past the sink (sharp and long-range: a retrieval head's query). Probabilities are
+    formed ``SCORE_ROWS`` query rows at a time."""
+    b, hq, t, d = query.shape
+    hkv = key.shape[1]
+    k = key.float().unsqueeze(2).transpose(-1, -2)  # [B, Hkv, 1, d, T]
+    pos = torch.arange(t, device=query.device)
+    out = []
+    for rows in pos.split(SCORE_ROWS):
+        q = query[:, :, rows].float().reshape(b, hkv, hq // hkv, len(rows), d)
+        logits = (q @ k).reshape(b, hq, len(rows), t) * scaling  # [B, Hq, r, T]
+        p = torch.softmax(logits.masked_fill(pos > rows[:, None], float("-inf")), dim=-1)
+        far = (pos >= sink) & (pos <= rows[:, None] - distance)  # [r, T]
+        out.append(p.masked_fill(~far, 0.0).amax(-1))
+    return torch.cat(out, dim=-1)
+
+
 def by_kv_head(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """``[B, H, T, d]`` → ``[Hkv, B·(H/Hkv)·T, d]``: rows of every head of each GQA group.
 
@@ -146,34 +182,59 @@ class _LayerSums:
     wvv: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
+    w: torch.Tensor  # [H] Σ of the query weights (retrieval weighting; zero when uniform)
     n: int = 0
+    rows: int = 0  # query rows seen per KV head: n · G
 
     @classmethod
     def zeros(cls, heads: int, d: int) -> _LayerSums:
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
-        return cls(z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d), z(heads, d))
+        return cls(z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d, d), z(heads, d), z(heads, d),
+                   z(heads))
+
+    def c_q(self, weighted: bool) -> torch.Tensor:
+        """``C_Q`` from the sums so far, ``[H, d, d]``: ``qq / n``, or with weights ``qq / (n · mean w)``."""
+        if not weighted:
+            return self.qq / self.n
+        if not bool((self.w > 0).all()):
+            raise ValueError("retrieval query weighting: no query of some head put weight on a key past the sink "
+                             "and the recent window; calibration chunks must be longer than the sink + distance of "
+                             f"retrieval_scores ({RETRIEVAL_SINK} + {RETRIEVAL_DISTANCE} tokens by default)")
+        return self.qq / (self.n * (self.w / self.rows)).view(-1, 1, 1)
 
 
 class StatsCollector:
     """Accumulates :class:`Statistics` over calibration chunks; one per calibration run."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, skip: frozenset[int] = frozenset()):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, skip: frozenset[int] = frozenset(),
+                 query_weighting: str = "uniform", sink: int = RETRIEVAL_SINK, distance: int = RETRIEVAL_DISTANCE):
+        if query_weighting not in QUERY_WEIGHTINGS:
+            raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}, got {query_weighting!r}")
         self.layers = [_LayerSums.zeros(num_kv_heads, head_dim) for _ in range(num_layers)]
         self.skip = skip  # layers never observed (sliding-window layers): their sums stay zero
+        self.weighted = query_weighting == "retrieval"
+        self.sink, self.distance = sink, distance  # of retrieval_scores
 
     def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 out: torch.Tensor, scaling: float) -> None:
         heads = key.shape[1]
         s = self.layers[layer]
         k, v = by_kv_head(key.float(), heads), by_kv_head(value.float(), heads)  # [H, N, d]
-        s.qq += gram(by_kv_head(query.float(), heads)).cpu()  # NOTE: products on the tensors' device, sums on the host
+        q = by_kv_head(query.float(), heads)  # [H, N·G, d]
+        if self.weighted:
+            w = by_kv_head(retrieval_scores(query, key, scaling, self.sink, self.distance).unsqueeze(-1), heads)[..., 0]
+            s.qq += gram(q, w).cpu()  # NOTE: products on the tensors' device, sums on the host
+            s.w += w.double().sum(1).cpu()
+        else:
+            s.qq += gram(q).cpu()
         s.oo += gram(by_kv_head(out, heads)).cpu()
         s.kk += gram(k).cpu()
         s.vv += gram(v).cpu()
         s.k += k.sum(1).double().cpu()
         s.v += v.sum(1).double().cpu()
         s.n += k.shape[1]
-        c_q = (s.qq / s.n).float().to(k.device)  # running estimate, this chunk included (module docstring)
+        s.rows += q.shape[1]
+        c_q = s.c_q(self.weighted).float().to(k.device)  # running estimate, this chunk included (module docstring)
         w = ((k @ c_q) * k).sum(-1)  # [H, N] k C_Q kᵀ
         s.wvv += gram(v, w).cpu()
 
@@ -184,7 +245,8 @@ class StatsCollector:
         if n == 0 or any(m != n for m in seen):
             raise ValueError(f"calibration statistics saw {[s.n for s in self.layers]} tokens per layer")
         stack = lambda name: torch.stack([getattr(s, name) for s in self.layers]) / n  # noqa: E731
-        return Statistics(stack("qq"), stack("oo"), stack("wvv"), stack("kk"), stack("vv"), stack("k"), stack("v"), n)
+        c_q = torch.stack([s.qq if i in self.skip else s.c_q(self.weighted) for i, s in enumerate(self.layers)])
+        return Statistics(c_q, stack("oo"), stack("wvv"), stack("kk"), stack("vv"), stack("k"), stack("v"), n)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ def setup(p: argparse.ArgumentParser) -> None:
                         "(default: off)")
     add_fields(p, CalibrationConfig, ["tokens", "heldout_tokens", "chunk", "rotation", "value_objective",
                                       "share_heads", "center", "scaling", "clip", "group_size", "seed",
-                                      "stream_layers"])
+                                      "stream_layers", "query_weighting"])
     p.add_argument("--rotations", type=Path, default=None, metavar="DIR",
                    help="choose the recipe (--max-bpe or --tolerance) for this existing artifact instead of fitting "
                         "one; the artifact is written to --out with its recipe (default: fit)")

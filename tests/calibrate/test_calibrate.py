@@ -311,3 +311,50 @@ def test_default_artifact_is_refitted_when_the_recipe_changed(loaded, default_ru
     assert isinstance(cd.default_artifact(loaded, tmp_path), Refitted) and calls[0] == CalibrationConfig()
     monkeypatch.setattr(cd, "CalibrationConfig", lambda: CFG)  # now CFG is "the recipe": reuse the cache
     assert cd.default_artifact(loaded, tmp_path).manifest["options"]["tokens"] == CFG.tokens and len(calls) == 2
+
+
+def retrieval_reference(q: torch.Tensor, k: torch.Tensor, sink: int, distance: int) -> torch.Tensor:
+    """``C_Q`` per KV head with retrieval weights, in float64 from one sequence's ``q [1, Hq, T, d]``,
+    ``k [1, Hkv, T, d]``: ``w = max p`` over the keys ``sink ≤ j ≤ t − distance``, ``ŵ = w / mean w``
+    over the group's rows, ``(1/T) Σ_t Σ_g ŵ qᵀq``."""
+    q, k = q[0].double(), k[0].double().repeat_interleave(REP, 0)  # [Hq, T, d]
+    t = q.shape[1]
+    j, i = torch.arange(t)[None, :], torch.arange(t)[:, None]
+    p = torch.softmax((q @ k.transpose(1, 2) * D**-0.5).masked_fill(j > i, float("-inf")), -1)  # [Hq, T, T]
+    w = torch.where((j >= sink) & (j <= i - distance), p, 0.0).amax(-1).reshape(HKV, REP * t)  # [Hkv, G·T]
+    w = w / w.mean(1, keepdim=True)
+    qs = q.reshape(HKV, REP * t, D)
+    return torch.einsum("hn,hnd,hne->hde", w, qs, qs) / t
+
+
+def test_retrieval_weighting_matches_hand_computed_reference(loaded):
+    batches = chunks(1, seed=3)
+    col = StatsCollector(L, HKV, D, query_weighting="retrieval", sink=2, distance=8)
+    run_forward(loaded.model, batches, col, "test")
+    weighted, uniform = col.finalize(), collect(loaded.model, batches).finalize()
+    ref = manual_qkv(loaded.model, batches)
+    for i in range(L):
+        want = retrieval_reference(ref[i]["q"][0], ref[i]["k"][0], sink=2, distance=8)
+        assert torch.allclose(weighted.c_q[i], want, rtol=1e-4, atol=1e-6)
+        assert (weighted.c_q[i] - uniform.c_q[i]).abs().max() > 1e-2 * uniform.c_q[i].abs().max()
+    for name in ("c_s", "c_k", "c_v", "key_mean", "value_mean"):  # only C_Q (and the proxy) is weighted
+        assert torch.equal(getattr(weighted, name), getattr(uniform, name)), name
+
+
+def test_retrieval_scores_count_only_far_keys_past_the_sink(monkeypatch):
+    import oscarkv.calibrate.stats as st
+
+    q, k = torch.randn(2, HQ, 300, D), torch.randn(2, HKV, 300, D)
+    w = st.retrieval_scores(q, k, D**-0.5, sink=3, distance=10)  # [B, Hq, T], blocks of SCORE_ROWS rows
+    assert w.shape == (2, HQ, 300) and (w[..., :13] == 0).all() and (w[..., 13:] > 0).all() and (w <= 1).all()
+    monkeypatch.setattr(st, "SCORE_ROWS", 1000)  # one block: the same scores
+    assert torch.allclose(st.retrieval_scores(q, k, D**-0.5, sink=3, distance=10), w, atol=1e-7)
+
+
+def test_query_weighting_option_is_validated_and_recorded(loaded):
+    with pytest.raises(ValueError, match="query_weighting must be one of"):
+        CalibrationConfig(query_weighting="sharp")
+    assert "query_weighting" not in CalibrationConfig().options()  # the shipped recipe's manifest is unchanged
+    assert CalibrationConfig(query_weighting="retrieval").options()["query_weighting"] == "retrieval"
+    with pytest.raises(ValueError, match="chunks must be longer"):  # 32-token chunks have no far keys
+        calibrate(loaded, replace(CFG, query_weighting="retrieval"), [text()])
