@@ -82,8 +82,15 @@ class KVConfig:
     for 2 bits). ``int4`` and ``kivi`` fix their own bits."""
     value_bits: int = 2
     """Bits per stored history value element, 2 or 4 (see ``key_bits``)."""
+    key_clip: float | None = None
+    """``oscar`` only: one clip ratio for every layer's INT2 keys in place of the artifact's fitted
+    ones (``oscarkv.quant.clip``; 1: no clip), the recipe search's choice
+    (``RecipeSearchConfig.key_clips``); ``None`` keeps the fitted ratios."""
 
     def __post_init__(self) -> None:
+        if self.key_clip is not None and (self.method != "oscar" or not 0 < self.key_clip <= 1):
+            raise ValueError(f"KVConfig.key_clip applies to method 'oscar' and lies in (0, 1], got {self.key_clip} "
+                             f"for {self.method!r}")
         for name in ("key_bits", "value_bits"):
             if getattr(self, name) not in (2, 4):
                 raise ValueError(f"KVConfig.{name} must be 2 or 4, got {getattr(self, name)}")
@@ -164,12 +171,19 @@ class RecipeSearchConfig:
     rungs: tuple[str, ...] = ("int2",)
     """Candidate key/value bits (``RUNGS``: ``int2``, ``k4v2``, ``k2v4``, ``int4``), each with every
     window; the chosen one is recorded in the recipe (``key_bits``, ``value_bits``)."""
+    key_clips: tuple[float, ...] = ()
+    """Candidate INT2 key clip ratios, each applied to every layer (``KVConfig.key_clip``; 1: no clip),
+    beside the artifact's fitted ones, with every window and rung; a chosen one is recorded in the
+    recipe (``key_clip``). The fit minimizes the held-out average error, which forgives clamping the
+    large key components retrieval needs (docs/DEVELOPMENT.md)."""
 
     def __post_init__(self) -> None:
         if self.max_bpe is not None and self.max_bpe <= 2:
             raise ValueError(f"RecipeSearchConfig.max_bpe must exceed 2 bits, got {self.max_bpe}")
         if self.tolerance is not None and not 0 <= self.tolerance < 1:
             raise ValueError(f"RecipeSearchConfig.tolerance must lie in [0, 1), got {self.tolerance}")
+        if any(not 0 < c <= 1 for c in self.key_clips):
+            raise ValueError(f"RecipeSearchConfig.key_clips must lie in (0, 1], got {self.key_clips}")
         bad = [r for r in self.rungs if r not in RUNGS]
         if bad or not self.rungs:
             raise ValueError(f"RecipeSearchConfig.rungs: unknown {bad or 'empty list'}; choose from {tuple(RUNGS)}")

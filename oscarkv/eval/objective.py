@@ -122,27 +122,31 @@ def _served_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sa
 
 
 def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: KVConfig,
-                  sinks: tuple[int, ...], recents: tuple[int, ...], rungs: tuple[str, ...] = ("int2",)) -> dict[str, KVCodec]:
-    """``oscar s=SINK r=RECENT`` codecs (``oscar-RUNG s=...`` for a rung other than INT2) for every
-    candidate window the engine serves (a sink of whole pages; a recent window unless there is no
-    window at all: page size 1, as :class:`~oscarkv.config.EngineConfig` requires) and rung within
-    ``max_bpe`` at ``context``."""
+                  sinks: tuple[int, ...], recents: tuple[int, ...], rungs: tuple[str, ...] = ("int2",),
+                  key_clips: tuple[float, ...] = ()) -> dict[str, KVCodec]:
+    """``oscar s=SINK r=RECENT`` codecs (``oscar-RUNG s=...`` for a rung other than INT2; ``... c=CLIP``
+    for a key clip in place of the fitted ones) for every candidate window the engine serves (a sink
+    of whole pages; a recent window unless there is no window at all: page size 1, as
+    :class:`~oscarkv.config.EngineConfig` requires), rung and key clip within ``max_bpe`` at ``context``."""
     c = loaded.model.config
     dims = ModelFingerprint.from_config(c).kv_dims
     out = {}
-    for rung in rungs:
+    for rung, clip in ((rung, clip) for rung in rungs for clip in (None, *key_clips)):
         kb, vb = RUNGS[rung]
+        if clip is not None and kb != 2:
+            continue  # 4-bit keys are not clipped
         for s in (s for s in sinks if s % base.page_size == 0):
             for r in recents:
                 kv = replace(base, method="oscar", sink=s, recent=r, group_size=artifact.manifest["group_size"],
-                             key_bits=kb, value_bits=vb)
+                             key_bits=kb, value_bits=vb, key_clip=clip)
                 if s == 0 and r == 0:
                     kv = kv.without_windows()
                 elif r == 0 and kv.page_size > 1:
                     continue  # a decode step would demote the page holding its own token: not served
                 codec = build_codec(kv, *dims, artifact, SlidingLayers.from_config(c))
                 if max_bpe is None or codec.bpe(context) <= max_bpe:
-                    out[f"oscar{'' if rung == 'int2' else '-' + rung} s={s} r={r}"] = codec
+                    name = f"oscar{'' if rung == 'int2' else '-' + rung} s={s} r={r}"
+                    out[name if clip is None else f"{name} c={clip:g}"] = codec
     return out
 
 
@@ -163,15 +167,20 @@ def recipe_record(label: str, scores: dict[str, DevScore], codecs: dict[str, KVC
     """The manifest's ``recipe``: the chosen windows, how they were chosen, every candidate's scores."""
     kv = codecs[label].config
     cands = [{"sink": codecs[k].config.sink, "recent": codecs[k].config.recent, "key_bits": codecs[k].config.key_bits,
-              "value_bits": codecs[k].config.value_bits, "bpe": round(codecs[k].bpe(context), 4),
+              "value_bits": codecs[k].config.value_bits, **_clip_field(codecs[k].config), "bpe": round(codecs[k].bpe(context), 4),
               "answer_nll": round(v.answer_nll, 4), "accuracy": round(v.accuracy, 4)} for k, v in scores.items()]
     out = {"method": "oscar", "sink": kv.sink, "recent": kv.recent, "page_size": kv.page_size,
-           "key_bits": kv.key_bits, "value_bits": kv.value_bits,
+           "key_bits": kv.key_bits, "value_bits": kv.value_bits, **_clip_field(kv),
            "bpe": round(codecs[label].bpe(context), 4), "objective": "development NIAH answer NLL",
            "context": context, **dev, "candidates": cands}
     if reference is not None:
         out["bf16"] = {"answer_nll": round(reference.answer_nll, 4), "accuracy": round(reference.accuracy, 4)}
     return out
+
+
+def _clip_field(kv: KVConfig) -> dict:
+    """``{"key_clip": c}`` for a candidate with a key clip in place of the fitted ones, else nothing."""
+    return {} if kv.key_clip is None else {"key_clip": kv.key_clip}
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -206,7 +215,8 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
     c = loaded.model.config
     bf16 = {"bf16": build_codec(KVConfig("bf16"), *ModelFingerprint.from_config(c).kv_dims,
                                 sliding=SlidingLayers.from_config(c))}
-    windows = window_codecs(loaded, artifact, cfg.context, cfg.max_bpe, KVConfig(), cfg.sinks, cfg.recents, cfg.rungs)
+    windows = window_codecs(loaded, artifact, cfg.context, cfg.max_bpe, KVConfig(), cfg.sinks, cfg.recents, cfg.rungs,
+                            cfg.key_clips)
     if not windows:
         raise ValueError(f"no window fits --max-bpe {cfg.max_bpe} at --context {cfg.context}")
     limit = getattr(c, "max_position_embeddings", None)

@@ -215,14 +215,17 @@ class Artifact:
 
     def codec(self, cfg: KVConfig, group: int) -> KVCodec:
         """OSCAR codecs for every layer at ``cfg``'s key and value bits; the clips were fitted for the
-        artifact's group size at 2 bits (4-bit kinds are not clipped: ``codec.with_bits``)."""
+        artifact's group size at 2 bits (4-bit kinds are not clipped: ``codec.with_bits``), and
+        ``cfg.key_clip`` replaces the fitted key clips when set."""
         if group != self.manifest["group_size"]:
             raise ArtifactError(f"field group_size: artifact was fitted with G={self.manifest['group_size']}, "
                                 f"the cache asks for G={group}")
         layers = []
         for i in range(self.fingerprint.num_layers):
-            kinds = [with_bits(self._tensor_codec(kind, i, group), bits) for kind, bits in zip(("key", "value"), cfg.bits)]
-            layers.append(LayerCodec(*kinds))
+            key, value = (self._tensor_codec(kind, i, group) for kind in ("key", "value"))
+            if cfg.key_clip is not None:
+                key = replace(key, clip=_clip(cfg.key_clip))
+            layers.append(LayerCodec(with_bits(key, cfg.key_bits), with_bits(value, cfg.value_bits)))
         return KVCodec(cfg, tuple(layers), group)
 
     def _tensor_codec(self, kind: str, layer: int, group: int) -> TensorCodec:
@@ -290,7 +293,8 @@ def apply_recipe(kv: KVConfig, artifact: Artifact | None) -> KVConfig:
     if kv.method != "oscar" or not recipe:
         return kv
     return replace(kv, sink=recipe["sink"], recent=recipe["recent"], page_size=recipe.get("page_size", kv.page_size),
-                   key_bits=recipe.get("key_bits", 2), value_bits=recipe.get("value_bits", 2))
+                   key_bits=recipe.get("key_bits", 2), value_bits=recipe.get("value_bits", 2),
+                   key_clip=recipe.get("key_clip"))
 
 
 def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
@@ -299,9 +303,10 @@ def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
     if kv.method != "oscar":
         return f"kv {kv.method}: {bits}sink {kv.sink}, recent {kv.recent}, page {kv.page_size}"
     recipe = artifact.manifest.get("recipe") if artifact is not None else None
-    line = f"kv oscar: {bits}sink {kv.sink}, recent {kv.recent}, page {kv.page_size}"
-    if recipe and (kv.sink, kv.recent, *kv.bits) == (recipe["sink"], recipe["recent"], recipe.get("key_bits", 2),
-                                                      recipe.get("value_bits", 2)):
+    clip = f", key clip {kv.key_clip}" if kv.key_clip is not None else ""
+    line = f"kv oscar: {bits}sink {kv.sink}, recent {kv.recent}, page {kv.page_size}{clip}"
+    if recipe and (kv.sink, kv.recent, *kv.bits, kv.key_clip) == (recipe["sink"], recipe["recent"], recipe.get("key_bits", 2),
+                                                                   recipe.get("value_bits", 2), recipe.get("key_clip")):
         return (f"{line} (the artifact's recipe: {recipe['bpe']} bits per element at {recipe['context']} tokens, "
                 f"chosen on {recipe['objective']} over {recipe.get('dev_samples', '?')} development samples)")
     return line + (" (set by the caller; the artifact's recipe differs)" if recipe else " (no recipe in the artifact)")

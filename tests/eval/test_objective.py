@@ -9,7 +9,7 @@ import pytest
 
 from oscarkv.config import EngineConfig, KVConfig, RecipeSearchConfig
 from oscarkv.eval.objective import DevScore, choose, dev_samples, dev_scores, search_windows, spearman, window_codecs
-from oscarkv.quant.artifact import apply_recipe
+from oscarkv.quant.artifact import apply_recipe, describe_recipe
 from tests.engine.conftest import make_artifact
 
 
@@ -134,3 +134,32 @@ def test_calibrate_search_only_needs_a_budget(tmp_path, capsys):
 
     assert main(["calibrate", "--rotations", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "--max-bpe" in capsys.readouterr().err
+
+
+def test_a_key_clip_is_a_recipe_dimension_that_the_engine_serves(loaded):
+    """``key_clips`` candidates replace every layer's fitted INT2 key clip (values and 4-bit keys keep
+    theirs); the served search scores them through the engine, a chosen clip goes into the recipe,
+    and an engine built from the recipe stores keys with it."""
+    from oscarkv.engine.engine import LLMEngine
+
+    art = make_artifact(loaded.model.config)
+    codecs = window_codecs(loaded, art, 512, None, KVConfig(page_size=8), (8,), (16,), ("int2", "k4v2"), (0.95, 1.0))
+    assert set(codecs) == {"oscar s=8 r=16", "oscar s=8 r=16 c=0.95", "oscar s=8 r=16 c=1", "oscar-k4v2 s=8 r=16"}
+    fitted, clipped, off = (codecs[k].layers for k in ("oscar s=8 r=16", "oscar s=8 r=16 c=0.95", "oscar s=8 r=16 c=1"))
+    assert all(c.key.clip == 0.95 and o.key.clip is None and c.value.clip == f.value.clip
+               for f, c, o in zip(fitted, clipped, off))
+    assert any(f.key.clip != 0.95 for f in fitted)  # the artifact's own ratios differ
+    cfg = RecipeSearchConfig(max_bpe=8.0, context=1024, dev_samples=2, dev_context=256, sinks=(64,), recents=(64,),
+                             key_clips=(0.95,))
+    recipe, scores = search_windows(loaded, art, cfg)
+    assert {"oscar s=64 r=64", "oscar s=64 r=64 c=0.95"} <= set(scores)
+    assert sorted(c.get("key_clip") is not None for c in recipe["candidates"]) == [False, True]
+    art.manifest["recipe"] = {**recipe, "key_clip": 0.95}
+    kv = apply_recipe(KVConfig("oscar", group_size=art.manifest["group_size"]), art)
+    assert kv.key_clip == 0.95 and "key clip 0.95 (the artifact's recipe" in describe_recipe(kv, art)
+    engine = LLMEngine.from_hf(loaded.model, EngineConfig(kv, kv_memory_bytes=1 << 22), art)
+    assert all(layer.key.clip == 0.95 for layer in engine.codec.layers)
+    with pytest.raises(ValueError, match="key_clip applies to method 'oscar'"):
+        KVConfig("naive", key_clip=0.9)
+    with pytest.raises(ValueError, match="key_clips must lie in"):
+        RecipeSearchConfig(key_clips=(1.5,))
