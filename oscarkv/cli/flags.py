@@ -62,6 +62,11 @@ def csv(kind=str):
     return parse
 
 
+def _scalar_type(annotation) -> type:
+    """The element type a field's annotation names (``float``, ``int``, else ``str``)."""
+    return float if "float" in str(annotation) else int if "int" in str(annotation) else str
+
+
 def add_fields(parser: argparse.ArgumentParser, cls, names: list[str]) -> None:
     """Add ``--name`` flags for the given dataclass fields, typed and documented from the class."""
     for f in fields(cls):
@@ -74,12 +79,11 @@ def add_fields(parser: argparse.ArgumentParser, cls, names: list[str]) -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
                                 help=f"{doc} (default: {'auto' if default is None else shown(default, flag)})")
         elif isinstance(default, tuple):
-            kind = type(default[0]) if default else str
+            kind = type(default[0]) if default else _scalar_type(f.type)
             parser.add_argument(flag, type=csv(kind), default=default, metavar=f.name.upper(),
                                 help=f"{doc} (comma-separated; default: {shown(default)})")
         else:
-            kind = float if "float" in str(f.type) else int if "int" in str(f.type) else str
-            parser.add_argument(flag, type=kind, default=default, help=f"{doc} (default: {shown(default)})")
+            parser.add_argument(flag, type=_scalar_type(f.type), default=default, help=f"{doc} (default: {shown(default)})")
 
 
 def config_from(cls, args: argparse.Namespace, **extra):

@@ -163,3 +163,6 @@ def test_a_key_clip_is_a_recipe_dimension_that_the_engine_serves(loaded):
         KVConfig("naive", key_clip=0.9)
     with pytest.raises(ValueError, match="key_clips must lie in"):
         RecipeSearchConfig(key_clips=(1.5,))
+    from oscarkv.cli.main import build_parser
+
+    assert build_parser().parse_args(["calibrate", "--out", "x", "--key-clips", "0.95,1"]).key_clips == (0.95, 1.0)
