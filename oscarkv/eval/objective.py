@@ -277,7 +277,8 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
              "predicted_error": pred}
     out.mkdir(parents=True, exist_ok=True)
     (out / "dev_study.json").write_text(json.dumps(study, indent=2) + "\n")
-    print(f"recipe: key bits {recipe['key_bits']}, value bits {recipe['value_bits']}, sink {recipe['sink']}, recent "
+    clip = f", key clip {recipe['key_clip']}" if "key_clip" in recipe else ""
+    print(f"recipe: key bits {recipe['key_bits']}, value bits {recipe['value_bits']}{clip}, sink {recipe['sink']}, recent "
           f"{recipe['recent']} ({recipe['bpe']:.3f} bits per element at "
           f"{recipe['context']} tokens), development answer NLL {scores_of(recipe)} vs BF16 "
           f"{recipe['bf16']['answer_nll']:.3f}; study in {out / 'dev_study.json'}")
@@ -286,7 +287,7 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
 
 def scores_of(recipe: dict) -> str:
     def key(c: dict) -> tuple:
-        return c["sink"], c["recent"], c.get("key_bits", 2), c.get("value_bits", 2)
+        return c["sink"], c["recent"], c.get("key_bits", 2), c.get("value_bits", 2), c.get("key_clip")
     mine = next(c for c in recipe["candidates"] if key(c) == key(recipe))
     return f"{mine['answer_nll']:.3f} (accuracy {100 * mine['accuracy']:.0f}%)"
 

@@ -154,7 +154,12 @@ def test_a_key_clip_is_a_recipe_dimension_that_the_engine_serves(loaded):
     recipe, scores = search_windows(loaded, art, cfg)
     assert {"oscar s=64 r=64", "oscar s=64 r=64 c=0.95"} <= set(scores)
     assert sorted(c.get("key_clip") is not None for c in recipe["candidates"]) == [False, True]
-    art.manifest["recipe"] = {**recipe, "key_clip": 0.95}
+    from oscarkv.eval.objective import scores_of
+
+    picked = {**recipe, "key_clip": 0.95}
+    clipped_score = next(c for c in recipe["candidates"] if c.get("key_clip") == 0.95)
+    assert scores_of(picked) == f"{clipped_score['answer_nll']:.3f} (accuracy {100 * clipped_score['accuracy']:.0f}%)"
+    art.manifest["recipe"] = picked
     kv = apply_recipe(KVConfig("oscar", group_size=art.manifest["group_size"]), art)
     assert kv.key_clip == 0.95 and "key clip 0.95 (the artifact's recipe" in describe_recipe(kv, art)
     engine = LLMEngine.from_hf(loaded.model, EngineConfig(kv, kv_memory_bytes=1 << 22), art)
