@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 from pathlib import Path
-from statistics import mean
 
 
 def variant(src: Path, dst: Path, key: str, value: str) -> None:
@@ -40,6 +38,7 @@ def variant(src: Path, dst: Path, key: str, value: str) -> None:
 def score(out: Path, names: list[str], samples: int, context: int) -> None:
     from oscarkv.config import KVConfig
     from oscarkv.eval.objective import dev_samples, dev_scores
+    from oscarkv.eval.paired import difference
     from oscarkv.models.loader import load_model
     from oscarkv.quant.artifact import Artifact, ModelFingerprint
     from oscarkv.quant.bpe import SlidingLayers
@@ -54,9 +53,8 @@ def score(out: Path, names: list[str], samples: int, context: int) -> None:
     base = scores[names[0]].per_sample
     print(f"| variant | answer NLL | accuracy | minus {names[0]} |")
     for n in names:
-        d = [a - b for a, b in zip(scores[n].per_sample, base)]
-        se = math.sqrt(sum((x - mean(d)) ** 2 for x in d) / (len(d) - 1) / len(d))
-        print(f"| {n} | {scores[n].answer_nll:.3f} | {100 * scores[n].accuracy:.0f}% | {mean(d):+.3f} ± {se:.3f} |")
+        diff, se = difference(scores[n].per_sample, base)
+        print(f"| {n} | {scores[n].answer_nll:.3f} | {100 * scores[n].accuracy:.0f}% | {diff:+.3f} ± {se:.3f} |")
     (out / "dev_clips.json").write_text(json.dumps({n: {"answer_nll": s.answer_nll, "accuracy": s.accuracy,
                                                         "per_sample": s.per_sample} for n, s in scores.items()}, indent=1))
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
-from statistics import mean, stdev
+from statistics import mean
+
+from oscarkv.eval.paired import difference
 
 
 def read(path: Path) -> list[dict]:
@@ -38,10 +39,9 @@ def main() -> None:
         for label in ("bf16", args.config):
             print(f"{name} {label:>18s}: NLL {mean(r['nll'][label] for r in rows):.3f}, "
                   f"accuracy {mean(r['accuracy'][label] for r in rows):.1%}")
-    diff = [y["nll"][args.config] - x["nll"][args.config] for x, y in zip(a[:n], b[:n])]
-    acc = [y["accuracy"][args.config] - x["accuracy"][args.config] for x, y in zip(a[:n], b[:n])]
-    print(f"B - A NLL: {mean(diff):+.4f} ± {stdev(diff) / math.sqrt(n):.4f} nats; "
-          f"accuracy {mean(acc):+.1%} ± {stdev(acc) / math.sqrt(n):.1%} (n = {n})")
+    nll = difference(*([r["nll"][args.config] for r in rows[:n]] for rows in (b, a)))
+    acc = difference(*([r["accuracy"][args.config] for r in rows[:n]] for rows in (b, a)))
+    print(f"B - A NLL: {nll[0]:+.4f} ± {nll[1]:.4f} nats; accuracy {acc[0]:+.1%} ± {acc[1]:.1%} (n = {n})")
 
 
 if __name__ == "__main__":

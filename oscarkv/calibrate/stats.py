@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import AttentionInterface
 
-from oscarkv.config import QUERY_WEIGHTINGS
+from oscarkv.config import QUERY_WEIGHTINGS, KVConfig
 from oscarkv.kernels.reference import banded_attention
 
 NAME = "oscarkv_calibrate"
@@ -107,10 +107,10 @@ def run_forward(model: torch.nn.Module, batches: Sequence[torch.Tensor], observe
             model(ids, use_cache=False, logits_to_keep=1, oscar_stats=observer)
 
 
-RETRIEVAL_SINK = 64
+RETRIEVAL_SINK = KVConfig.sink
 """Keys before this position are the BF16 sink (``KVConfig`` default): a query's attention on them
 is no retrieval from INT2 and does not count in its score (the first tokens draw most heads' mass)."""
-RETRIEVAL_DISTANCE = 256
+RETRIEVAL_DISTANCE = KVConfig.recent
 """A key counts for a query's retrieval score only this many positions back or more (the default
 BF16 recent window): the keys a served query reads from INT2."""
 SCORE_ROWS = 256

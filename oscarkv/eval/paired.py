@@ -35,6 +35,14 @@ class Paired:
     se: float  # its standard error, in points
 
 
+def difference(mine: Sequence[float], theirs: Sequence[float]) -> tuple[float, float]:
+    """Mean of the paired differences ``mine − theirs`` and its standard error (sample standard
+    deviation / √n; 0 for a single pair)."""
+    d = [a - b for a, b in zip(mine, theirs, strict=True)]
+    m = mean(d)
+    return m, math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d)) if len(d) > 1 else 0.0
+
+
 def compare(acc: list[dict], group_of: Callable[[str], str], references: Sequence[str]) -> list[Paired]:
     """Rows for every configuration in ``acc`` (one protocol's records) that ran on exactly the
     reference's samples; ``group_of`` maps a task to its group, ``references`` are the labels the
@@ -51,11 +59,10 @@ def compare(acc: list[dict], group_of: Callable[[str], str], references: Sequenc
         mine, theirs = _joined(rows, ref)
         if mine is None:
             continue
-        d = [100 * (a - b) for a, b in zip(mine, theirs)]
-        se = math.sqrt(sum((x - mean(d)) ** 2 for x in d) / (len(d) - 1) / len(d)) if len(d) > 1 else 0.0
+        diff, se = difference(mine, theirs)
         base = mean(theirs)
-        out.append(Paired(group, ctx, method, method in references, len(mine), mean(mine), _pooled_bpe(rows), mean(mine) / base if base else None,
-                          mean(d), se))
+        out.append(Paired(group, ctx, method, method in references, len(mine), mean(mine), _pooled_bpe(rows),
+                          mean(mine) / base if base else None, 100 * diff, 100 * se))
     return out
 
 

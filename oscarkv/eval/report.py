@@ -68,8 +68,9 @@ def markdown(acc: list[dict], ppl: list[dict], meta: dict) -> str:
         for ctx in sorted({r["context"] for r in rows}):
             ctx_rows = [r for r in rows if r["context"] == ctx]
             parts += [f"### Context {ctx}", "", _samples(ctx_rows), "", *_context_table(ctx_rows), ""]
-    if rows := paired.table(paired.compare(headline(acc), task_group, REFERENCES)):
-        parts += [f"## Against the reference on the same samples, haystacks pooled ({_protocol(headline(acc)[0])})", "",
+    top = headline(acc)
+    if rows := paired.table(paired.compare(top, task_group, REFERENCES)):
+        parts += [f"## Against the reference on the same samples, haystacks pooled ({_protocol(top[0])})", "",
                   f"Share of the reference's accuracy and the paired difference (± its standard error); in bold, the "
                   f"configuration of fewest bits keeping ≥ {paired.HOLD:.0%} of the reference per task group and context.", "",
                   *rows, ""]
