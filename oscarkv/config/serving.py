@@ -1,0 +1,228 @@
+"""Serving configuration: how the KV cache is stored (``KVConfig``), how the paged engine runs
+(``EngineConfig``) and what the HTTP layer adds (``ServerConfig``), with the names they validate
+against. Public through :mod:`oscarkv.config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+CACHE_DIR = Path.home() / ".cache" / "oscarkv"
+"""Default home of derived files: converted GGUF models and the default model's artifact."""
+
+DTYPES = ("auto", "bfloat16", "float32")
+"""Model compute dtypes by name; ``auto``: bfloat16 where a GPU runs the model, float32 where a CPU does
+(``oscarkv.models.loader.resolve_dtype``)."""
+
+DEVICES = ("auto", "cpu", "cuda")
+"""Where a loaded model runs; ``auto``: the first CUDA device when one is visible, else the CPU
+(``oscarkv.models.loader.resolve_device``). The engine runs where the model's weights are."""
+
+METHODS = ("bf16", "int4", "naive", "quarot", "kivi", "oscar")
+"""KV storage methods, all served by one codec path (``oscarkv.quant.codec``)."""
+
+LADDER_METHODS = ("naive", "quarot", "oscar")
+"""Per-token methods whose key and value bits ``KVConfig.key_bits``/``value_bits`` choose."""
+
+FIXED_BITS = ("bf16", "int4", "kivi")
+"""Methods with their own bits (none, 4/4 without rotation, KIVI's 2/2)."""
+
+RUNGS = {"int2": (2, 2), "k4v2": (4, 2), "k2v4": (2, 4), "int4": (4, 4)}
+"""The precision ladder: rung name → ``(key_bits, value_bits)`` of ``KVConfig``."""
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """How KV entries are stored once they leave the current prefill chunk."""
+
+    method: str = "oscar"
+    """One of ``METHODS``: ``bf16`` (no quantization), ``int4`` (per-token 4-bit, no rotation),
+    ``naive`` (INT2, no rotation), ``quarot`` (INT2 after a Hadamard), ``kivi`` (INT2 with
+    per-channel keys over token blocks, per-token values), ``oscar`` (INT2 after the
+    calibrated rotation, centering and fitted clipping; needs an artifact)."""
+    sink: int = 64
+    """Leading tokens kept in BF16 (the attention sink)."""
+    recent: int = 256
+    """Minimum number of most recent tokens kept in BF16 (W); the window holds W to W+P-1."""
+    page_size: int = 64
+    """Tokens per page (P): the unit of demotion from the recent window into low-bit history,
+    and the token block over which KIVI quantizes keys per channel."""
+    group_size: int | None = None
+    """Channels per quantization group (G); ``None`` means ``min(head_dim, 128)``."""
+    key_bits: int = 2
+    """Bits per stored history key element, 2 or 4 (the precision ladder: INT2, K4V2, K2V4,
+    INT4), for the per-token methods ``naive``, ``quarot`` and ``oscar``; 4-bit codes are two
+    2-bit planes (``oscarkv.quant.int2``) and are not clipped (the artifact's clips were fitted
+    for 2 bits). ``int4`` and ``kivi`` fix their own bits."""
+    value_bits: int = 2
+    """Bits per stored history value element, 2 or 4 (see ``key_bits``)."""
+    key_clip: float | None = None
+    """``oscar`` only: one clip ratio for every layer's INT2 keys in place of the artifact's fitted
+    ones (``oscarkv.quant.clip``; 1: no clip), the recipe search's choice
+    (``RecipeSearchConfig.key_clips``); ``None`` keeps the fitted ratios."""
+
+    def __post_init__(self) -> None:
+        if self.key_clip is not None and (self.method != "oscar" or not 0 < self.key_clip <= 1):
+            raise ValueError(f"KVConfig.key_clip applies to method 'oscar' and lies in (0, 1], got {self.key_clip} "
+                             f"for {self.method!r}")
+        for name in ("key_bits", "value_bits"):
+            if getattr(self, name) not in (2, 4):
+                raise ValueError(f"KVConfig.{name} must be 2 or 4, got {getattr(self, name)}")
+        if self.method in FIXED_BITS and self.bits != (2, 2):
+            raise ValueError(f"KVConfig.key_bits/value_bits apply to {LADDER_METHODS}; method {self.method!r} "
+                             f"fixes its own bits, got {self.bits[0]}/{self.bits[1]}")
+        if self.method not in METHODS:
+            raise ValueError(f"KVConfig.method must be one of {METHODS}, got {self.method!r}")
+        for name in ("sink", "recent"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"KVConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.page_size < 1:
+            raise ValueError(f"KVConfig.page_size must be >= 1, got {self.page_size}")
+        if self.method == "kivi" and self.page_size % 4:
+            raise ValueError("KVConfig.page_size must be a multiple of 4 for kivi (keys pack along tokens)")
+        if self.group_size is not None and self.group_size < 4:
+            raise ValueError(f"KVConfig.group_size must be >= 4, got {self.group_size}")
+
+    def without_windows(self) -> KVConfig:
+        """The same method with no sink and no recent window.
+
+        Per-token methods then demote every token at once (page size 1), so nothing outside
+        the current chunk stays BF16; KIVI keeps its token blocks, so up to ``P - 1`` recent
+        tokens remain full precision, as in KIVI itself."""
+        page = self.page_size if self.method == "kivi" else 1
+        return replace(self, sink=0, recent=0, page_size=page)
+
+    @property
+    def bits(self) -> tuple[int, int]:
+        """``(key_bits, value_bits)``."""
+        return self.key_bits, self.value_bits
+
+    def stored_bits(self) -> tuple[int, int]:
+        """Key and value bits of the history as stored: ``int4`` 4/4, the others ``bits`` (KIVI 2/2)."""
+        return (4, 4) if self.method == "int4" else self.bits
+
+    def rung(self) -> str:
+        """The precision rung of a per-token method: ``int2``, ``k4v2``, ``k2v4`` or ``int4``."""
+        kb, vb = self.bits
+        return "int2" if kb == vb == 2 else "int4" if kb == vb == 4 else f"k{kb}v{vb}"
+
+    def label(self) -> str:
+        """Short name used in reports: ``oscar`` with windows is ``oscar+win``; a rung other than INT2
+        is named after the method (``oscar-k4v2+win``)."""
+        if self.method == "bf16":
+            return "bf16"
+        name = self.method if self.bits == (2, 2) or self.method in FIXED_BITS else f"{self.method}-{self.rung()}"
+        return f"{name}+win" if (self.sink or self.recent) else name
+
+
+ENGINE_METHODS = ("bf16", "int4", "naive", "quarot", "oscar")
+"""KV methods the paged engine serves: per-token 2- or 4-bit history pages, each kind at its own
+bits (``oscarkv.cache.paged_layout``), or BF16 only. ``kivi`` (per-channel keys) needs another page
+format."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The paged serving engine (``oscarkv.engine``): pools, scheduling and prefix caching."""
+
+    kv: KVConfig = field(default_factory=KVConfig)
+    """Storage rule and tier geometry; ``page_size`` is the page of every pool."""
+    kv_memory_bytes: int = 1 << 30
+    """One budget for all KV pools of one device (BF16 windows + INT2 history, every layer, K and V);
+    with tensor parallelism each rank's pools get this much for its KV heads."""
+    bf16_fraction: float | None = None
+    """Share of ``kv_memory_bytes`` given to BF16 pages; ``None`` sizes the BF16 pool for
+    ``max_num_seqs`` full windows plus one step's chunks and gives the rest to INT2."""
+    max_num_seqs: int = 32
+    """Sequences decoded together (the running batch)."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step, decode tokens and prefill chunks together."""
+    prefill_chunk: int = 512
+    """Prefill chunks end at multiples of this many tokens (or the prompt's end). Chunk
+    boundaries change what a chunk attends to at full precision, so they are a fixed function
+    of the position: a prefix-cache hit and a preempted request replay them exactly."""
+    enable_prefix_caching: bool = True
+    """Share full pages between requests by content hash (per prefix and tier)."""
+    seed: int = 0
+    """Sampling seed of requests that do not set their own."""
+    overlap: bool | None = None
+    """Plan and launch the next decode step while the current one runs, so the host's work
+    (scheduling, tables, sampling, detokenizing) hides behind the device's (``LLMEngine.step``);
+    ``None``: on when the model runs on CUDA. The outputs are those of sequential steps (the row
+    of a request that stopped is kept in the step launched ahead of it: its batch-mates' rounding
+    may differ, as in a larger batch)."""
+    tensor_parallel_size: int = 1
+    """Devices the model is split over, Megatron style (``oscarkv.models.parallel``): the engine starts
+    ranks 1 .. N-1 as worker processes of its own (``oscarkv.engine.workers``; CUDA: one GPU each from
+    the model's, NCCL; CPU: gloo). Query and KV heads are split (a KV head is replicated when N exceeds
+    their number); N must divide the query heads and the MLP width."""
+
+    def __post_init__(self) -> None:
+        kv, p = self.kv, self.kv.page_size
+        if kv.method not in ENGINE_METHODS:
+            raise ValueError(f"EngineConfig.kv.method must be one of {ENGINE_METHODS} for the paged engine, got {kv.method!r}")
+        if kv.sink % p:
+            raise ValueError(f"EngineConfig.kv.sink ({kv.sink}) must be a multiple of page_size ({p}): "
+                             "sink pages are whole pages in the paged layout")
+        if kv.method != "bf16" and kv.recent == 0 and p > 1:
+            raise ValueError("EngineConfig.kv.recent must be >= 1 when page_size > 1: with no recent window a "
+                             "decode step would demote the page that holds its own token")
+        if self.prefill_chunk < 1 or self.prefill_chunk % p:
+            raise ValueError(f"EngineConfig.prefill_chunk ({self.prefill_chunk}) must be a positive multiple of page_size ({p})")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"EngineConfig.max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.prefill_chunk + self.max_num_seqs:
+            raise ValueError(f"EngineConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"prefill_chunk + max_num_seqs ({self.prefill_chunk + self.max_num_seqs}) so prefill never starves")
+        if self.bf16_fraction is not None and not 0 < self.bf16_fraction <= 1:
+            raise ValueError(f"EngineConfig.bf16_fraction must lie in (0, 1], got {self.bf16_fraction}")
+        if self.kv_memory_bytes <= 0:
+            raise ValueError(f"EngineConfig.kv_memory_bytes must be > 0, got {self.kv_memory_bytes}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"EngineConfig.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Network address, the served model's name, request limits, shutdown and access control of
+    ``oscarkv serve``."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind (loopback by default; ``0.0.0.0`` serves every interface)."""
+    port: int = 8000
+    """TCP port; ``0`` lets the OS pick a free one (the chosen port is logged)."""
+    served_model_name: str = ""
+    """The ``model`` id clients must send and ``/v1/models`` lists; empty: the ``--model`` spec."""
+    max_model_len: int = 0
+    """Longest sequence (prompt + generated tokens) a request may ask for; ``0``: the smaller of
+    the model's ``max_position_embeddings`` and what the KV pools hold for one sequence."""
+    default_max_tokens: int = 0
+    """``max_tokens`` of requests that leave it out; ``0``: the rest of the context (vLLM's
+    choice for chat), and 16 for ``/v1/completions`` (OpenAI's documented default)."""
+    max_request_bytes: int = 16 << 20
+    """Largest request body accepted; a larger one is answered 413 before it is parsed. 16 MiB
+    holds a 1M-token prompt sent as token ids."""
+    shutdown_grace: float = 30.0
+    """Seconds a SIGTERM or SIGINT lets requests in flight finish (new ones are refused); those
+    still running then end with an error event (a 503 before their response started)."""
+    api_key: str = field(default="", repr=False)
+    """Bearer token every ``/v1/*`` request must carry (``Authorization: Bearer KEY``); empty: no
+    check. ``oscarkv serve`` also reads it from ``OSCARKV_API_KEY``, which keeps it out of
+    process listings."""
+    protect_metrics: bool = False
+    """Ask for the API key on ``/metrics`` too (``/health`` is always open)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"ServerConfig.port must lie in [0, 65535], got {self.port}")
+        if self.max_model_len < 0:
+            raise ValueError(f"ServerConfig.max_model_len must be >= 0, got {self.max_model_len}")
+        if self.default_max_tokens < 0:
+            raise ValueError(f"ServerConfig.default_max_tokens must be >= 0, got {self.default_max_tokens}")
+        if self.max_request_bytes < 1024:
+            raise ValueError(f"ServerConfig.max_request_bytes must be >= 1024, got {self.max_request_bytes}")
+        if not self.shutdown_grace >= 0:
+            raise ValueError(f"ServerConfig.shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
+        if self.protect_metrics and not self.api_key:
+            raise ValueError("ServerConfig.protect_metrics needs an api_key (--api-key or OSCARKV_API_KEY)")
