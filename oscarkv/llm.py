@@ -40,7 +40,8 @@ class LLM:
         ``device``: where a model named by a spec runs (:data:`oscarkv.config.DEVICES`; ``auto``: the
         first CUDA device when one is visible); a ``LoadedModel`` runs where its weights are."""
         if isinstance(model, str):
-            model = load_model(model, dtype, device=device)
+            tp = tensor_parallel_size or (config or EngineConfig()).tensor_parallel_size
+            model = load_model(model, dtype, device=device, tensor_parallel_size=tp)
         artifact = artifact if artifact is not None else artifact_for(model, kv, rotations)
         kv_cfg = replace((config or EngineConfig()).kv, method=kv)
         kv_cfg = apply_recipe(kv_cfg, artifact) if config is None else kv_cfg
@@ -50,7 +51,7 @@ class LLM:
         self.recipe = describe_recipe(kv_cfg, artifact)
         log.info("%s", self.recipe)
         self.loaded = model
-        self.engine = LLMEngine.from_hf(model.model, config, artifact, model.tokenizer)
+        self.engine = LLMEngine.from_hf(model.model, config, artifact, model.tokenizer, device=model.runs_on)
         self._next_id = 0
 
     def close(self) -> None:

@@ -96,7 +96,7 @@ def capacity_rows(cfg: CapacityBench) -> list[dict]:
 def run(cfg: CapacityBench, out: Path | None) -> str:
     rows = capacity_rows(cfg)
     if torch.cuda.is_available():
-        model = e2e.random_model(cfg.shape)
+        model = e2e.random_model(cfg.shape, cfg.tensor_parallel_size)
         for r in rows:
             r.update(throughput(cfg, model, r["method"]))
             print(json.dumps(r), flush=True)

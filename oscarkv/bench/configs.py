@@ -136,6 +136,9 @@ class JobsBench:
     measured prefill time and decode step times (see ``oscarkv.bench.jobs``)."""
     methods: tuple[str, ...] = ("bf16", "oscar")
     """KV methods, in order; ``bf16`` must be one (the × BF16 columns)."""
+    tensor_parallel_size: int = 1
+    """GPUs the model is split over (``EngineConfig.tensor_parallel_size``): each holds ``kv_gib`` for its
+    ``max(1, H_kv / n)`` KV heads (the whole random model stays on the host, ``oscarkv.bench.e2e``)."""
     chunks: tuple[tuple[str, int], ...] = (("bf16", 8192), ("naive", 2048), ("oscar", 2048))
     """Prefill chunk per method; the step budget is ``chunk × seqs + seqs`` (every running sequence advances each
     step). OSCAR's 26 sequences × 2048 tokens keep a step's activations within what the 56 GiB of pools leave."""

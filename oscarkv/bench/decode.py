@@ -200,7 +200,7 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
     copy_gbps = copy_bandwidth()
     rows = []
     for shape in cfg.shapes:
-        model = e2e.random_model(shape)
+        model = e2e.random_model(shape, cfg.tensor_parallel_size)
         for method in cfg.methods:
             # NOTE: the step budget (chunk x seqs) sizes the BF16 pool; a batch uses bench capacity's small
             # INT2 chunk so that its sequences fit the KV budget

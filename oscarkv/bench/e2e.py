@@ -53,18 +53,38 @@ def event_seconds(fn, reps: int = 20) -> float:
     return a.elapsed_time(b) / reps / 1e3
 
 
-def random_model(shape: str) -> PagedLM:
-    return PagedLM.random(shape_config(shape), torch.bfloat16, "cuda")
+def random_model(shape: str, tensor_parallel_size: int = 1) -> PagedLM:
+    """Random bf16 weights at a real shape, on the GPU; with tensor parallelism on the host, drawn on the
+    GPU one tensor at a time (the ranks copy their shards up: Qwen3-32B does not fit one H100 beside rank 0's
+    shard)."""
+    config = shape_config(shape)
+    if tensor_parallel_size == 1:
+        return PagedLM.random(config, torch.bfloat16, "cuda")
+    with torch.device("meta"):
+        model = PagedLM(config)
+    model = model.to(torch.bfloat16).to_empty(device="cpu")
+    with torch.device("cpu"):  # NOTE: to_empty leaves buffers unset: the rotary table is built anew
+        model.model.rotary_emb = type(model.model.rotary_emb)(config).to(torch.bfloat16)
+    gen, std = torch.Generator("cuda").manual_seed(0), getattr(config, "initializer_range", 0.02)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # as PagedLM.random: unit norms, zero biases, normal weights
+            if "norm" in name or name.endswith("bias"):
+                p.fill_(1.0 if "norm" in name else 0.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, device="cuda", dtype=torch.bfloat16).mul_(std))
+    return model.eval().requires_grad_(False)
 
 
 def build_engine(model: PagedLM, method: str, kv_bytes: int, max_num_seqs: int, chunk: int = 8192,
                  tensor_parallel_size: int = 1) -> LLMEngine:
     """Engine over ``model`` (``bf16``, ``naive`` INT2, or ``oscar`` with :func:`random_artifact`), no prefix
-    caching, default windows (64 + 256, P = 64); ``kv_bytes`` per GPU with tensor parallelism."""
+    caching, default windows (64 + 256, P = 64); ``kv_bytes`` per GPU with tensor parallelism, whose ranks
+    run on the GPUs whatever holds ``model`` (:func:`random_model` leaves it on the host)."""
     cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk,  # all advance
                        enable_prefix_caching=False, tensor_parallel_size=tensor_parallel_size)
-    return LLMEngine.from_paged(model, cfg, random_artifact(model.config) if method == "oscar" else None)
+    return LLMEngine.from_paged(model, cfg, random_artifact(model.config) if method == "oscar" else None,
+                                device=torch.device("cuda") if tensor_parallel_size > 1 else None)
 
 
 def random_artifact(config, seed: int = 0) -> Artifact:

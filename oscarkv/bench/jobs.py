@@ -91,15 +91,16 @@ def method_row(cfg: JobsBench, model, method: str) -> dict:
     chunk = dict(cfg.chunks)[method]
     cap = CapacityBench(shape=cfg.shape, kv_gib=cfg.kv_gib, context=cfg.context, requests=cfg.requests,
                         new_tokens=max(cfg.new_tokens), methods=("bf16", method) if method != "bf16" else ("bf16",),
-                        chunks=cfg.chunks)
+                        chunks=cfg.chunks, tensor_parallel_size=cfg.tensor_parallel_size)
     conc = max(1, min(cfg.requests, fits(cap, method, chunk)["seqs_fit"]))
-    engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), conc, chunk)
+    engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), conc, chunk, cfg.tensor_parallel_size)
     for n in dict.fromkeys((conc, cfg.requests % conc or conc)):  # untimed: JIT, graph captures of the buckets
         _add(engine, n, 2 * chunk + 64, 3, seed=100 + n)
         while engine.has_unfinished():
             engine.step()
     one = ttft(engine, cfg.context, seed=5)
     row = dict(method=method, chunk=chunk, concurrency=conc, ttft_s=one, run=run_job(engine, cfg))
+    engine.close()
     del engine
     e2e.release()
     row["jobs"] = project(row["run"], conc, one, cfg.requests, cfg.new_tokens)
@@ -125,7 +126,7 @@ def project(run: dict, conc: int, ttft_s: float, requests: int, new_tokens: tupl
 def run(cfg: JobsBench, out: Path | None) -> str:
     if not torch.cuda.is_available():
         raise ValueError("bench jobs needs a CUDA device")
-    model = e2e.random_model(cfg.shape)
+    model = e2e.random_model(cfg.shape, cfg.tensor_parallel_size)
     rows = []
     for m in cfg.methods:
         rows.append(method_row(cfg, model, m))

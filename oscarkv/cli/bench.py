@@ -23,7 +23,7 @@ BENCHES = {
     "prefill": (PrefillBench, "GPU: time to first token of long prompts through the engine vs the floor, BF16 vs OSCAR",
                 ["shapes", "contexts", "methods", "chunks", "kv_gib", "profile_context"]),
     "jobs": (JobsBench, "GPU: whole jobs (real prefill, then decode) of many long requests in one KV budget, BF16 vs OSCAR",
-             ["shape", "kv_gib", "context", "requests", "new_tokens", "methods"]),
+             ["shape", "kv_gib", "context", "requests", "new_tokens", "methods", "tensor_parallel_size"]),
     "capacity": (CapacityBench, "GPU: tokens in one KV budget and the job throughput of many long requests",
                  ["shape", "kv_gib", "context", "requests", "new_tokens", "methods", "tensor_parallel_size"]),
     "engine": (EngineBench, "CPU: engine decode tokens/s per batch size and KV bytes per token, real model",

@@ -107,13 +107,13 @@ def model_args(p: argparse.ArgumentParser, dtype: str = "auto", device: str = "a
                         f"one is visible, else the CPU (default: {device})")
 
 
-def load(spec: str, dtype: str, device: str = "auto"):
-    """The model named by ``--model``/``--dtype``/``--device``; a missing or unsupported model (or
-    an absent device) is a UserError."""
+def load(spec: str, dtype: str, device: str = "auto", tensor_parallel_size: int = 1):
+    """The model named by ``--model``/``--dtype``/``--device`` (held on the host for a tensor-parallel
+    engine on GPUs: ``load_model``); a missing or unsupported model (or an absent device) is a UserError."""
     from oscarkv.models.loader import ModelLoadError, load_model
 
     try:
-        return load_model(spec, dtype, device=device)
+        return load_model(spec, dtype, device=device, tensor_parallel_size=tensor_parallel_size)
     except ModelLoadError as e:
         raise UserError(str(e)) from e
 

@@ -57,7 +57,7 @@ def build(args: argparse.Namespace):
 
     launch = launch_module()
     cfg, _ = server_config(args), engine_config(args)  # bad flags are reported before the model loads
-    loaded = load(args.model, args.dtype, args.device)
+    loaded = load(args.model, args.dtype, args.device, args.tensor_parallel_size)
     art = artifact(loaded, args.kv, args.rotations)
     engine_cfg = engine_config(args, art)
     say_windows(engine_cfg, art)

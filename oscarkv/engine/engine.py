@@ -89,29 +89,36 @@ class LLMEngine:
 
     @classmethod
     def from_hf(cls, hf_model, cfg: EngineConfig, artifact=None, tokenizer=None,
-                backend: AttentionBackend | None = None, cuda_graphs: bool = True) -> LLMEngine:
+                backend: AttentionBackend | None = None, cuda_graphs: bool = True,
+                device: torch.device | None = None) -> LLMEngine:
         """Build from a transformers model (see the module docstring); ``artifact`` for ``oscar``."""
-        return cls.from_paged(PagedLM.from_hf(hf_model), cfg, artifact, tokenizer, backend, cuda_graphs)
+        return cls.from_paged(PagedLM.from_hf(hf_model), cfg, artifact, tokenizer, backend, cuda_graphs, device)
 
     @classmethod
     def from_paged(cls, model: PagedLM, cfg: EngineConfig, artifact=None, tokenizer=None,
-                   backend: AttentionBackend | None = None, cuda_graphs: bool = True) -> LLMEngine:
+                   backend: AttentionBackend | None = None, cuda_graphs: bool = True,
+                   device: torch.device | None = None) -> LLMEngine:
         """Build around a :class:`PagedLM` (folded in place; with ``cfg.tensor_parallel_size > 1`` left
         whole: each rank folds its shard, :mod:`oscarkv.engine.workers`). ``backend`` defaults to the
         device's (:func:`~oscarkv.attention.backends.default_backend`); ``cuda_graphs`` captures decode
-        steps per batch bucket on CUDA (:mod:`oscarkv.engine.cuda_graphs`)."""
+        steps per batch bucket on CUDA (:mod:`oscarkv.engine.cuda_graphs`). ``device``: where tensor-parallel
+        ranks run (rank 0's device; default: the model's), so that a model larger than one GPU can stay on
+        the host; a single-device engine runs where the model is."""
         config = model.config
         fp = ModelFingerprint.from_config(config)
         if artifact is not None:
             artifact.validate(fp)
         codec = build_codec(cfg.kv, fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact, SlidingLayers.from_config(config))
-        backend = backend or default_backend(next(model.parameters()).device)
+        here = next(model.parameters()).device
+        if device is not None and cfg.tensor_parallel_size == 1 and torch.device(device).type != here.type:
+            raise ValueError(f"device={device}: a single-device engine runs where its model is ({here}); move the model")
+        backend = backend or default_backend(torch.device(device) if device is not None else here)
         if codec.sliding and cfg.tensor_parallel_size > 1:
             raise ValueError(f"{config.architectures[0]} has sliding-window layers: tensor parallelism is not supported")
         # NOTE: a sliding layer's band runs eagerly (oscarkv.attention.step), so such a model decodes without graphs
         buckets = DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps and not codec.sliding else ()
         if cfg.tensor_parallel_size > 1:
-            runner = ParallelRunner(model, codec, cfg, backend, buckets)
+            runner = ParallelRunner(model, codec, cfg, backend, buckets, device)
         else:
             runner = build_runner(model, list(codec.layers), cfg, backend, buckets)
         return cls(runner, codec, cfg, tokenizer, _eos_ids(config, tokenizer))

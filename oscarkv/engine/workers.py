@@ -86,13 +86,14 @@ class RankSpec:
     dtype: torch.dtype
 
 
-def _send_shard(model: PagedLM, codec: KVCodec, tp: TensorParallel, control) -> None:
+def _send_shard(model: PagedLM, codec: KVCodec, tp: TensorParallel, control, device: torch.device) -> None:
     """Rank 0: rank ``tp.rank``'s codecs (pickled, on the gloo group) and weights (tensor by tensor on the
-    device group: GPU to GPU with NCCL; no shared memory, no second copy of the model)."""
+    device group, through rank 0's ``device``: GPU to GPU with NCCL; no shared memory, no second copy of
+    the model; a model held on the host goes up one tensor at a time)."""
     config = model.config
     dist.send_object_list([shard_codecs(codec.layers, config.num_key_value_heads, tp)], dst=tp.rank, group=control)
     for _, t in rank_tensors(model.state_dict(), config, tp):
-        dist.send(t, dst=tp.rank)
+        dist.send(t.to(device), dst=tp.rank)
 
 
 def _receive_shard(spec: RankSpec, tp: TensorParallel, device: torch.device, control) -> ModelRunner:
@@ -156,15 +157,17 @@ def _worker_main(rank: int, size: int, rendezvous: Path, spec: RankSpec, device:
 
 class ParallelRunner:
     """Rank 0 of a tensor-parallel group, in the engine's process; ``run`` as :class:`ModelRunner`'s
-    (see the module docstring). ``model``: the whole model, unfolded; it is not changed."""
+    (see the module docstring). ``model``: the whole model, unfolded; it is not changed. ``device``: rank 0's
+    device (rank ``r`` runs on the ``r``-th after it); default: the model's. A model larger than one GPU
+    stays on the host (``device`` a GPU): every rank, rank 0 too, copies only its shard to its GPU."""
 
     def __init__(self, model: PagedLM, codec: KVCodec, cfg: EngineConfig, backend: AttentionBackend,
-                 graph_buckets: tuple[int, ...] = ()) -> None:
+                 graph_buckets: tuple[int, ...] = (), device: torch.device | None = None) -> None:
         size = cfg.tensor_parallel_size
         check_shardable(model.config, size)
         if dist.is_initialized():
             raise RuntimeError("a tensor-parallel engine already runs in this process; close() it first")
-        device = next(model.parameters()).device
+        device = torch.device(device) if device is not None else next(model.parameters()).device
         spec = RankSpec(model.config, cfg, backend, graph_buckets, next(model.parameters()).dtype)
         self._dir = Path(tempfile.mkdtemp(prefix="oscarkv-tp-"))
         rendezvous, ctx = self._dir / "rendezvous", mp.get_context("spawn")
@@ -178,7 +181,7 @@ class ParallelRunner:
             self.tp, self.control = _init_groups(0, size, rendezvous, device)
             with torch.no_grad():
                 for r in range(1, size):
-                    _send_shard(model, codec, TensorParallel(r, size), self.control)
+                    _send_shard(model, codec, TensorParallel(r, size), self.control, device)
                 self.local = _local_shard(model, codec, spec, self.tp, device)
             _handshake(self.local, self.control, size)
         except BaseException:  # a rank that failed to start (its traceback on stderr): leave nothing behind

@@ -60,6 +60,9 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     source: str  # resolved path, recorded in reports and artifacts
+    runs_on: torch.device | None = None
+    """Where the engine runs the model when that is not where its weights are: a tensor-parallel model
+    loaded on the host, each rank copying only its shard to its GPU (``None``: where the weights are)."""
 
     @property
     def config(self):
@@ -109,10 +112,12 @@ def default_model_path() -> Path:
 
 
 def load_model(spec: str, dtype: torch.dtype | str = torch.float32, cache_dir: Path | None = CACHE_DIR,
-               device: str = "cpu") -> LoadedModel:
+               device: str = "cpu", tensor_parallel_size: int = 1) -> LoadedModel:
     """Load ``spec`` (see module docstring) in eval mode with the given parameter dtype (a
     ``torch.dtype`` or a name of :data:`oscarkv.config.DTYPES`), its weights on ``device`` (a name
-    of :data:`oscarkv.config.DEVICES`; the serving entry points pass ``auto``).
+    of :data:`oscarkv.config.DEVICES`; the serving entry points pass ``auto``). With
+    ``tensor_parallel_size > 1`` on a GPU the weights stay on the host (``LoadedModel.runs_on`` names
+    the GPU): the whole model need not fit one GPU beside its shard.
 
     ``cache_dir`` holds converted GGUF models; ``None`` converts in memory every time."""
     target = resolve_device(device)
@@ -125,7 +130,8 @@ def load_model(spec: str, dtype: torch.dtype | str = torch.float32, cache_dir: P
     else:
         raise ModelLoadError(f"model {spec}: not a directory or a .gguf file")
     model.config._attn_implementation = "sdpa"
-    return LoadedModel(model.to(dtype).to(target).eval(), tok, str(path))
+    staged = tensor_parallel_size > 1 and target.type == "cuda"
+    return LoadedModel(model.to(dtype).to("cpu" if staged else target).eval(), tok, str(path), target if staged else None)
 
 
 def model_path(spec: str, weights: bool = True) -> Path:

@@ -46,7 +46,7 @@ class Built:
 
 def build_server(loaded, artifact, engine_cfg: EngineConfig, cfg: ServerConfig) -> Built:
     """The engine over ``loaded`` (a ``LoadedModel``) and the app serving it; ``ValueError`` on a bad config."""
-    engine = LLMEngine.from_hf(loaded.model, engine_cfg, artifact, loaded.tokenizer)
+    engine = LLMEngine.from_hf(loaded.model, engine_cfg, artifact, loaded.tokenizer, device=loaded.runs_on)
     model = served_model(engine, loaded.config, loaded.tokenizer, cfg.served_model_name, cfg)
     _log_startup(engine, artifact, model.max_model_len)
     async_engine = AsyncEngine(engine)

@@ -2,13 +2,13 @@
 a failing step fails only its requests; ``LLMEngine.stats()``; a tiny temperature does not
 overflow the sampler."""
 
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from oscarkv.engine import sampler
 from oscarkv.llm import LLM
+from oscarkv.models.loader import LoadedModel
 from oscarkv.engine.request import SamplingParams
 from tests.engine.conftest import engine_config, fail_once, make_engine, prompts, run
 
@@ -33,7 +33,7 @@ def test_refuses_empty_and_too_long(llama, artifact):
 
 
 def test_llm_generate_refuses_a_batch_as_a_whole(llama):
-    llm = LLM(SimpleNamespace(model=llama, tokenizer=None), kv="bf16", config=engine_config("bf16"))
+    llm = LLM(LoadedModel(llama, None, "tiny"), kv="bf16", config=engine_config("bf16"))
     ps = prompts(2, 10, seed=6)
     with pytest.raises(ValueError, match="prompt is empty"):
         llm.generate([ps[0], []], SP)

@@ -15,7 +15,6 @@ fail with an error that says so, without a hang.
 
 import multiprocessing.connection
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from transformers import AutoModelForCausalLM
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.llm import LLM
+from oscarkv.models.loader import LoadedModel
 from tests.engine.conftest import engine_config, make_artifact, prompts, tiny_config
 
 TOL = 1e-4
@@ -48,7 +48,7 @@ def _pair(model, method: str, tp_budget: int, **kw) -> tuple[LLMEngine, LLMEngin
     art = make_artifact(model.config) if method == "oscar" else None
     cfg = engine_config(method, **{**TIGHT, **MEMORY[method], **kw})
     one = LLMEngine.from_hf(model, cfg, art)
-    two = LLM(SimpleNamespace(model=model, tokenizer=None), method, artifact=art, tensor_parallel_size=2,
+    two = LLM(LoadedModel(model, None, "tiny"), method, artifact=art, tensor_parallel_size=2,
               config=replace(cfg, kv_memory_bytes=cfg.kv_memory_bytes // tp_budget)).engine
     assert two.runner.pools.geo.bf16_pages == one.runner.pools.geo.bf16_pages
     assert two.runner.pools.geo.int2_pages == one.runner.pools.geo.int2_pages

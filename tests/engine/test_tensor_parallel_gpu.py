@@ -1,0 +1,85 @@
+"""Tensor parallelism on two GPUs (NCCL, CUDA graphs): the CPU tests' scenario against one GPU.
+
+Needs two CUDA devices (``pytest -m gpu``; skipped otherwise). ``tp=2`` runs on ``cuda:0`` and
+``cuda:1`` with the Triton backend and CUDA-graph decode (its graphs capture the row-parallel
+all-reduces); ``tp=1`` runs the same bf16 model on ``cuda:0``. The scenario of
+``test_tensor_parallel`` (two waves over a shared prefix: prefix-cache hits, preemptions, an abort,
+prompt log-probabilities) must give the same tokens. Log-probabilities agree within bf16 rounding
+only: each rank rounds its partial ``o_proj``/``down_proj`` output to bf16 before the all-reduce,
+where one GPU rounds the whole sum once. Shutdown and a dying worker run in a subprocess with a
+deadline, so that a hang fails the test instead of stalling the suite.
+"""
+
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.llm import LLM
+from oscarkv.models.loader import LoadedModel
+from tests.engine.conftest import engine_config, make_artifact, prompts, run, tiny_model
+from tests.engine.test_tensor_parallel import MEMORY, TIGHT, scenario
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
+
+LOGPROB_TOL = 0.05
+"""bf16 rounding of the ranks' partial sums (a few ulps of a logit of ~10), far below a token's margin here."""
+
+
+def _engines(method: str):
+    model = tiny_model().to("cuda:0", torch.bfloat16)
+    art = make_artifact(model.config) if method == "oscar" else None
+    cfg = engine_config(method, **{**TIGHT, **MEMORY[method]}, overlap=True)
+    one = LLMEngine.from_hf(model, cfg, art)
+    two = LLM(LoadedModel(model, None, "tiny"), method, artifact=art,
+              tensor_parallel_size=2, config=replace(cfg, kv_memory_bytes=cfg.kv_memory_bytes // 2)).engine
+    return one, two
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_tp2_equals_tp1_gpu(method):
+    one, two = _engines(method)
+    try:
+        ref, counters = scenario(one)
+        got, counters2 = scenario(two)
+        assert got.keys() == ref.keys() and counters2 == counters
+        for k in ref:
+            assert (got[k].token_ids, got[k].finish_reason) == (ref[k].token_ids, ref[k].finish_reason), k
+            assert max((abs(p - q) for p, q in zip(got[k].logprobs, ref[k].logprobs)), default=0) < LOGPROB_TOL, k
+        assert two.runner.graphs.graphs, "decode steps were meant to replay CUDA graphs"
+        assert two.num_ahead_steps > 0  # overlap: pending ids broadcast on the device
+        ranks = {p.device for p in two.runner.model.parameters()}
+        assert ranks == {torch.device("cuda", 0)}  # rank 0's shard; rank 1 runs on cuda:1
+    finally:
+        two.close()
+
+
+def test_host_model_ranks_on_gpus():
+    """A model held on the host (``LoadedModel.runs_on``): every rank copies its shard to its GPU."""
+    model = tiny_model().to(torch.bfloat16)
+    one = LLMEngine.from_hf(tiny_model().to("cuda:0", torch.bfloat16), engine_config("bf16"))
+    two = LLM(LoadedModel(model, None, "tiny", runs_on=torch.device("cuda")), "bf16",
+              tensor_parallel_size=2, config=engine_config("bf16")).engine
+    try:
+        assert {p.device.type for p in two.runner.model.parameters()} == {"cuda"}
+        assert next(model.parameters()).device.type == "cpu"  # the whole model never went up
+        ps = prompts(3, 40, seed=5)
+        assert [o.token_ids for o in run(two, ps)] == [o.token_ids for o in run(one, ps)]
+    finally:
+        two.close()
+
+
+@pytest.mark.parametrize("case", ["close", "kill"])
+def test_shutdown_and_dying_worker_do_not_hang(case):
+    """``close``: the workers leave and the process exits; ``kill``: rank 1 is killed between steps, and
+    the requests in flight fail with an error naming it (NCCL aborted by the watcher), within the deadline."""
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "tests.engine.tp_gpu_faults", case], capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert f"ok {case}" in out.stdout
+    print(f"{case}: {time.perf_counter() - t:.1f} s")
