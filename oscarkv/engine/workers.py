@@ -34,9 +34,11 @@ needs the ``if __name__ == "__main__":`` guard (``python -m oscarkv.cli`` needs 
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing.connection
 import shutil
+import signal
 import tempfile
 import threading
 from dataclasses import dataclass, replace
@@ -142,6 +144,7 @@ def _handshake(runner: ModelRunner, control, size: int) -> None:
 def _worker_main(rank: int, size: int, rendezvous: Path, spec: RankSpec, device: torch.device) -> None:
     """A worker process: receive the shard, then run every step rank 0 sends until it sends ``None``.
     NOTE: an exception ends the process (its traceback on stderr): rank 0 then sees a dead rank."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: a stuck worker's stacks on stderr
     tp, control = _init_groups(rank, size, rendezvous, device)
     runner = _receive_shard(spec, tp, device, control)
     _handshake(runner, control, size)
@@ -168,6 +171,8 @@ class ParallelRunner:
         if dist.is_initialized():
             raise RuntimeError("a tensor-parallel engine already runs in this process; close() it first")
         device = torch.device(device) if device is not None else next(model.parameters()).device
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         spec = RankSpec(model.config, cfg, backend, graph_buckets, next(model.parameters()).dtype)
         self._dir = Path(tempfile.mkdtemp(prefix="oscarkv-tp-"))
         rendezvous, ctx = self._dir / "rendezvous", mp.get_context("spawn")
