@@ -155,7 +155,22 @@ def _worker_main(rank: int, size: int, rendezvous: Path, spec: RankSpec, device:
             if msg[0] is None:
                 break
             runner.forward(msg[0], None)
-    dist.destroy_process_group()
+    _leave(runner, device)
+
+
+def _leave(runner: ModelRunner | None, device: torch.device) -> None:
+    """Leave the groups. NOTE: CUDA graphs hold the NCCL kernels they captured: they go first, then every
+    rank leaves at once (rank 0 does not wait for its workers' exit before leaving: seen on two H200s,
+    2026-11-27, a worker's exit waited for rank 0's, a 30 s join timeout per close, longer with graphs)."""
+    if runner is not None and runner.graphs is not None:
+        runner.graphs.graphs.clear()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except RuntimeError:  # e.g. an aborted NCCL group
+            log.warning("leaving the tensor-parallel group failed", exc_info=True)
 
 
 class ParallelRunner:
@@ -255,12 +270,15 @@ class ParallelRunner:
         if self._closed:
             return
         self._closed = True
-        if self._failure is None and not self._dead():
+        alive = self._failure is None and not self._dead()
+        if alive:
             try:
                 dist.broadcast_object_list([None], src=0, group=self.control)
             except RuntimeError:
                 log.warning("a tensor-parallel worker left before close()")
         self._closing.set()
+        if alive:  # every rank leaves the groups together (_leave)
+            _leave(self.local, self.device)
         for p in self.procs:
             p.join(timeout=JOIN_TIMEOUT_S)
         self._teardown()
@@ -268,11 +286,7 @@ class ParallelRunner:
     def _teardown(self) -> None:
         """Kill the workers still there, leave the groups, remove the rendezvous file."""
         self._stop_workers()
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except RuntimeError:  # e.g. an aborted NCCL group
-                log.warning("tearing down the tensor-parallel group failed", exc_info=True)
+        _leave(None, torch.device("cpu"))
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
