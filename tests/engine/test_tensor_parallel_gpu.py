@@ -4,9 +4,11 @@ Needs two CUDA devices (``pytest -m gpu``; skipped otherwise). ``tp=2`` runs on 
 ``cuda:1`` with the Triton backend and CUDA-graph decode (its graphs capture the row-parallel
 all-reduces); ``tp=1`` runs the same bf16 model on ``cuda:0``. The scenario of
 ``test_tensor_parallel`` (two waves over a shared prefix: prefix-cache hits, preemptions, an abort,
-prompt log-probabilities) must give the same tokens. Log-probabilities agree within bf16 rounding
-only: each rank rounds its partial ``o_proj``/``down_proj`` output to bf16 before the all-reduce,
-where one GPU rounds the whole sum once. Shutdown and a dying worker run in a subprocess with a
+prompt log-probabilities) must give the same tokens up to a near-tie, as the GPU engine's own
+tests compare routes (``test_gpu_engine._compare_prefix``): each rank rounds its partial
+``o_proj``/``down_proj`` output to bf16 before the all-reduce, where one GPU rounds the whole sum
+once, so logits differ by a few bf16 ulps and a greedy choice between two tokens that close can
+flip (seen on two H200s, 2026-11-27: request 0-0 of the bf16 scenario, after 14 equal tokens). Shutdown and a dying worker run in a subprocess with a
 deadline, so that a hang fails the test instead of stalling the suite.
 """
 
@@ -22,12 +24,14 @@ from oscarkv.engine.engine import LLMEngine
 from oscarkv.llm import LLM
 from oscarkv.models.loader import LoadedModel
 from tests.engine.conftest import engine_config, make_artifact, prompts, run, tiny_model
+from tests.engine.test_gpu_engine import _compare_prefix
 from tests.engine.test_tensor_parallel import MEMORY, TIGHT, scenario
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
 
-LOGPROB_TOL = 0.05
-"""bf16 rounding of the ranks' partial sums (a few ulps of a logit of ~10), far below a token's margin here."""
+NEAR_TIE = 0.25
+"""Chosen-token log-probabilities within this up to and including a first divergence (four bf16 ulps of a
+logit near 10, as ``test_gpu_engine``)."""
 
 
 def _engines(method: str):
@@ -47,9 +51,8 @@ def test_tp2_equals_tp1_gpu(method):
         ref, counters = scenario(one)
         got, counters2 = scenario(two)
         assert got.keys() == ref.keys() and counters2 == counters
-        for k in ref:
-            assert (got[k].token_ids, got[k].finish_reason) == (ref[k].token_ids, ref[k].finish_reason), k
-            assert max((abs(p - q) for p, q in zip(got[k].logprobs, ref[k].logprobs)), default=0) < LOGPROB_TOL, k
+        assert [got[k].finish_reason for k in ref] == [ref[k].finish_reason for k in ref]
+        _compare_prefix([got[k] for k in ref if got[k].token_ids], [ref[k] for k in ref if ref[k].token_ids], NEAR_TIE)
         assert two.runner.graphs.graphs, "decode steps were meant to replay CUDA graphs"
         assert two.num_ahead_steps > 0  # overlap: pending ids broadcast on the device
         ranks = {p.device for p in two.runner.model.parameters()}
@@ -68,7 +71,7 @@ def test_host_model_ranks_on_gpus():
         assert {p.device.type for p in two.runner.model.parameters()} == {"cuda"}
         assert next(model.parameters()).device.type == "cpu"  # the whole model never went up
         ps = prompts(3, 40, seed=5)
-        assert [o.token_ids for o in run(two, ps)] == [o.token_ids for o in run(one, ps)]
+        _compare_prefix(run(two, ps), run(one, ps), NEAR_TIE)
     finally:
         two.close()
 

@@ -7,12 +7,17 @@ failure, within a bounded number of steps. Prints ``ok CASE`` on success.
 """
 
 import sys
+import time
 
 import torch
 
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
 from tests.engine.conftest import engine_config, make_artifact, prompts, tiny_model
+
+
+def say(*a) -> None:
+    print(f"[{time.perf_counter():.1f}]", *a, flush=True)
 
 
 def main(case: str) -> None:
@@ -24,9 +29,11 @@ def main(case: str) -> None:
             engine.add_request(f"r{i}", p, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
         for _ in range(4):
             engine.step()
+        say("4 steps")
         if case == "kill":
             proc.kill()
             proc.join()
+            say("rank 1 killed")
             outs = {}
             for _ in range(20):  # bounded
                 outs |= {o.request_id: o for o in engine.step() if o.finished}
@@ -35,11 +42,13 @@ def main(case: str) -> None:
             assert set(outs) == {"r0", "r1", "r2"}, outs.keys()
             assert all(o.finish_reason == "error" and "oscarkv-tp1" in o.error for o in outs.values())
             assert "died" in engine.failure()
+            say("requests failed")
         else:
             while engine.has_unfinished():
                 engine.step()
     finally:
         engine.close()
+        say("closed")
     proc.join(timeout=5)
     assert not proc.is_alive()
     print(f"ok {case}", flush=True)
