@@ -296,9 +296,15 @@ class ParallelRunner:
         self._teardown()
 
     def _teardown(self) -> None:
-        """Kill the workers still there, leave the groups, remove the rendezvous file."""
+        """Kill the workers still there, leave the groups, remove the rendezvous file. NOTE: an NCCL group
+        aborted after a rank died is not left (leaving it never returned on two H200s): it goes with the
+        process, and this process can start no other tensor-parallel engine."""
         self._stop_workers()
-        _leave(None, torch.device("cpu"))
+        aborted = self._failure is not None and dist.is_initialized() and dist.get_backend() == "nccl"
+        if aborted:
+            log.warning("the aborted NCCL group of the dead rank is left to the process's exit")
+        else:
+            _leave(None, torch.device("cpu"))
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
