@@ -113,6 +113,8 @@ def fit_missing_levels(loaded: LoadedModel, artifact: Artifact, texts: list[str]
             codec = artifact.fitted_codec(kind, i, group)
             tables[kind][i] = fit_levels(codec, tokens_first(held.key if kind == "key" else held.value))
     artifact.tensors.update(level_tensors(tables, layers))
+    for row in artifact.manifest.get("summary") or []:  # as calibrate's solve records them
+        row.update({f"{kind}_levels": list(tables[kind][row["layer"]]) for kind in KINDS if row["layer"] in tables[kind]})
     artifact.validate()
     return True
 
