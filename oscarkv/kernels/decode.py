@@ -52,8 +52,9 @@ import torch
 import triton
 import triton.language as tl
 
-from oscarkv.cache.paged_layout import Int2Pages, LayerKV, PageTables
+from oscarkv.cache.paged_layout import LayerKV, PageTables
 from oscarkv.kernels.decode_int2 import _int2_decode_kernel
+from oscarkv.kernels.levels import _levels, level_args
 from oscarkv.kernels.split_k import merge_splits, split_range
 
 LOG2E = 1.4426950408889634
@@ -130,14 +131,6 @@ def _codes(C, row, live, BLOCK_N: tl.constexpr, D: tl.constexpr, BITS: tl.conste
     c = _unpack(tl.load(C + row[:, None] + bytes_[None, :], mask=live[:, None], other=0), BLOCK_N, D)
     if BITS == 4:
         c += _unpack(tl.load(C + D // 4 + row[:, None] + bytes_[None, :], mask=live[:, None], other=0), BLOCK_N, D) * 4
-    return c
-
-
-@triton.jit
-def _levels(c, L1, L2, LEVELS: tl.constexpr):
-    """2-bit codes → their level (fp32) under the table ``(0, L1, L2, 3)``; the codes unchanged without one."""
-    if LEVELS:
-        c = tl.where(c == 1, L1, tl.where(c == 2, L2, c.to(tl.float32)))
     return c
 
 
@@ -280,17 +273,6 @@ def _config(kind: str, device: torch.device, programs: int) -> dict:
     return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=12, CHUNK=32, maxnreg=168),
             "int2": dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=2),
             "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]
-
-
-def level_args(k2: Int2Pages, v2: Int2Pages) -> dict:
-    """The level-table arguments of the decode and extend kernels: ``KL1, KL2, VL1, VL2`` (fp32 scalars) and the
-    flags ``KLEV``/``VLEV`` (``constexpr``: a pool without a table compiles the uniform code, unchanged)."""
-    out = {}
-    for name, pool in (("K", k2), ("V", v2)):
-        if pool.levels is not None:
-            assert pool.bits == 2, "level tables are for 2-bit codes"
-            out |= {f"{name}L1": pool.levels[1], f"{name}L2": pool.levels[2], f"{name}LEV": True}
-    return out
 
 
 def uses_raw_int2(head_dim: int, group: int, page: int) -> bool:

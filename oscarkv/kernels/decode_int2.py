@@ -82,6 +82,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from oscarkv.kernels.levels import _level_slice
 from oscarkv.kernels.split_k import split_range
 
 
@@ -105,14 +106,6 @@ def _slices(c, CONV: tl.constexpr):
             "and.b32 $6, lo, 0x00C000C0; and.b32 $7, hi, 0x00C000C0; }",
             "=r,=r,=r,=r,=r,=r,=r,=r,r", [c], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
             is_pure=True, pack=4)
-
-
-@triton.jit
-def _level_slice(c, L1, L2, I: tl.constexpr, DT: tl.constexpr):
-    """Slice ``I`` of packed uint8 codes ``c`` as its level ``L[code] · 4^I · 2^-6`` (fp32 math, then ``DT``)."""
-    code = (c >> (2 * I)) & 3
-    lv = tl.where(code == 1, L1, tl.where(code == 2, L2, code.to(tl.float32)))
-    return (lv * (2.0 ** (2 * I - 6))).to(DT)
 
 
 @triton.jit

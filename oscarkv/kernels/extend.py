@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
-from oscarkv.kernels.decode import _levels, level_args
+from oscarkv.kernels.levels import _levels, level_args
 
 LOG2E = 1.4426950408889634
 

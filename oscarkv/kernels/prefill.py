@@ -37,7 +37,7 @@ import triton.language as tl
 from torch.profiler import record_function
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
-from oscarkv.kernels.decode import level_args
+from oscarkv.kernels.levels import level_args
 from oscarkv.kernels.extend import _dequant
 
 SEGMENT_BYTES = 512 << 20
