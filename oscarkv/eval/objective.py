@@ -132,7 +132,7 @@ def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: K
     c = loaded.model.config
     dims = ModelFingerprint.from_config(c).kv_dims
     out = {}
-    for rung, clip, lv in ((r, c, lv) for r in rungs for c in (None, *key_clips) for lv in levels):
+    for rung, clip, lv in ((r, k, lv) for r in rungs for k in (None, *key_clips) for lv in levels):
         kb, vb = RUNGS[rung]
         if (clip is not None and kb != 2) or (lv != "uniform" and kb == vb == 4):
             continue  # 4-bit keys are not clipped; 4-bit codes keep uniform levels
