@@ -9,6 +9,9 @@ configuration uses the same windows (``--sink``/``--recent``, the engine's defau
 model's shipped artifact. Writes one JSON file (``--out``)::
 
     python scripts/ladder_faithful.py --context 2048 --windows 4 --out docs/results/ladder_faithful.json
+
+``--levels`` adds OSCAR INT2 with the artifact's Lloyd-Max level tables (``KVConfig.levels``, label ``oscar-lm``);
+``--only LABELS`` keeps the unquantized reference and those configurations (labels as printed).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def main() -> None:
     p.add_argument("--recent", type=int, default=KVConfig().recent)
     p.add_argument("--no-windows", action="store_true", help="no BF16 sink or recent window (every past token low-bit)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--levels", action="store_true", help="add OSCAR INT2 with the artifact's Lloyd-Max level tables")
+    p.add_argument("--only", default=None, help="comma-separated labels to keep beside bf16 (default: all)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     torch.set_grad_enabled(False)
@@ -48,10 +53,11 @@ def main() -> None:
     dims = (c.num_hidden_layers, c.num_key_value_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
     art = artifact_for(loaded, "oscar", None)
     codecs = {}
-    for method, kb, vb in CONFIGS:
-        kv = KVConfig(method, args.sink, args.recent, key_bits=kb, value_bits=vb)
+    for method, kb, vb, levels in [(*c, "uniform") for c in CONFIGS] + ([("oscar", 2, 2, "lloyd_max")] if args.levels else []):
+        kv = KVConfig(method, args.sink, args.recent, key_bits=kb, value_bits=vb, levels=levels)
         kv = kv.without_windows() if args.no_windows and method != "bf16" else kv
-        codecs[kv.label()] = build_codec(kv, *dims, art if method == "oscar" else None)
+        if method == "bf16" or args.only is None or kv.label() in args.only.split(","):
+            codecs[kv.label()] = build_codec(kv, *dims, art if method == "oscar" else None)
     sums = {k: {"nll": 0.0, "kl": 0.0} for k in codecs}
     tokens, t0 = 0, time.time()
     for i, window in enumerate(text_windows(loaded.tokenizer, args.context, args.windows, args.seed)):
@@ -67,7 +73,8 @@ def main() -> None:
     rows = {k: {"perplexity": round(float(torch.tensor(v["nll"] / tokens).exp()), 4), "nll": round(v["nll"] / tokens, 5),
                 "kl": round(v["kl"] / tokens, 5), "bpe": round(codecs[k].bpe(args.context) if codecs[k].quantized
                                                                 else 32.0, 3)} for k, v in sums.items()}
-    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items() if v is not False]
+    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
+             if v is not False and v is not None]
     out = {"command": "python scripts/ladder_faithful.py " + " ".join(flags), "model": "default (fp32)",
            "windows": args.windows, "context": args.context, "tokens_scored": tokens, "seconds": round(time.time() - t0),
            "rows": rows}

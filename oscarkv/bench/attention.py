@@ -6,6 +6,8 @@ and times, as medians of repeats after warm-up (``triton.testing.do_bench``):
 
 * ``bf16``  — :func:`oscarkv.kernels.decode.decode_attention` over an all-BF16 cache;
 * ``int2``  — the same kernel over the mixed cache (BF16 sink + recent window, INT2 history);
+* ``int2-lm`` (``levels``) — the same cache with a non-uniform 2-bit level table (``BENCH_LEVELS``) on its
+  2-bit kinds: the kernels' Lloyd-Max path (the table's values do not change the work);
 * ``torch`` — PyTorch's ``scaled_dot_product_attention`` on dense BF16 K/V (its fastest backend);
 * ``copy``  — a device-to-device copy, measured once: the achievable bandwidth.
 
@@ -24,7 +26,8 @@ import torch
 from oscarkv.quant.bpe import tiers
 from oscarkv.bench.configs import AttentionBench
 
-
+BENCH_LEVELS = (0.0, 0.875, 2.125, 3.0)
+"""The level table of the ``int2-lm`` column (a Lloyd-Max-like one; any table costs the same)."""
 
 
 @dataclass
@@ -81,16 +84,19 @@ def measure(cfg: AttentionBench, context: int, batch: int, configs: dict | None 
 
     row = Row(context, batch)
     configs = configs or {}
-    for kind in ("bf16", "int2"):
-        nbytes = cache_bytes(cfg, context, batch, kind == "int2")
+    for kind in ("bf16", "int2") + (("int2-lm",) if cfg.levels else ()):
+        low = kind != "bf16"
+        nbytes = cache_bytes(cfg, context, batch, low)
         if nbytes > cfg.memory_gib * 2**30:
             continue
+        bits = (cfg.key_bits, cfg.value_bits)
+        levels = tuple(BENCH_LEVELS if kind == "int2-lm" and b == 2 else None for b in bits)
         kv, tables = random_cache([context] * batch, cfg.kv_heads, cfg.head_dim, page=cfg.page_size, sink=cfg.sink,
-                                  recent=cfg.recent, int2=kind == "int2", device="cuda", seed=context + batch,
-                                  bits=(cfg.key_bits, cfg.value_bits))
+                                  recent=cfg.recent, int2=low, device="cuda", seed=context + batch, bits=bits,
+                                  levels=levels)
         q = torch.randn(batch, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         scale = cfg.head_dim**-0.5
-        row.us[kind] = _time_us(lambda: decode_attention(q, kv, tables, scale, config=configs.get(kind)))
+        row.us[kind] = _time_us(lambda: decode_attention(q, kv, tables, scale, config=configs.get(kind.split("-")[0])))
         row.bytes[kind] = nbytes
         row.gbps[kind] = nbytes / row.us[kind] / 1e3
         del kv, tables
@@ -114,6 +120,10 @@ def format_table(rows: list[Row], copy_gbps: float) -> str:
         ratio = f"{r.us['bf16'] / r.us['int2']:9.2f}" if {"bf16", "int2"} <= r.us.keys() else f"{'-':>9}"
         peer = f"{r.us['torch'] / r.us['bf16']:10.2f}" if {"bf16", "torch"} <= r.us.keys() else f"{'-':>10}"
         lines.append(f"{r.context:8d} {r.batch:5d} | {cell('bf16')} | {cell('int2')} | {cell('torch')} | {ratio} {peer}")
+    if any("int2-lm" in r.us for r in rows):
+        lines += ["", f"{'context':>8} {'batch':>5} | {'int2 us':>9} {'int2-lm us':>10} {'lm/int2':>8}"]
+        lines += [f"{r.context:8d} {r.batch:5d} | {r.us['int2']:9.1f} {r.us['int2-lm']:10.1f} "
+                  f"{r.us['int2-lm'] / r.us['int2']:8.3f}" for r in rows if {"int2", "int2-lm"} <= r.us.keys()]
     return "\n".join(lines)
 
 

@@ -35,6 +35,9 @@ class AttentionBench:
     """Bits of the low-bit cache's history keys, 2 or 4 (the precision ladder; 4: two INT2 planes)."""
     value_bits: int = 2
     """Bits of the low-bit cache's history values, 2 or 4."""
+    levels: bool = False
+    """Also time the low-bit cache with a non-uniform 2-bit level table on its 2-bit kinds (column ``int2-lm``:
+    the Lloyd-Max path of the kernels, ``oscarkv.quant.int2``) beside the uniform one."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ only the global layers (``num_layers`` counts those); the sliding layers get a w
 own (``[L_sliding, N_window, H, P, d]``, the window dtype, :mod:`oscarkv.cache.window`), sized first
 for ``max_num_seqs`` windows of ``W + P`` tokens and one step's chunk tokens; the rest of the budget
 is split as above. :meth:`KVPools.layer` takes a model layer index and returns the view of the pool
-that layer lives in.
+that layer lives in, with the layer's 2-bit level tables (``levels``, from its codecs) on its INT2 views.
 
 Window dtype: ``bfloat16`` for the quantized methods (DESIGN.md §3). For ``kv=bf16`` the pool
 holds the model's own dtype — NOTE: a deliberate, backward-compatible widening of the
@@ -115,8 +115,10 @@ def _window_pages(cfg: EngineConfig, sliding: SlidingLayers) -> int:
 class KVPools:
     """The pool tensors of every layer (leading layer dimension, see the layout contract)."""
 
-    def __init__(self, geo: PoolGeometry, device: torch.device | str = "cpu", sliding: frozenset[int] = frozenset()) -> None:
-        self.geo, self.sliding = geo, sliding
+    def __init__(self, geo: PoolGeometry, device: torch.device | str = "cpu", sliding: frozenset[int] = frozenset(),
+                 levels: dict[int, tuple] | None = None) -> None:
+        """``levels``: model layer → its (key, value) level tables (``None`` each: uniform); absent: all uniform."""
+        self.geo, self.sliding, self.levels = geo, sliding, levels or {}
         L, H, P, d = geo.num_layers, geo.num_kv_heads, geo.page_size, geo.head_dim
         self.bf16_k = torch.zeros(L, geo.bf16_pages, H, P, d, dtype=geo.window_dtype, device=device)
         self.bf16_v = torch.zeros_like(self.bf16_k)
@@ -144,9 +146,11 @@ class KVPools:
         if layer in self.sliding:
             return LayerKV(self.win_k[i], self.win_v[i], None, None)
 
-        def pick(p: Int2Pages | None) -> Int2Pages | None:
-            return None if p is None else Int2Pages(p.codes[i], p.scale[i], p.zero[i], p.bits)
-        return LayerKV(self.bf16_k[i], self.bf16_v[i], pick(self.int2_k), pick(self.int2_v))
+        lk, lv = self.levels.get(layer, (None, None))
+
+        def pick(p: Int2Pages | None, levels) -> Int2Pages | None:
+            return None if p is None else Int2Pages(p.codes[i], p.scale[i], p.zero[i], p.bits, levels)
+        return LayerKV(self.bf16_k[i], self.bf16_v[i], pick(self.int2_k, lk), pick(self.int2_v, lv))
 
     def nbytes(self) -> dict[str, int]:
         """Bytes allocated per pool kind."""

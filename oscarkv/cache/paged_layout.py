@@ -20,6 +20,8 @@ The "INT2" pool is the low-bit history tier: ``b`` (``Int2Pages.bits``) is 2, or
 kind of the precision ladder (K4V2, K2V4, INT4), chosen per kind, so K and V codes may differ in
 width (and strides). A 4-bit row is two INT2 planes, low bits then high bits (``quant.int2``):
 kernels read it as two INT2 rows, the second at byte offset ``d / 4`` with scale ``4s``, zero 0.
+A 2-bit kind may carry a non-uniform level table (``Int2Pages.levels``, per layer, from the codec:
+``oscarkv.quant.int2``): its readers then take code ``c`` as ``levels[c]`` steps of the scale.
 
 Pages are head-major (``[H, P, ...]``) so one KV head's page is one contiguous block: a decode
 program serving a KV head streams it once.
@@ -64,6 +66,7 @@ class Int2Pages:
     scale: torch.Tensor  # float16 [N, H, P, d // G]
     zero: torch.Tensor  # float16 [N, H, P, d // G]
     bits: int = 2
+    levels: tuple[float, float, float, float] | None = None  # 2-bit level table (0, l1, l2, 3); None: uniform
 
     @property
     def group(self) -> int:

@@ -9,6 +9,9 @@ clips are fitted on; solve (:mod:`oscarkv.calibrate.solve`; sliding-window layer
 a BF16 window, are neither observed nor solved: the identity); and wrap the result in an
 :class:`~oscarkv.quant.artifact.Artifact` with the manifest that module defines.
 
+:func:`fit_missing_levels` adds the Lloyd-Max level tables to an artifact fitted before them (one
+forward over the same held-out tokens, its own rotations and clips; ``calibrate --rotations DIR --levels``).
+
 Owns nothing persistent: the artifact goes back to the caller (the CLI saves it), the
 per-layer summary rows go to :func:`format_summary` and into the manifest.
 """
@@ -18,7 +21,8 @@ from __future__ import annotations
 import time
 import torch
 
-from oscarkv.calibrate.solve import Solution, solve
+from oscarkv.calibrate.levels import fit_levels, level_tensors
+from oscarkv.calibrate.solve import KINDS, Solution, solve, tokens_first
 from oscarkv.calibrate.stats import HeldoutCapture, StatsCollector, run_forward
 from oscarkv.calibrate.stream import check_streamable, stream_forward
 from oscarkv.config import CalibrationConfig
@@ -87,6 +91,32 @@ def calibrate_variants(loaded: LoadedModel, cfgs: dict[str, CalibrationConfig], 
                        "seconds": round(time.perf_counter() - start, 2)}
         out[name] = Artifact(build_manifest(fp, cfg, group, solution, calibration), solution.tensors), solution.rows
     return out
+
+
+def fit_missing_levels(loaded: LoadedModel, artifact: Artifact, texts: list[str] | None = None) -> bool:
+    """Add ``key.levels``/``value.levels`` to ``artifact`` (in place) when it holds none: the held-out tokens of
+    its manifest's options (``texts`` default to the bundled calibration text), through each layer's codec with
+    its fitted clip. Returns whether it fitted them."""
+    if all(f"{kind}.levels" in artifact.tensors for kind in KINDS):
+        return False
+    opts = artifact.manifest["options"]
+    cfg = CalibrationConfig(tokens=opts["tokens"], heldout_tokens=opts["heldout_tokens"], chunk=opts["chunk"])
+    _, heldout = split_tokens(token_ids(loaded.tokenizer, texts or [_default_text()]), cfg)
+    capture = HeldoutCapture()
+    run_forward(loaded.model, [heldout], capture, "held-out tokens (level tables)")
+    skip = set(artifact.manifest.get("bf16_layers", []))
+    group, layers = artifact.manifest["group_size"], artifact.fingerprint.num_layers
+    tables = {kind: {} for kind in KINDS}
+    for i in (i for i in range(layers) if i not in skip):
+        held = capture.layer(i)
+        for kind in KINDS:
+            codec = artifact.fitted_codec(kind, i, group)
+            tables[kind][i] = fit_levels(codec, tokens_first(held.key if kind == "key" else held.value))
+    artifact.tensors.update(level_tensors(tables, layers))
+    for row in artifact.manifest.get("summary") or []:  # as calibrate's solve records them
+        row.update({f"{kind}_levels": list(tables[kind][row["layer"]]) for kind in KINDS if row["layer"] in tables[kind]})
+    artifact.validate()
+    return True
 
 
 def model_source(loaded: LoadedModel) -> str:

@@ -18,6 +18,9 @@ clip ratio per layer and kind, plus a per-layer summary row.
   window (an estimate of the mean over all queries at a quarter of the cost for 1K-token
   windows; every key still contributes). The argmin over ``cfg.clip_grid`` wins; ties go to
   the larger ratio.
+* Level tables: per layer and kind, the Lloyd-Max 2-bit table of the fitted codec (its chosen clip) on the
+  same held-out tokens (:mod:`oscarkv.calibrate.levels`), stored as ``{kind}.levels``; served only where
+  ``KVConfig.levels`` asks for them.
 * Summary: eigen-spectrum concentration (fraction of the trace in the top ``d/8`` eigenvalues)
   and the ratio of the same weighted error for the OSCAR codec vs a Hadamard-only INT2 codec
   (no centering, no clipping): below 1 means OSCAR is predicted to do better.
@@ -33,6 +36,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from oscarkv.calibrate.levels import fit_levels, level_tensors
 from oscarkv.calibrate.stats import HeldoutCapture, HeldoutLayer, Statistics
 from oscarkv.config import CalibrationConfig
 from oscarkv.quant.artifact import tensor_codec
@@ -53,7 +57,7 @@ Objective = Callable[[torch.Tensor], torch.Tensor]
 class Solution:
     """Everything the artifact needs: tensors in the artifact layout, clips, summary rows."""
 
-    tensors: dict[str, torch.Tensor]  # "{key,value}.{rotation,eigvecs,eigenvalues,mean}", fp32
+    tensors: dict[str, torch.Tensor]  # "{key,value}.{rotation,eigvecs,eigenvalues,mean,levels}", fp32
     clips: dict[str, list[float]]  # kind -> per-layer ratio (1.0 = no clipping)
     rows: list[dict]  # one summary row per layer
 
@@ -67,7 +71,8 @@ def solve(stats: Statistics, heldout: HeldoutCapture, cfg: CalibrationConfig, gr
     rows = [fit_layer(i, tensors, stats, heldout.layer(i), cfg, group) for i in layers]
     fitted = {kind: {row["layer"]: row[f"{kind}_clip"] for row in rows} for kind in KINDS}
     clips = {kind: [fitted[kind].get(i, 1.0) for i in range(stats.c_q.shape[0])] for kind in KINDS}
-    return Solution(tensors, clips, rows)
+    tables = {kind: {row["layer"]: tuple(row[f"{kind}_levels"]) for row in rows} for kind in KINDS}
+    return Solution(tensors | level_tensors(tables, stats.c_q.shape[0]), clips, rows)
 
 
 def identity_layers(tensors: dict[str, torch.Tensor], layers: frozenset[int]) -> dict[str, torch.Tensor]:
@@ -158,7 +163,8 @@ def fit_layer(layer: int, tensors: dict[str, torch.Tensor], stats: Statistics, h
     """Fit both clips of one layer and return its summary row.
 
     Row fields, per kind ``key``/``value``: ``{kind}_concentration``, ``{kind}_clip``,
-    ``{kind}_error`` (fitted OSCAR codec), ``{kind}_error_hadamard``, ``{kind}_error_ratio``; plus
+    ``{kind}_error`` (fitted OSCAR codec), ``{kind}_error_hadamard``, ``{kind}_error_ratio``, ``{kind}_levels``
+    (the Lloyd-Max table of the fitted codec); plus
     ``keycov_concentration`` (of ``C_K``, for comparison with the query-weighted spectrum)."""
     objectives = {"key": key_objective(stats.c_q[layer]), "value": value_objective(held)}
     data = {"key": held.key, "value": held.value}
@@ -173,6 +179,7 @@ def fit_layer(layer: int, tensors: dict[str, torch.Tensor], stats: Statistics, h
         best = min(range(len(clips)), key=lambda i: (errors[1 + i], -clips[i]))
         row[f"{kind}_concentration"] = concentration(tensors[f"{kind}.eigenvalues"][layer])
         row.update(_error_fields(kind, clips[best], errors[1 + best], errors[0]))
+        row[f"{kind}_levels"] = list(fit_levels(replace(codec, clip=clips[best]), x))
     row["keycov_concentration"] = concentration(eig_desc(stats.c_k[layer])[0])
     return row
 

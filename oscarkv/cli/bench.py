@@ -16,7 +16,8 @@ from oscarkv.cli.flags import UserError, add_fields, config_from, load
 
 BENCHES = {
     "attention": (AttentionBench, "GPU: decode attention time and bandwidth, BF16 vs INT2 vs PyTorch SDPA",
-                  ["contexts", "batches", "q_heads", "kv_heads", "head_dim", "key_bits", "value_bits"]),
+                  ["contexts", "batches", "q_heads", "kv_heads", "head_dim", "key_bits", "value_bits",
+                   "levels"]),
     "decode": (DecodeBench, "GPU: end-to-end decode ms per step vs the byte floor, BF16 vs INT2 (random weights)",
                ["shapes", "contexts", "methods", "steps", "kv_gib", "batch", "temperature", "tensor_parallel_size",
                 "profile"]),

@@ -26,7 +26,7 @@ def setup(p: argparse.ArgumentParser) -> None:
                    help="choose the recipe (--max-bpe or --tolerance) for this existing artifact instead of fitting "
                         "one; the artifact is written to --out with its recipe (default: fit)")
     add_fields(p, RecipeSearchConfig, ["max_bpe", "context", "tolerance", "dev_samples", "dev_context", "dev_seeds",
-                                       "sinks", "recents", "rungs", "key_clips", "protocol"])
+                                       "sinks", "recents", "rungs", "key_clips", "levels", "protocol"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +72,7 @@ def _peak_gpu_memory() -> str:
 
 def _search_only(args: argparse.Namespace, search: RecipeSearchConfig) -> int:
     """``--rotations DIR``: the recipe search alone, on an artifact fitted before."""
+    from oscarkv.calibrate.run import fit_missing_levels
     from oscarkv.eval.objective import search_recipe
     from oscarkv.quant.artifact import Artifact, ArtifactError, ModelFingerprint
 
@@ -80,6 +81,8 @@ def _search_only(args: argparse.Namespace, search: RecipeSearchConfig) -> int:
     loaded = load(args.model, args.dtype, args.device)
     try:
         art = Artifact.load(args.rotations, expect=ModelFingerprint.from_config(loaded.config))
+        if "lloyd_max" in search.levels and fit_missing_levels(loaded, art):
+            print("fitted Lloyd-Max level tables on the artifact's held-out tokens (key.levels, value.levels)")
         search_recipe(loaded, {"": (art, [])}, search, args.out)
     except (ArtifactError, ValueError) as e:
         raise UserError(str(e)) from e

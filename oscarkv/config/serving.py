@@ -28,6 +28,9 @@ LADDER_METHODS = ("naive", "quarot", "oscar")
 FIXED_BITS = ("bf16", "int4", "kivi")
 """Methods with their own bits (none, 4/4 without rotation, KIVI's 2/2)."""
 
+LEVEL_KINDS = ("uniform", "lloyd_max")
+"""The 2-bit level tables ``KVConfig.levels`` chooses from (``oscarkv.quant.int2``)."""
+
 RUNGS = {"int2": (2, 2), "k4v2": (4, 2), "k2v4": (2, 4), "int4": (4, 4)}
 """The precision ladder: rung name → ``(key_bits, value_bits)`` of ``KVConfig``."""
 
@@ -61,8 +64,17 @@ class KVConfig:
     """``oscar`` only: one clip ratio for every layer's INT2 keys in place of the artifact's fitted
     ones (``oscarkv.quant.clip``; 1: no clip), the recipe search's choice
     (``RecipeSearchConfig.key_clips``); ``None`` keeps the fitted ratios."""
+    levels: str = "uniform"
+    """The values a 2-bit code stands for, one of ``LEVEL_KINDS``: ``uniform`` (0, 1, 2, 3 steps of the
+    group's scale, the validated recipe) or, for ``oscar`` only, ``lloyd_max``: the artifact's per-layer key
+    and value tables (0, l1, l2, 3), fitted by Lloyd-Max with fixed endpoints on the calibration data as
+    the codec normalizes it (``oscarkv.calibrate.levels``), the recipe search's choice
+    (``RecipeSearchConfig.levels``). 4-bit kinds stay uniform."""
 
     def __post_init__(self) -> None:
+        if self.levels not in LEVEL_KINDS or (self.levels != "uniform" and self.method != "oscar"):
+            raise ValueError(f"KVConfig.levels must be one of {LEVEL_KINDS} ('lloyd_max' needs method 'oscar', whose "
+                             f"artifact holds the tables), got {self.levels!r} for {self.method!r}")
         if self.key_clip is not None and (self.method != "oscar" or not 0 < self.key_clip <= 1):
             raise ValueError(f"KVConfig.key_clip applies to method 'oscar' and lies in (0, 1], got {self.key_clip} "
                              f"for {self.method!r}")
@@ -109,10 +121,11 @@ class KVConfig:
 
     def label(self) -> str:
         """Short name used in reports: ``oscar`` with windows is ``oscar+win``; a rung other than INT2
-        is named after the method (``oscar-k4v2+win``)."""
+        is named after the method (``oscar-k4v2+win``); Lloyd-Max levels add ``-lm`` (``oscar-lm+win``)."""
         if self.method == "bf16":
             return "bf16"
         name = self.method if self.bits == (2, 2) or self.method in FIXED_BITS else f"{self.method}-{self.rung()}"
+        name += "-lm" if self.levels == "lloyd_max" else ""
         return f"{name}+win" if (self.sink or self.recent) else name
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from oscarkv.config.serving import METHODS, RUNGS, KVConfig
+from oscarkv.config.serving import LEVEL_KINDS, METHODS, RUNGS, KVConfig
 
 TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
 """Synthetic long-context tasks (``oscarkv.eval.tasks``)."""
@@ -63,8 +63,15 @@ class RecipeSearchConfig:
     beside the artifact's fitted ones, with every window and rung; a chosen one is recorded in the
     recipe (``key_clip``). The fit minimizes the held-out average error, which forgives clamping the
     large key components retrieval needs (docs/DEVELOPMENT.md)."""
+    levels: tuple[str, ...] = ("uniform",)
+    """Candidate 2-bit level tables (``LEVEL_KINDS``: ``uniform``, ``lloyd_max``: the artifact's per-layer
+    Lloyd-Max tables, fitted first if it holds none), each with every window, rung and key clip; a chosen
+    ``lloyd_max`` is recorded in the recipe (``levels``) and served (``KVConfig.levels``)."""
 
     def __post_init__(self) -> None:
+        bad = [lv for lv in self.levels if lv not in LEVEL_KINDS]
+        if bad or not self.levels:
+            raise ValueError(f"RecipeSearchConfig.levels: unknown {bad or 'empty list'}; choose from {LEVEL_KINDS}")
         if self.max_bpe is not None and self.max_bpe <= 2:
             raise ValueError(f"RecipeSearchConfig.max_bpe must exceed 2 bits, got {self.max_bpe}")
         if self.tolerance is not None and not 0 <= self.tolerance < 1:

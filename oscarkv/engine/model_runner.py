@@ -229,5 +229,6 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     attn = model.model.layers[0].self_attn
     bits = (codecs[0].key.bits or 2, codecs[0].value.bits or 2)  # None: kv=bf16, no history pages
     geo = plan_pools(cfg, len(codecs), attn.num_kv_heads, attn.head_dim, codecs[0].key.group, p.dtype, bits, sliding)
-    pools = KVPools(geo, p.device, sliding.layers if sliding else frozenset())
+    levels = {i: (st.key.levels, st.value.levels) for i, st in enumerate(storage)}
+    pools = KVPools(geo, p.device, sliding.layers if sliding else frozenset(), levels)
     return ModelRunner(model, pools, storage, backend, graph_buckets, tp)

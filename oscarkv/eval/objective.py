@@ -123,22 +123,23 @@ def _served_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sa
 
 def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: KVConfig,
                   sinks: tuple[int, ...], recents: tuple[int, ...], rungs: tuple[str, ...] = ("int2",),
-                  key_clips: tuple[float, ...] = ()) -> dict[str, KVCodec]:
+                  key_clips: tuple[float, ...] = (), levels: tuple[str, ...] = ("uniform",)) -> dict[str, KVCodec]:
     """``oscar s=SINK r=RECENT`` codecs (``oscar-RUNG s=...`` for a rung other than INT2; ``... c=CLIP``
-    for a key clip in place of the fitted ones) for every candidate window the engine serves (a sink
-    of whole pages; a recent window unless there is no window at all: page size 1, as
-    :class:`~oscarkv.config.EngineConfig` requires), rung and key clip within ``max_bpe`` at ``context``."""
+    for a key clip in place of the fitted ones; ``... lm`` for Lloyd-Max levels) for every candidate window
+    the engine serves (a sink of whole pages; a recent window unless there is no window at all: page size
+    1, as :class:`~oscarkv.config.EngineConfig` requires), rung, key clip and level table within ``max_bpe``
+    at ``context``."""
     c = loaded.model.config
     dims = ModelFingerprint.from_config(c).kv_dims
     out = {}
-    for rung, clip in ((rung, clip) for rung in rungs for clip in (None, *key_clips)):
+    for rung, clip, lv in ((r, k, lv) for r in rungs for k in (None, *key_clips) for lv in levels):
         kb, vb = RUNGS[rung]
-        if clip is not None and kb != 2:
-            continue  # 4-bit keys are not clipped
+        if (clip is not None and kb != 2) or (lv != "uniform" and kb == vb == 4):
+            continue  # 4-bit keys are not clipped; 4-bit codes keep uniform levels
         for s in (s for s in sinks if s % base.page_size == 0):
             for r in recents:
                 kv = replace(base, method="oscar", sink=s, recent=r, group_size=artifact.manifest["group_size"],
-                             key_bits=kb, value_bits=vb, key_clip=clip)
+                             key_bits=kb, value_bits=vb, key_clip=clip, levels=lv)
                 if s == 0 and r == 0:
                     kv = kv.without_windows()
                 elif r == 0 and kv.page_size > 1:
@@ -146,7 +147,8 @@ def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: K
                 codec = build_codec(kv, *dims, artifact, SlidingLayers.from_config(c))
                 if max_bpe is None or codec.bpe(context) <= max_bpe:
                     name = f"oscar{'' if rung == 'int2' else '-' + rung} s={s} r={r}"
-                    out[name if clip is None else f"{name} c={clip:g}"] = codec
+                    name += "" if clip is None else f" c={clip:g}"
+                    out[name + ("" if lv == "uniform" else " lm")] = codec
     return out
 
 
@@ -167,7 +169,8 @@ def recipe_record(label: str, scores: dict[str, DevScore], codecs: dict[str, KVC
     """The manifest's ``recipe``: the chosen windows, how they were chosen, every candidate's scores."""
     kv = codecs[label].config
     cands = [{"sink": codecs[k].config.sink, "recent": codecs[k].config.recent, "key_bits": codecs[k].config.key_bits,
-              "value_bits": codecs[k].config.value_bits, **_clip_field(codecs[k].config), "bpe": round(codecs[k].bpe(context), 4),
+              "value_bits": codecs[k].config.value_bits, **_clip_field(codecs[k].config),
+              "bpe": round(codecs[k].bpe(context), 4),
               "answer_nll": round(v.answer_nll, 4), "accuracy": round(v.accuracy, 4)} for k, v in scores.items()]
     out = {"method": "oscar", "sink": kv.sink, "recent": kv.recent, "page_size": kv.page_size,
            "key_bits": kv.key_bits, "value_bits": kv.value_bits, **_clip_field(kv),
@@ -179,8 +182,10 @@ def recipe_record(label: str, scores: dict[str, DevScore], codecs: dict[str, KVC
 
 
 def _clip_field(kv: KVConfig) -> dict:
-    """``{"key_clip": c}`` for a candidate with a key clip in place of the fitted ones, else nothing."""
-    return {} if kv.key_clip is None else {"key_clip": kv.key_clip}
+    """``{"key_clip": c}`` for a candidate with a key clip in place of the fitted ones, ``{"levels": ...}`` for
+    one with non-uniform levels; nothing for the fitted clips and uniform levels."""
+    return ({} if kv.key_clip is None else {"key_clip": kv.key_clip}) | (
+        {} if kv.levels == "uniform" else {"levels": kv.levels})
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -216,7 +221,7 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
     bf16 = {"bf16": build_codec(KVConfig("bf16"), *ModelFingerprint.from_config(c).kv_dims,
                                 sliding=SlidingLayers.from_config(c))}
     windows = window_codecs(loaded, artifact, cfg.context, cfg.max_bpe, KVConfig(), cfg.sinks, cfg.recents, cfg.rungs,
-                            cfg.key_clips)
+                            cfg.key_clips, cfg.levels)
     if not windows:
         raise ValueError(f"no window fits --max-bpe {cfg.max_bpe} at --context {cfg.context}")
     limit = getattr(c, "max_position_embeddings", None)
@@ -278,6 +283,7 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "dev_study.json").write_text(json.dumps(study, indent=2) + "\n")
     clip = f", key clip {recipe['key_clip']}" if "key_clip" in recipe else ""
+    clip += f", {recipe['levels']} levels" if "levels" in recipe else ""
     print(f"recipe: key bits {recipe['key_bits']}, value bits {recipe['value_bits']}{clip}, sink {recipe['sink']}, recent "
           f"{recipe['recent']} ({recipe['bpe']:.3f} bits per element at "
           f"{recipe['context']} tokens), development answer NLL {scores_of(recipe)} vs BF16 "
@@ -287,7 +293,8 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
 
 def scores_of(recipe: dict) -> str:
     def key(c: dict) -> tuple:
-        return c["sink"], c["recent"], c.get("key_bits", 2), c.get("value_bits", 2), c.get("key_clip")
+        return (c["sink"], c["recent"], c.get("key_bits", 2), c.get("value_bits", 2), c.get("key_clip"),
+                c.get("levels", "uniform"))
     mine = next(c for c in recipe["candidates"] if key(c) == key(recipe))
     return f"{mine['answer_nll']:.3f} (accuracy {100 * mine['accuracy']:.0f}%)"
 

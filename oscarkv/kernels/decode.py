@@ -14,6 +14,8 @@ Algorithm (flash-decoding over the layout of :mod:`oscarkv.cache.paged_layout`):
             s   = s_k ⊙ (q @ c_kᵀ) + (Σ_j q_j) ⊗ m_k                    (q·(m + s c) = s q·c + m Σq)
             acc += (p ⊙ s_v) @ c_v ;   acc_m += p @ m_v                 (Σ p (m + s c) per row)
         G < d: c is dequantized per group in registers (m + s c) and used as in the BF16 loop
+        a 2-bit level table (KLEV/VLEV; Int2Pages.levels): c → L[c] (tl.where on the scalars l1, l2)
+        before either form
     write (acc / l, log2-sum-exp) of the split to Mid_O [B, Hq, NUM_SPLITS, d], Mid_L [B, Hq, NUM_SPLITS]
     then _reduce_kernel, grid (B * Hq,), merges the splits with the same online softmax.
 
@@ -52,6 +54,7 @@ import triton.language as tl
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
 from oscarkv.kernels.decode_int2 import _int2_decode_kernel
+from oscarkv.kernels.levels import _levels, level_args
 from oscarkv.kernels.split_k import merge_splits, split_range
 
 LOG2E = 1.4426950408889634
@@ -132,10 +135,10 @@ def _codes(C, row, live, BLOCK_N: tl.constexpr, D: tl.constexpr, BITS: tl.conste
 
 
 @triton.jit
-def _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row, end, h, qk_scale,
+def _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row, end, h, qk_scale, KL1, KL2, VL1, VL2,
                stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr,
-               KBITS: tl.constexpr, VBITS: tl.constexpr):
+               KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
     NG: tl.constexpr = D // G
     toks = n0 + tl.arange(0, BLOCK_N)
     live = toks < end
@@ -143,8 +146,8 @@ def _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table
     crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
     vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
     srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-    ck = _codes(Kc, crow, live, BLOCK_N, D, KBITS)
-    cv = _codes(Vc, vrow, live, BLOCK_N, D, VBITS)
+    ck = _levels(_codes(Kc, crow, live, BLOCK_N, D, KBITS), KL1, KL2, KLEV)
+    cv = _levels(_codes(Vc, vrow, live, BLOCK_N, D, VBITS), VL1, VL2, VLEV)
     if NG == 1:
         sk = tl.load(Ks + srow, mask=live, other=0.0).to(tl.float32)
         zk = tl.load(Kz + srow, mask=live, other=0.0).to(tl.float32)
@@ -173,21 +176,24 @@ def _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table
 
 @triton.jit
 def _int2_inner(q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row, start, end, h, qk_scale,
+                KL1, KL2, VL1, VL2,
                 stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                 D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
-                KBITS: tl.constexpr, VBITS: tl.constexpr):
+                KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
     if INTERPRET:  # see _decode_kernel
         n0 = start
         while n0 < end:
             acc, acc_m, m_i, l_i = _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row,
-                                              end, h, qk_scale, stride_cp, stride_ch, stride_ct, stride_vp, stride_vh,
-                                              stride_vt, stride_sp, stride_sh, stride_st, D, G, P, BLOCK_N, KBITS, VBITS)
+                                              end, h, qk_scale, KL1, KL2, VL1, VL2, stride_cp, stride_ch, stride_ct,
+                                              stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st, D, G, P,
+                                              BLOCK_N, KBITS, VBITS, KLEV, VLEV)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
             acc, acc_m, m_i, l_i = _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row,
-                                              end, h, qk_scale, stride_cp, stride_ch, stride_ct, stride_vp, stride_vh,
-                                              stride_vt, stride_sp, stride_sh, stride_st, D, G, P, BLOCK_N, KBITS, VBITS)
+                                              end, h, qk_scale, KL1, KL2, VL1, VL2, stride_cp, stride_ch, stride_ct,
+                                              stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st, D, G, P,
+                                              BLOCK_N, KBITS, VBITS, KLEV, VLEV)
     return acc, acc_m, m_i, l_i
 
 
@@ -203,7 +209,8 @@ def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, 
                    stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                    H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
                    G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_INT2: tl.constexpr,
-                   INTERPRET: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr):
+                   INTERPRET: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
+                   KL1=0.0, KL2=0.0, VL1=0.0, VL2=0.0, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
     # NOTE: INTERPRET is set for Triton's CPU interpreter only: its range() cannot take a tensor
     # bound under numpy >= 2.4 (so the loops are while loops there; compiled kernels use range()
     # so Triton pipelines the loads) and its bf16 tl.dot is wrong (so dots run in fp32 there).
@@ -226,9 +233,10 @@ def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, 
         start, end = split_range(tl.load(InLens + b), split, NUM_SPLITS, BLOCK_N)
         q_sum = tl.sum(q.to(tl.float32), 1)
         acc, acc_m, m_i, l_i = _int2_inner(q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz,
-                                           InTable + b * stride_inb, start, end, h, qk_scale,
+                                           InTable + b * stride_inb, start, end, h, qk_scale, KL1, KL2, VL1, VL2,
                                            stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt,
-                                           stride_sp, stride_sh, stride_st, D, G, P, BLOCK_N, INTERPRET, KBITS, VBITS)
+                                           stride_sp, stride_sh, stride_st, D, G, P, BLOCK_N, INTERPRET, KBITS, VBITS,
+                                           KLEV, VLEV)
     seen = l_i > 0
     o = (acc + acc_m[:, None]) / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -322,6 +330,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         kernel, extra = _int2_decode_kernel, dict(G=g, CONV=cfg["CONV"], CHUNK=cfg["CHUNK"])
     else:
         kernel, extra = _decode_kernel, dict(G=g, HAS_INT2=int2)
+    extra |= level_args(k2, v2) if int2 else {}
     kernel[(bsz * h, splits)](
         q, kv.bf16_k, kv.bf16_v, k2.codes, k2.scale, k2.zero, v2.codes, v2.scale, v2.zero,
         tables.bf16_table, tables.bf16_lens, tables.int2_table, tables.int2_lens, mid_o, mid_l,

@@ -66,6 +66,15 @@ and the history bytes per token grow from ``d/2 + 8 d/G`` (INT2) to ``3d/4 + 8 d
 
 ``CONV = 0`` is the interpreter path (fp32 arithmetic, the same slice units); ``CONV = 2`` the
 inline PTX.
+
+Non-uniform 2-bit levels (``KLEV``/``VLEV``, a table ``(0, l1, l2, 3)`` of ``Int2Pages.levels``,
+``oscarkv.quant.int2``): the subnormal trick holds codes, not levels (``l1 · 2^-24`` is no fp16 number),
+so a kind with a table takes its slices from ``_level_slices`` instead: code ``c_i`` unpacked, mapped to
+``L[c_i]`` by two selects on the scalars ``l1, l2``, in units ``4^i · 2^-6`` (normal fp16 numbers; exact,
+the levels being fp16 values). Every unit is then ``2^18`` times the uniform one: the key scale takes
+``2^3`` instead of ``2^21``, and the value accumulators (the BF16 windows' ``p`` too) run in units
+``4^i · 2^-6``, undone at the store (``VSHIFT = 18``). The flags are ``constexpr``: without a table the
+kernel compiles to the uniform code. NOTE: speed measured by ``scripts/gpu_levels_check.sh`` (H100), not here.
 """
 
 from __future__ import annotations
@@ -73,6 +82,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from oscarkv.kernels.levels import _level_slice
 from oscarkv.kernels.split_k import split_range
 
 
@@ -99,10 +109,21 @@ def _slices(c, CONV: tl.constexpr):
 
 
 @triton.jit
-def _group_scores(ck, q0, q1, q2, q3, CONV: tl.constexpr):
+def _any_slices(c, L1, L2, CONV: tl.constexpr, LEV: tl.constexpr, DT: tl.constexpr):
+    """The four slices of ``c``: codes in units ``4^i · 2^-24`` (``_slices``), or with a level table (``LEV``)
+    levels in units ``4^i · 2^-6`` (``_level_slice``)."""
+    if LEV:
+        return (_level_slice(c, L1, L2, 0, DT), _level_slice(c, L1, L2, 1, DT), _level_slice(c, L1, L2, 2, DT),
+                _level_slice(c, L1, L2, 3, DT))
+    else:
+        return _slices(c, CONV)
+
+
+@triton.jit
+def _group_scores(ck, q0, q1, q2, q3, L1, L2, CONV: tl.constexpr, LEV: tl.constexpr):
     """Σ_i c_i · q_i for one group: ``ck`` uint8 ``[N, LG]``, q_i ``[LG, R]`` pre-scaled by ``2^(3-2i)``
-    (``_group_q``) → fp32 ``[N, R]`` = ``(q · c) · 2^-21``."""
-    k0, k1, k2, k3 = _slices(ck, CONV)
+    (``_group_q``) → fp32 ``[N, R]`` = ``(q · c) · 2^-21`` (``(q · L[c]) · 2^-3`` with a level table)."""
+    k0, k1, k2, k3 = _any_slices(ck, L1, L2, CONV, LEV, q0.dtype)
     s = tl.dot(k0, q0)
     s = tl.dot(k1, q1, s)
     s = tl.dot(k2, q2, s)
@@ -110,10 +131,11 @@ def _group_scores(ck, q0, q1, q2, q3, CONV: tl.constexpr):
 
 
 @triton.jit
-def _group_values(cvT, ps, a0, a1, a2, a3, alpha, CONV: tl.constexpr):
+def _group_values(cvT, ps, a0, a1, a2, a3, alpha, L1, L2, CONV: tl.constexpr, LEV: tl.constexpr):
     """Rescale the slice accumulators ``[LG, R]`` of one group and add ``c_i^T @ ps`` (``cvT`` uint8
-    ``[LG, N]``); slice i accumulates in units of ``4^i · 2^-24`` (``_store`` undoes it)."""
-    v0, v1, v2, v3 = _slices(cvT, CONV)
+    ``[LG, N]``); slice i accumulates in units of ``4^i · 2^-24`` (``4^i · 2^-6`` with a level table;
+    ``_store`` undoes it)."""
+    v0, v1, v2, v3 = _any_slices(cvT, L1, L2, CONV, LEV, ps.dtype)
     a0 = tl.dot(v0, ps, a0 * alpha[None, :])
     a1 = tl.dot(v1, ps, a1 * alpha[None, :])
     a2 = tl.dot(v2, ps, a2 * alpha[None, :])
@@ -175,16 +197,17 @@ def _bf16_scores(K, rows, mk, b0, b1, b2, b3, LG: tl.constexpr, s):
 
 
 @triton.jit
-def _bf16_values(V, rowsT, mkT, p, a0, a1, a2, a3, alpha, LG: tl.constexpr, B16: tl.constexpr):
-    """Rescale the four slice accumulators ``[LG, R]`` and add ``v_i^T @ (p · 4^i · 2^-24)`` (``rowsT [1, N]``):
-    the units of the INT2 slices (``_group_values``)."""
+def _bf16_values(V, rowsT, mkT, p, a0, a1, a2, a3, alpha, LG: tl.constexpr, B16: tl.constexpr, VSHIFT: tl.constexpr):
+    """Rescale the four slice accumulators ``[LG, R]`` and add ``v_i^T @ (p · 4^i · 2^(VSHIFT-24))``
+    (``rowsT [1, N]``): the units of the INT2 slices (``_group_values``)."""
     cols = tl.arange(0, LG)[:, None]
-    a0 = tl.dot(tl.load(V + rowsT + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**-24).to(B16), a0 * alpha[None, :])
-    a1 = tl.dot(tl.load(V + rowsT + LG + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**-22).to(B16),
+    a0 = tl.dot(tl.load(V + rowsT + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**(VSHIFT - 24)).to(B16),
+                a0 * alpha[None, :])
+    a1 = tl.dot(tl.load(V + rowsT + LG + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**(VSHIFT - 22)).to(B16),
                 a1 * alpha[None, :])
-    a2 = tl.dot(tl.load(V + rowsT + 2 * LG + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**-20).to(B16),
+    a2 = tl.dot(tl.load(V + rowsT + 2 * LG + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**(VSHIFT - 20)).to(B16),
                 a2 * alpha[None, :])
-    a3 = tl.dot(tl.load(V + rowsT + 3 * LG + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**-18).to(B16),
+    a3 = tl.dot(tl.load(V + rowsT + 3 * LG + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**(VSHIFT - 18)).to(B16),
                 a3 * alpha[None, :])
     return a0, a1, a2, a3
 
@@ -212,27 +235,27 @@ def _group_q(qp, live, LG: tl.constexpr, F16: tl.constexpr, B16: tl.constexpr):
 
 
 @triton.jit
-def _store(op, live, a0, a1, a2, a3, acc_m, inv, LG: tl.constexpr):
-    """Output of one group: (acc_i · 2^24 / 4^i + Σ p m) / l for its four slices ``[LG, R]``."""
+def _store(op, live, a0, a1, a2, a3, acc_m, inv, LG: tl.constexpr, VSHIFT: tl.constexpr):
+    """Output of one group: (acc_i · 2^(24-VSHIFT) / 4^i + Σ p m) / l for its four slices ``[LG, R]``."""
     cols = tl.arange(0, LG)[:, None]
-    tl.store(op + cols, (a0 * 2.0**24 + acc_m[None, :]) * inv[None, :], mask=live)
-    tl.store(op + LG + cols, (a1 * 2.0**22 + acc_m[None, :]) * inv[None, :], mask=live)
-    tl.store(op + 2 * LG + cols, (a2 * 2.0**20 + acc_m[None, :]) * inv[None, :], mask=live)
-    tl.store(op + 3 * LG + cols, (a3 * 2.0**18 + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + cols, (a0 * 2.0**(24 - VSHIFT) + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + LG + cols, (a1 * 2.0**(22 - VSHIFT) + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + 2 * LG + cols, (a2 * 2.0**(20 - VSHIFT) + acc_m[None, :]) * inv[None, :], mask=live)
+    tl.store(op + 3 * LG + cols, (a3 * 2.0**(18 - VSHIFT) + acc_m[None, :]) * inv[None, :], mask=live)
 
 
 @triton.jit
 def _store_partial(op, lp, live, live_rows, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
-                   G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr):
+                   G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, VSHIFT: tl.constexpr):
     """The split's normalized output (``op [1, R]`` row pointers) and its log2-sum-exp (``lp [R]``) for
     the merge; a split that saw no token writes zeros and ``-inf``. ``live [1, R]`` and ``live_rows [R]``
     mark the real query rows."""
     seen = l_i > 0
     inv = 1.0 / tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    _store(op, live, a0, a1, a2, a3, acc_m, inv, LG)
+    _store(op, live, a0, a1, a2, a3, acc_m, inv, LG, VSHIFT)
     if NG == 2:
-        _store(op + G, live, e0, e1, e2, e3, acc_m1, inv, LG)
+        _store(op + G, live, e0, e1, e2, e3, acc_m1, inv, LG, VSHIFT)
     tl.store(lp, lse, mask=live_rows)
 
 
@@ -240,7 +263,7 @@ def _store_partial(op, lp, live, live_rows, a0, a1, a2, a3, e0, e1, e2, e3, acc_
 def _bf16_windows(Kb, Vb, table, length, split, NUM_SPLITS, h, qk_scale, stride_bp, stride_bh, stride_bt,
                   b0, b1, b2, b3, c0, c1, c2, c3, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
                   B16: tl.constexpr, G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, P: tl.constexpr,
-                  BLOCK_N: tl.constexpr, REP_PAD: tl.constexpr):
+                  BLOCK_N: tl.constexpr, REP_PAD: tl.constexpr, VSHIFT: tl.constexpr):
     """The split's share of the BF16 sink + recent tokens (masked tiles), for the online softmax: bf16 dots
     with ``p`` in the INT2 slices' units (``_bf16_values``) so one set of accumulators serves both tiers."""
     n0, end = split_range(length, split, NUM_SPLITS, BLOCK_N)
@@ -252,10 +275,10 @@ def _bf16_windows(Kb, Vb, table, length, split, NUM_SPLITS, h, qk_scale, stride_
             s = _bf16_scores(Kb + G, r[:, None], ok[:, None], c0, c1, c2, c3, LG, s)
         s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
         p, alpha, m_i, l_i = _softmax_step_t(s, m_i, l_i)
-        a0, a1, a2, a3 = _bf16_values(Vb, r[None, :], ok[None, :], p, a0, a1, a2, a3, alpha, LG, B16)
+        a0, a1, a2, a3 = _bf16_values(Vb, r[None, :], ok[None, :], p, a0, a1, a2, a3, alpha, LG, B16, VSHIFT)
         acc_m = acc_m * alpha
         if NG == 2:
-            e0, e1, e2, e3 = _bf16_values(Vb + G, r[None, :], ok[None, :], p, e0, e1, e2, e3, alpha, LG, B16)
+            e0, e1, e2, e3 = _bf16_values(Vb + G, r[None, :], ok[None, :], p, e0, e1, e2, e3, alpha, LG, B16, VSHIFT)
             acc_m1 = acc_m1 * alpha
         n0 += BLOCK_N
     return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
@@ -273,9 +296,11 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                         H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
                         G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, CONV: tl.constexpr,
-                        CHUNK: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr):
+                        CHUNK: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
+                        KL1=0.0, KL2=0.0, VL1=0.0, VL2=0.0, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
     # NOTE: the interpreter's range() cannot take tensor bounds under numpy >= 2.4 and its
     # bf16/fp16 dots are wrong, so INTERPRET uses while loops and fp32 operands (see decode.py).
+    VSHIFT: tl.constexpr = 18 if VLEV else 0  # value units 2^18 coarser with a level table (module docstring)
     LG: tl.constexpr = G // 4
     NG: tl.constexpr = D // G
     F16: tl.constexpr = tl.float32 if INTERPRET else tl.float16
@@ -312,26 +337,26 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _bf16_windows(
         Kb, Vb, BfTable + b * stride_bfb, tl.load(BfLens + b), split, NUM_SPLITS, h, qk_scale,
         stride_bp, stride_bh, stride_bt, b0, b1, b2, b3, c0, c1, c2, c3,
-        a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i, B16, G, LG, NG, P, BLOCK_N, REP_PAD)
+        a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i, B16, G, LG, NG, P, BLOCK_N, REP_PAD, VSHIFT)
 
     a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_history(
         Kc, Ks, Kz, Vc, Vs, Vz, InTable + b * stride_inb, tl.load(InLens + b), split, NUM_SPLITS, h, qk_scale,
-        stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
+        KL1, KL2, VL1, VL2, stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
         h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
-        F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS, VBITS)
+        F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS, VBITS, KLEV, VLEV)
 
     _store_partial(MidO + b * stride_ob + heads[None, :] * stride_oh + split * stride_os,
                    MidL + b * stride_lb + heads * stride_lh + split, live, rows < REP,
-                   a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i, G, LG, NG)
+                   a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i, G, LG, NG, VSHIFT)
 
 
 @triton.jit
-def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, qk_scale,
+def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, qk_scale, KL1, KL2, VL1, VL2,
                   stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                   h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
                   F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr, P: tl.constexpr,
                   BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr,
-                  VBITS: tl.constexpr):
+                  VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
     """The split's share of the INT2 history in full tiles (INT2 lengths are multiples of ``P``,
     ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned); page ids read ``CHUNK`` tiles at a time
     ahead of the tile loop (module docstring, "Pipelining")."""
@@ -344,53 +369,55 @@ def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, q
             while n0 < c_end:
                 page, off = _pick(pages, c0, n0, P, BLOCK_N, CHUNK)
                 a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
-                    page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
+                    page, off, h, qk_scale, KL1, KL2, VL1, VL2, Kc, Ks, Kz, Vc, Vs, Vz,
                     stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                     h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
-                    m_i, l_i, F16, LG, NG, CONV, KBITS, VBITS)
+                    m_i, l_i, F16, LG, NG, CONV, KBITS, VBITS, KLEV, VLEV)
                 n0 += BLOCK_N
         else:
             for n0 in range(c0, c_end, BLOCK_N):
                 page, off = _pick(pages, c0, n0, P, BLOCK_N, CHUNK)
                 a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
-                    page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
+                    page, off, h, qk_scale, KL1, KL2, VL1, VL2, Kc, Ks, Kz, Vc, Vs, Vz,
                     stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                     h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
-                    m_i, l_i, F16, LG, NG, CONV, KBITS, VBITS)
+                    m_i, l_i, F16, LG, NG, CONV, KBITS, VBITS, KLEV, VLEV)
         c0 = c_end
     return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
 
 
 @triton.jit
-def _key_group(Kc, crow, jb, q0, q1, q2, q3, sk, PLANE: tl.constexpr, KBITS: tl.constexpr, CONV: tl.constexpr):
+def _key_group(Kc, crow, jb, q0, q1, q2, q3, sk, L1, L2, PLANE: tl.constexpr, KBITS: tl.constexpr, CONV: tl.constexpr,
+               LEV: tl.constexpr):
     """``s · (q · c)`` of one key group over a tile (``crow [N]`` rows at the group's bytes, ``sk`` its scales
     times ``2^21``); a 4-bit key adds its high plane (``PLANE`` bytes on) at scale ``4 s``."""
-    s = _group_scores(tl.load(Kc + crow[:, None] + jb[None, :]), q0, q1, q2, q3, CONV) * sk[:, None]  # [N, R]
+    s = _group_scores(tl.load(Kc + crow[:, None] + jb[None, :]), q0, q1, q2, q3, L1, L2, CONV, LEV) * sk[:, None]  # [N, R]
     if KBITS == 4:
-        s += _group_scores(tl.load(Kc + PLANE + crow[:, None] + jb[None, :]), q0, q1, q2, q3, CONV) * (4.0 * sk)[:, None]
+        s += _group_scores(tl.load(Kc + PLANE + crow[:, None] + jb[None, :]), q0, q1, q2, q3, L1, L2, CONV,
+                           LEV) * (4.0 * sk)[:, None]
     return s
 
 
 @triton.jit
-def _value_group(Vc, vrow, jb, p, sv, a0, a1, a2, a3, alpha, F16: tl.constexpr, PLANE: tl.constexpr,
-                 VBITS: tl.constexpr, CONV: tl.constexpr):
+def _value_group(Vc, vrow, jb, p, sv, a0, a1, a2, a3, alpha, L1, L2, F16: tl.constexpr, PLANE: tl.constexpr,
+                 VBITS: tl.constexpr, CONV: tl.constexpr, LEV: tl.constexpr):
     """Rescale one value group's slice accumulators and add ``c^T @ (p s)``; a 4-bit value adds its high
     plane (``PLANE`` bytes on) with ``p · 4s``."""
     a0, a1, a2, a3 = _group_values(tl.load(Vc + vrow[None, :] + jb[:, None]), (p * sv[:, None]).to(F16),  # [LG, N]
-                                   a0, a1, a2, a3, alpha, CONV)
+                                   a0, a1, a2, a3, alpha, L1, L2, CONV, LEV)
     if VBITS == 4:
         one = tl.full(alpha.shape, 1.0, tl.float32)
         a0, a1, a2, a3 = _group_values(tl.load(Vc + PLANE + vrow[None, :] + jb[:, None]),
-                                       (p * (4.0 * sv)[:, None]).to(F16), a0, a1, a2, a3, one, CONV)
+                                       (p * (4.0 * sv)[:, None]).to(F16), a0, a1, a2, a3, one, L1, L2, CONV, LEV)
     return a0, a1, a2, a3
 
 
 @triton.jit
-def _int2_step(page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
+def _int2_step(page, off, h, qk_scale, KL1, KL2, VL1, VL2, Kc, Ks, Kz, Vc, Vs, Vz,
                stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
                F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr,
-               KBITS: tl.constexpr, VBITS: tl.constexpr):
+               KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
     """One full tile of INT2 tokens (page ``page``, in-page offsets ``off``) for the online softmax
     (see the module docstring). No masks: every load is a vector copy Triton can pipeline. A 4-bit kind
     (``KBITS``/``VBITS`` = 4) is two INT2 planes, the high one ``PLANE = d / 4`` bytes on, read as a second
@@ -400,21 +427,23 @@ def _int2_step(page, off, h, qk_scale, Kc, Ks, Kz, Vc, Vs, Vz,
     vrow = page * stride_vp + h * stride_vh + off * stride_vt
     srow = page * stride_sp + h * stride_sh + off * stride_st
     jb = tl.arange(0, LG)
-    sk = tl.load(Ks + srow).to(tl.float32) * 2.0**21
+    KSHIFT: tl.constexpr = 18 if KLEV else 0  # key slices 2^18 coarser with a level table (module docstring)
+    sk = tl.load(Ks + srow).to(tl.float32) * 2.0**(21 - KSHIFT)
     zk = tl.load(Kz + srow).to(tl.float32)
-    s = _key_group(Kc, crow, jb, h0, h1, h2, h3, sk, PLANE, KBITS, CONV) + zk[:, None] * qs0[None, :]
+    s = _key_group(Kc, crow, jb, h0, h1, h2, h3, sk, KL1, KL2, PLANE, KBITS, CONV, KLEV) + zk[:, None] * qs0[None, :]
     if NG == 2:
-        sk1 = tl.load(Ks + 1 + srow).to(tl.float32) * 2.0**21
+        sk1 = tl.load(Ks + 1 + srow).to(tl.float32) * 2.0**(21 - KSHIFT)
         zk1 = tl.load(Kz + 1 + srow).to(tl.float32)
-        s += _key_group(Kc + LG, crow, jb, g0, g1, g2, g3, sk1, PLANE, KBITS, CONV) + zk1[:, None] * qs1[None, :]
+        s += _key_group(Kc + LG, crow, jb, g0, g1, g2, g3, sk1, KL1, KL2, PLANE, KBITS, CONV, KLEV) + zk1[:, None] * qs1[None, :]
     p, alpha, m_i, l_i = _softmax_step_t(s * qk_scale, m_i, l_i)
     sv = tl.load(Vs + srow).to(tl.float32)
     zv = tl.load(Vz + srow).to(tl.float32)
-    a0, a1, a2, a3 = _value_group(Vc, vrow, jb, p, sv, a0, a1, a2, a3, alpha, F16, PLANE, VBITS, CONV)
+    a0, a1, a2, a3 = _value_group(Vc, vrow, jb, p, sv, a0, a1, a2, a3, alpha, VL1, VL2, F16, PLANE, VBITS, CONV, VLEV)
     acc_m = acc_m * alpha + tl.sum(p * zv[:, None], 0)
     if NG == 2:
         sv1 = tl.load(Vs + 1 + srow).to(tl.float32)
         zv1 = tl.load(Vz + 1 + srow).to(tl.float32)
-        e0, e1, e2, e3 = _value_group(Vc + LG, vrow, jb, p, sv1, e0, e1, e2, e3, alpha, F16, PLANE, VBITS, CONV)
+        e0, e1, e2, e3 = _value_group(Vc + LG, vrow, jb, p, sv1, e0, e1, e2, e3, alpha, VL1, VL2, F16, PLANE, VBITS, CONV,
+                                      VLEV)
         acc_m1 = acc_m1 * alpha + tl.sum(p * zv1[:, None], 0)
     return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i

@@ -8,7 +8,8 @@ Algorithm (flash attention over the layout of :mod:`oscarkv.cache.paged_layout`)
     for the cached BF16 tokens (sink + recent window), BLOCK_N at a time:   flash step, bf16 dots
     for the cached INT2 history, BLOCK_N at a time:
         codes → m + s·code per group, in registers (one tile at a time, never a dense prefix);
-        a 4-bit kind reads its two INT2 planes, code = lo + 4·hi
+        a 4-bit kind reads its two INT2 planes, code = lo + 4·hi; a 2-bit kind with a level table
+        (KLEV/VLEV, ``Int2Pages.levels``) m + s·L[code]
     for the chunk's own K/V (full precision), up to the block's last token:  causal mask
     out = acc / l
 
@@ -32,6 +33,7 @@ import triton
 import triton.language as tl
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
+from oscarkv.kernels.levels import _levels, level_args
 
 LOG2E = 1.4426950408889634
 
@@ -48,9 +50,10 @@ def _step(s, v, m_i, l_i, acc, DT: tl.constexpr):
 
 
 @triton.jit
-def _dequant(C, S, Z, crow, srow, ok, cols, G: tl.constexpr, BITS: tl.constexpr):
+def _dequant(C, S, Z, crow, srow, ok, cols, L1, L2, G: tl.constexpr, BITS: tl.constexpr, LEV: tl.constexpr):
     """Low-bit tile ``[N, D]`` in natural channel order: m + s·code (fp32); a 4-bit code is
-    ``lo + 4·hi`` from two INT2 planes, the high one ``D / 4`` bytes on (``oscarkv.quant.int2``)."""
+    ``lo + 4·hi`` from two INT2 planes, the high one ``D / 4`` bytes on (``oscarkv.quant.int2``);
+    ``LEV``: m + s·L[code] with the 2-bit table ``(0, L1, L2, 3)``."""
     LG: tl.constexpr = G // 4
     D: tl.constexpr = cols.shape[0]
     within = cols % G
@@ -61,7 +64,7 @@ def _dequant(C, S, Z, crow, srow, ok, cols, G: tl.constexpr, BITS: tl.constexpr)
         c += ((tl.load(C + D // 4 + crow[:, None] + byte[None, :], mask=ok[:, None], other=0) >> shift[None, :]) & 3) * 4
     s = tl.load(S + srow[:, None] + (cols // G)[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
     z = tl.load(Z + srow[:, None] + (cols // G)[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    return z + s * c.to(tl.float32)
+    return z + s * _levels(c, L1, L2, LEV).to(tl.float32)
 
 
 @triton.jit
@@ -75,7 +78,8 @@ def _extend_kernel(Q, Kn, Vn, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, I
                    stride_bfb, stride_inb, stride_ot, stride_oh,
                    REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, HAS_INT2: tl.constexpr, INTERPRET: tl.constexpr,
-                   KBITS: tl.constexpr, VBITS: tl.constexpr):
+                   KBITS: tl.constexpr, VBITS: tl.constexpr,
+                   KL1=0.0, KL2=0.0, VL1=0.0, VL2=0.0, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
     # NOTE: INTERPRET: while loops and fp32 dots for Triton's CPU interpreter (see decode.py).
     DT: tl.constexpr = tl.float32 if INTERPRET else tl.bfloat16
     BLOCK_M: tl.constexpr = BLOCK_T * REP_PAD
@@ -118,9 +122,10 @@ def _extend_kernel(Q, Kn, Vn, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, I
                 crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
                 vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
                 srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-                k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, G, KBITS).to(DT)
+                k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, KL1, KL2, G, KBITS, KLEV).to(DT)
                 s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-                m_i, l_i, acc = _step(s, _dequant(Vc, Vs, Vz, vrow, srow, ok, cols, G, VBITS), m_i, l_i, acc, DT)
+                m_i, l_i, acc = _step(s, _dequant(Vc, Vs, Vz, vrow, srow, ok, cols, VL1, VL2, G, VBITS, VLEV), m_i, l_i,
+                                      acc, DT)
                 n0 += BLOCK_N
         # ---- the chunk itself, causal
         hi = tl.minimum(c, t0 + BLOCK_T)
@@ -184,6 +189,6 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         k2.scale.stride(0), k2.scale.stride(1), k2.scale.stride(2),
         tables.bf16_table.stride(0), tables.int2_table.stride(0), out.stride(0), out.stride(1),
         REP=rep, REP_PAD=rep_pad, D=d, G=g, P=p, BLOCK_T=cfg["BLOCK_T"], BLOCK_N=cfg["BLOCK_N"], HAS_INT2=int2,
-        KBITS=k2.bits, VBITS=v2.bits,
+        KBITS=k2.bits, VBITS=v2.bits, **(level_args(k2, v2) if int2 else {}),
         INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out

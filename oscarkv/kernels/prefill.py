@@ -7,8 +7,8 @@ converted once per step and layer — amortized over *all* ``c × rep`` query ro
 and the products run in a tuned attention kernel:
 
     for each segment of at most ``S`` cached tokens (BF16 tokens first, then INT2 ones):
-        _gather_kernel:   pages → dense bf16 K, V [1, H, s, d]     (INT2: m + s·code in fp32, rounded
-                          to bf16 — the value the extend kernel feeds its dots)
+        _gather_kernel:   pages → dense bf16 K, V [1, H, s, d]     (INT2: m + s·code, or m + s·L[code] with a
+                          level table, in fp32, rounded to bf16 — the value the extend kernel feeds its dots)
         attention:        queries stacked per KV head, [1, H, rep·c, d] (no mask: every cached token is
                           visible to every chunk query, so the GQA group folds into the rows) → (o, lse)
     the chunk itself:     [1, Hq, c, d] over its own K/V [1, H, c, d], causal → (o, lse)
@@ -37,6 +37,7 @@ import triton.language as tl
 from torch.profiler import record_function
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
+from oscarkv.kernels.levels import level_args
 from oscarkv.kernels.extend import _dequant
 
 SEGMENT_BYTES = 512 << 20
@@ -51,9 +52,9 @@ kernel of :mod:`oscarkv.kernels.extend`, which reads the prefix once per ``64 / 
 @triton.jit
 def _gather_tile(Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
                  stride_bp, stride_bh, stride_bt, stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt,
-                 stride_sp, stride_sh, stride_st, stride_oh, out0,
+                 stride_sp, stride_sh, stride_st, stride_oh, out0, KL1, KL2, VL1, VL2,
                  D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, INT2: tl.constexpr, BLOCK: tl.constexpr,
-                 KBITS: tl.constexpr, VBITS: tl.constexpr):
+                 KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
     """Tokens ``t0 + [i·BLOCK, (i+1)·BLOCK)`` of one tier of one sequence, KV head ``program_id(1)``,
     as rows ``out0 + ...`` of ``OutK/OutV [H, s, D]`` (bf16; fp32 in the CPU interpreter, which truncates
     fp32 → bf16 casts instead of rounding them)."""
@@ -68,8 +69,8 @@ def _gather_tile(Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
         crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
         vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
         srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-        k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, G, KBITS)
-        v = _dequant(Vc, Vs, Vz, vrow, srow, ok, cols, G, VBITS)
+        k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, KL1, KL2, G, KBITS, KLEV)
+        v = _dequant(Vc, Vs, Vz, vrow, srow, ok, cols, VL1, VL2, G, VBITS, VLEV)
     else:
         rows = (page * stride_bp + h * stride_bh + (toks % P) * stride_bt)[:, None] + cols[None, :]
         k = tl.load(Kb + rows, mask=ok[:, None], other=0.0)
@@ -83,17 +84,18 @@ def _gather_tile(Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
 def _gather_bf16_kernel(Kb, Vb, Table, OutK, OutV, t0, count, stride_bp, stride_bh, stride_bt, stride_oh, out0,
                         D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr):
     _gather_tile(Kb, Vb, Kb, Kb, Kb, Kb, Kb, Kb, Table, OutK, OutV, t0, count, stride_bp, stride_bh, stride_bt,
-                 0, 0, 0, 0, 0, 0, 0, 0, 0, stride_oh, out0, D, D, P, False, BLOCK, 2, 2)
+                 0, 0, 0, 0, 0, 0, 0, 0, 0, stride_oh, out0, 0.0, 0.0, 0.0, 0.0, D, D, P, False, BLOCK, 2, 2, False, False)
 
 
 @triton.jit
 def _gather_int2_kernel(Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
                         stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
                         stride_oh, out0, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr,
-                        KBITS: tl.constexpr, VBITS: tl.constexpr):
+                        KBITS: tl.constexpr, VBITS: tl.constexpr,
+                        KL1=0.0, KL2=0.0, VL1=0.0, VL2=0.0, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
     _gather_tile(Kc, Kc, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count, 0, 0, 0,
                  stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
-                 stride_oh, out0, D, G, P, True, BLOCK, KBITS, VBITS)
+                 stride_oh, out0, KL1, KL2, VL1, VL2, D, G, P, True, BLOCK, KBITS, VBITS, KLEV, VLEV)
 
 
 def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
@@ -111,7 +113,7 @@ def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
     assert k2.group == v2.group and k2.scale.stride() == v2.scale.stride() == k2.zero.stride() == v2.zero.stride()
     _gather_int2_kernel[grid](k2.codes, k2.scale, k2.zero, v2.codes, v2.scale, v2.zero, table, out_k, out_v, t0, count,
                               *k2.codes.stride()[:3], *v2.codes.stride()[:3], *k2.scale.stride()[:3], out_k.stride(1),
-                              out0, D=d, G=k2.group, P=p, BLOCK=BLOCK, KBITS=k2.bits, VBITS=v2.bits)
+                              out0, D=d, G=k2.group, P=p, BLOCK=BLOCK, KBITS=k2.bits, VBITS=v2.bits, **level_args(k2, v2))
 
 
 def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

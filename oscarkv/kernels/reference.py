@@ -3,7 +3,8 @@
 Every Triton kernel in ``oscarkv.kernels`` is tested against one function here. They read the
 paged layout of :mod:`oscarkv.cache.paged_layout` (the contract) directly and favour clarity
 over speed: one sequence at a time, the cache gathered into a dense fp32 tensor, the INT2 pages
-dequantized with :func:`oscarkv.quant.int2.dequantize` (never a second copy of the format).
+dequantized with :func:`oscarkv.quant.int2.dequantize` and the pool's level table (never a second copy
+of the format).
 
 Conventions shared with the kernels:
 
@@ -44,7 +45,7 @@ def _int2_tokens(pool: Int2Pages, table: torch.Tensor, n: int) -> torch.Tensor:
     assert n % p == 0, f"INT2 length {n} is not a multiple of the page size {p}"
     pages = table[: n // p].long()
     packed = Packed(pool.codes[pages], pool.scale[pages], pool.zero[pages])
-    x = dequantize(packed, pool.bits, pool.group)  # [n_pages, H, P, d]
+    x = dequantize(packed, pool.bits, pool.group, pool.levels)  # [n_pages, H, P, d]
     return x.permute(1, 0, 2, 3).reshape(x.shape[1], -1, x.shape[3])
 
 

@@ -5,8 +5,8 @@
 (:func:`oscarkv.quant.bpe.tiers`): BF16 sink pages, then recent-window pages, INT2 history
 pages in between. Page ids are shuffled so that kernels must follow the tables; page 0 is the
 scratch page and is filled with NaN so that a kernel reading it is caught. INT2 pages hold the
-real encoding (:func:`oscarkv.quant.int2.quantize`) of random data, so scales and zeros are
-realistic.
+real encoding (:func:`oscarkv.quant.int2.quantize`, with a 2-bit level table when given) of random
+data, so scales and zeros are realistic.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from oscarkv.cache.paged_layout import Int2Pages, LayerKV, PageTables
 from oscarkv.quant.bpe import tiers
-from oscarkv.quant.int2 import quantize
+from oscarkv.quant.int2 import Levels, quantize
 
 
 def _tables(per_seq: list[list[int]], device) -> torch.Tensor:
@@ -27,26 +27,28 @@ def _tables(per_seq: list[list[int]], device) -> torch.Tensor:
 
 
 def random_int2_pool(n: int, h: int, p: int, d: int, group: int, device, gen: torch.Generator,
-                     bits: int = 2) -> Int2Pages:
-    """``n`` history pages holding the ``bits``-bit encoding of standard-normal data (encoded in chunks)."""
+                     bits: int = 2, levels: Levels | None = None) -> Int2Pages:
+    """``n`` history pages holding the ``bits``-bit encoding of standard-normal data (encoded in chunks; ``levels``:
+    a 2-bit level table)."""
     codes = torch.empty(n, h, p, d * bits // 8, dtype=torch.uint8, device=device)
     scale = torch.empty(n, h, p, d // group, dtype=torch.float16, device=device)
     zero = torch.empty_like(scale)
     step = max(1, (1 << 22) // (h * p * d))
     for lo in range(0, n, step):
         x = torch.randn(min(step, n - lo), h, p, d, generator=gen, device=device)
-        pk = quantize(x.bfloat16().float(), bits, group)
+        pk = quantize(x.bfloat16().float(), bits, group, levels)
         codes[lo : lo + step], scale[lo : lo + step], zero[lo : lo + step] = pk
-    return Int2Pages(codes, scale, zero, bits)
+    return Int2Pages(codes, scale, zero, bits, levels)
 
 
 def random_cache(lens: list[int], heads: int, head_dim: int, *, page: int = 16, group: int | None = None,
                  sink: int = 64, recent: int = 256, int2: bool = True, device="cpu",
-                 seed: int = 0, shuffle: bool = True, bits: tuple[int, int] = (2, 2)) -> tuple[LayerKV, PageTables]:
+                 seed: int = 0, shuffle: bool = True, bits: tuple[int, int] = (2, 2),
+                 levels: tuple[Levels | None, Levels | None] = (None, None)) -> tuple[LayerKV, PageTables]:
     """A batch of sequences of ``lens`` tokens in freshly filled pools (one layer).
 
     ``int2=False`` keeps every token in BF16 (a ``kv=bf16`` cache); ``bits``: key and value bits of
-    the history pages. Pages are placed in random
+    the history pages; ``levels``: their 2-bit level tables (``None``: uniform). Pages are placed in random
     order unless ``shuffle=False`` (consecutive pages, as a freshly filled engine pool holds them)."""
     group = group or min(head_dim, 128)
     assert sink % page == 0, "the layout contract needs sink % page == 0"
@@ -76,8 +78,8 @@ def random_cache(lens: list[int], heads: int, head_dim: int, *, page: int = 16, 
     bf_k[0], bf_v[0] = float("nan"), float("nan")
     ik = iv = None
     if int2:
-        ik = random_int2_pool(ni, heads, page, head_dim, group, device, gen, bits[0])
-        iv = random_int2_pool(ni, heads, page, head_dim, group, device, gen, bits[1])
+        ik = random_int2_pool(ni, heads, page, head_dim, group, device, gen, bits[0], levels[0])
+        iv = random_int2_pool(ni, heads, page, head_dim, group, device, gen, bits[1], levels[1])
         for pool in (ik, iv):
             pool.scale[0], pool.zero[0] = float("nan"), float("nan")
     # the sink's last page may be partial only when the sequence is shorter than the sink;

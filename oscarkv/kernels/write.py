@@ -9,13 +9,15 @@ Algorithm, one program per (block of BLOCK_T tokens, KV head h)::
         tau  = floor(c G)-th smallest |x|  (tl.sort);  x = clamp(x, -tau, tau)
         s    = fp16((max - min) / Q),  m = fp16(min)   (Q = 2^BITS - 1; IEEE division, as PyTorch)
         code = clamp(floor((x - m) / s + 0.5), 0, Q),  0 where s == 0
+               (LEVELS, a 2-bit level table: v = (x - m) / s + 0.5, code = [v >= B0] + [v >= B1] + [v >= B2]
+                with the table's fp32 boundaries, oscarkv.quant.int2.boundaries)
         byte j of the group = c[j] | c[j + G/4] << 2 | c[j + G/2] << 4 | c[j + 3G/4] << 6 with c = code
         (BITS = 2), or two planes c = code & 3 at bytes [0, d/4), c = code >> 2 at [d/4, d/2) (BITS = 4)
         store codes, s, m at the token's INT2 slot
 
 ``demote_layers`` runs the demotion of one page list in every layer of the pools at once (the
 pools' leading layer dimension flattened into the page dimension): one launch per distinct
-clip rank — one for every built-in method — instead of one per layer.
+clip rank and level table — one for every built-in method — instead of one per layer.
 
 ``store_kv`` is the engine's BF16 write of K and V that are already in the stored domain
 (``TritonAttention.write``): round to BF16 (nearest even, as ``Tensor.to``) and scatter to the
@@ -48,6 +50,7 @@ import triton.language as tl
 from oscarkv.cache.paged_layout import Int2Pages, device_tensor
 from oscarkv.quant.clip import clip_rank
 from oscarkv.quant.codec import TensorCodec
+from oscarkv.quant.int2 import boundaries
 
 
 @triton.jit
@@ -67,10 +70,11 @@ def _pack2(c, BLOCK_T: tl.constexpr, NG: tl.constexpr, L: tl.constexpr, D: tl.co
 
 
 @triton.jit
-def _encode_inner(x, BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, CLIP_K: tl.constexpr,
-                  BITS: tl.constexpr):
+def _encode_inner(x, B0, B1, B2, BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, CLIP_K: tl.constexpr,
+                  BITS: tl.constexpr, LEVELS: tl.constexpr):
     """Rotated fp32 rows [BLOCK_T, D] → packed planes (low, high) [BLOCK_T, D/4] uint8 (the high plane is
-    the low one again for BITS = 2), scale, zero [BLOCK_T, D/G] fp32."""
+    the low one again for BITS = 2), scale, zero [BLOCK_T, D/G] fp32; ``LEVELS``: 2-bit codes against the
+    level table's boundaries ``B0 < B1 < B2`` (fp32 scalars)."""
     NG: tl.constexpr = D // G
     L: tl.constexpr = G // 4
     xg = tl.reshape(x, [BLOCK_T, NG, G])
@@ -86,8 +90,13 @@ def _encode_inner(x, BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, CL
     m = lo.to(tl.float16).to(tl.float32)
     pos = (s > 0)[:, :, None]
     y = tl.math.div_rn(xg - m[:, :, None], tl.where(pos, s[:, :, None], 1.0))
-    code = tl.minimum(tl.maximum(tl.floor(y + 0.5), 0.0), QMAX)
-    code = tl.where(pos, code, 0.0).to(tl.int32)
+    if LEVELS:
+        v = y + 0.5
+        code = (v >= B0).to(tl.int32) + (v >= B1).to(tl.int32) + (v >= B2).to(tl.int32)
+        code = tl.where(pos, code, 0)
+    else:
+        code = tl.minimum(tl.maximum(tl.floor(y + 0.5), 0.0), QMAX)
+        code = tl.where(pos, code, 0.0).to(tl.int32)
     low = _pack2(code & 3, BLOCK_T, NG, L, D)
     high = low
     if BITS == 4:
@@ -96,12 +105,12 @@ def _encode_inner(x, BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, CL
 
 
 @triton.jit
-def _write_kernel(X, SrcSlots, R, Mu, Bf, BfSlots, Codes, Scale, Zero, InSlots, T,
+def _write_kernel(X, SrcSlots, R, Mu, Bf, BfSlots, Codes, Scale, Zero, InSlots, T, B0, B1, B2,
                   stride_xp, stride_xh, stride_xt, stride_rh, stride_muh,
                   stride_bp, stride_bh, stride_bt, stride_cp, stride_ch, stride_ct, stride_sp, stride_sh, stride_st,
                   D: tl.constexpr, G: tl.constexpr, SRC_P: tl.constexpr, P: tl.constexpr, BLOCK_T: tl.constexpr,
                   ROTATE: tl.constexpr, CENTER: tl.constexpr, STORE_BF16: tl.constexpr, STORE_INT2: tl.constexpr,
-                  CLIP_K: tl.constexpr, BITS: tl.constexpr):
+                  CLIP_K: tl.constexpr, BITS: tl.constexpr, LEVELS: tl.constexpr):
     h = tl.program_id(1)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     live = t < T
@@ -120,7 +129,7 @@ def _write_kernel(X, SrcSlots, R, Mu, Bf, BfSlots, Codes, Scale, Zero, InSlots, 
         drow = (dst // P).to(tl.int64) * stride_bp + h * stride_bh + (dst % P) * stride_bt
         tl.store(Bf + drow[:, None] + cols[None, :], x.to(Bf.dtype.element_ty), mask=ok[:, None])
     if STORE_INT2:
-        low, high, s, m = _encode_inner(x, BLOCK_T, D, G, CLIP_K, BITS)
+        low, high, s, m = _encode_inner(x, B0, B1, B2, BLOCK_T, D, G, CLIP_K, BITS, LEVELS)
         dst = tl.load(InSlots + t, mask=live, other=-1)
         ok = live & (dst >= 0)
         page = (dst // P).to(tl.int64)
@@ -178,15 +187,18 @@ def _launch(x, src_slots, src_page: int, codec: TensorCodec, rotate: bool, bf16_
     scale = int2_pool.scale if store_int2 else bf16_pool
     zero = int2_pool.zero if store_int2 else bf16_pool
     block_t = 16 if dev.type == "cuda" else 8
+    levels = store_int2 and codec.levels is not None
+    bounds = boundaries(codec.levels) if levels else (0.0, 0.0, 0.0)
     _write_kernel[(triton.cdiv(n, block_t), h)](
         x, src_slots, rot if rot is not None else x, mu if mu is not None else x, bf16_pool,
         bf16_slots if bf16_slots is not None else src_slots, codes, scale, zero,
-        int2_slots if int2_slots is not None else src_slots, n,
+        int2_slots if int2_slots is not None else src_slots, n, *bounds,
         x.stride(0), x.stride(1), x.stride(2) if src_page > 1 else 0,
         rot.stride(0) if rot is not None else 0, mu.stride(0) if mu is not None else 0,
         *bf16_pool.stride()[:3], *codes.stride()[:3], *scale.stride()[:3],
         D=d, G=g, SRC_P=src_page, P=p, BLOCK_T=block_t, ROTATE=rot is not None, CENTER=mu is not None,
-        STORE_BF16=bf16_slots is not None, STORE_INT2=store_int2, CLIP_K=k, BITS=codec.bits or 2, num_warps=4)
+        STORE_BF16=bf16_slots is not None, STORE_INT2=store_int2, CLIP_K=k, BITS=codec.bits or 2, LEVELS=levels,
+        num_warps=4)
 
 
 def write_tokens(x: torch.Tensor, codec: TensorCodec, bf16_pool: torch.Tensor, bf16_slots: torch.Tensor,
@@ -211,7 +223,7 @@ def demote_pages(bf16_pool: torch.Tensor, src_pages: torch.Tensor, int2_pool: In
 def demote_layers(bf16_pools: torch.Tensor, src_pages: torch.Tensor, int2_pools: Int2Pages,
                   dst_pages: torch.Tensor, codecs: Sequence[TensorCodec]) -> None:
     """:func:`demote_pages` in every layer: ``bf16_pools [L, N, H, P, d]``, ``int2_pools`` with
-    a leading ``L`` too, ``codecs[l]`` layer ``l``'s. One launch per distinct clip rank."""
+    a leading ``L`` too, ``codecs[l]`` layer ``l``'s. One launch per distinct clip rank and level table."""
     L, n, h, p, d = bf16_pools.shape
     n_int2 = int2_pools.codes.shape[1]
     assert len(codecs) == L and src_pages.shape == dst_pages.shape and src_pages.dtype == dst_pages.dtype == torch.int32
@@ -220,9 +232,9 @@ def demote_layers(bf16_pools: torch.Tensor, src_pages: torch.Tensor, int2_pools:
     flat_int2 = Int2Pages(*(t.flatten(0, 1) for t in (int2_pools.codes, int2_pools.scale, int2_pools.zero)), int2_pools.bits)
     dev = bf16_pools.device
     offs = torch.arange(p, dtype=torch.int32, device=dev)
-    by_rank: dict[int, list[int]] = {}
+    by_rank: dict[tuple, list[int]] = {}
     for i, c in enumerate(codecs):
-        by_rank.setdefault(clip_rank(c.clip, c.group) if c.clip is not None else c.group, []).append(i)
+        by_rank.setdefault((clip_rank(c.clip, c.group) if c.clip is not None else c.group, c.levels), []).append(i)
     for layers in by_rank.values():
         ls = (torch.arange(L, dtype=torch.int32, device=dev) if len(layers) == L
               else device_tensor(layers, dev))[:, None, None]  # [l, 1, 1]

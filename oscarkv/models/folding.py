@@ -50,7 +50,8 @@ def folded_value_codec(value: TensorCodec) -> TensorCodec:
         return value
     mean = None if value.mean is None else torch.einsum("hd,hde->he", value.mean.double(),
                                                        value.rotation.double()).float()
-    return TensorCodec(value.bits, value.group, None, mean, value.clip, value.per_channel)  # no inverse left
+    return TensorCodec(value.bits, value.group, None, mean, value.clip, value.per_channel,
+                       levels=value.levels)  # no inverse left
 
 
 def fold_values(model, codecs) -> list[TensorCodec]:

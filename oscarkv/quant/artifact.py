@@ -8,6 +8,7 @@ Tensors, stacked over layers (``L`` layers, ``H`` KV heads, head_dim ``d``):
     key.eigenvalues, value.eigenvalues  [L, H, d]
     key.mean, value.mean                [L, H, d]     zeros when centering is off
     key.scale, value.scale              [L, H, d]     optional importance scaling a > 0 (eigenbasis order)
+    key.levels, value.levels            [L, 4]        optional 2-bit level tables (0, l1, l2, 3) per layer
 
 Importance scaling (an extension beyond the paper, ``CalibrationConfig.scaling``): with one
 quantization group per head (G = d) an orthogonal R cannot shape the quantization noise —
@@ -16,6 +17,12 @@ its weighted error ``σ² tr(C)`` is rotation invariant — so the codec stores
 mixes it, and the noise it receives shrinks by ``1/a_i``. The codec built here carries the
 explicit inverse and the query map ``R⁻ᵀ`` (``oscarkv.quant.codec``). ``rotation`` itself stays
 the orthogonal ``U·H·P_br`` and is validated as such; absent ``scale`` means ``a = 1``.
+
+Level tables (``oscarkv.quant.int2``, fitted by ``oscarkv.calibrate.levels``): one per layer for keys
+and one for values (per layer, not per head, so a tensor-parallel rank needs no shard of them). They are
+served only where ``KVConfig.levels`` is ``lloyd_max`` (the recipe's choice); absent tensors (artifacts
+fitted before them) serve uniform levels only, bit-identically to before. Loading checks each row: 4
+fp16 values, endpoints 0 and 3, strictly increasing.
 The manifest records the format version, the oscarkv version, the model fingerprint, the
 method options, the group size, per-layer clip ratios and the calibration data (and, for a
 model with sliding-window layers, ``bf16_layers``: those layers hold the identity, unclipped, being
@@ -37,6 +44,7 @@ from safetensors.torch import load_file, save_file
 
 from oscarkv.config import FIXED_BITS, KVConfig, __version__
 from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec, with_bits
+from oscarkv.quant.int2 import levels_error
 from oscarkv.quant.rotation import orthogonality_error
 
 FORMAT_VERSION = 2
@@ -183,9 +191,26 @@ class Artifact:
                     raise ArtifactError(f"tensor {kind}.scale: {int((t <= 0).sum())} value(s) <= 0 (the scales must "
                                         f"be positive), e.g. at index {_first(t <= 0)}")
         for kind in ("key", "value"):
+            self._validate_levels(kind, L)
+        for kind in ("key", "value"):
             err = orthogonality_error(self.tensors[f"{kind}.rotation"])
             if err > ORTHO_TOL:
                 raise ArtifactError(f"tensor {kind}.rotation: not orthogonal (max |R Rᵀ - I| = {err:.2e})")
+
+    def _validate_levels(self, kind: str, num_layers: int) -> None:
+        t = self.tensors.get(f"{kind}.levels")
+        if t is None:
+            return
+        _check_tensor(f"{kind}.levels", t, (num_layers, 4), "shape")
+        for i, row in enumerate(t):
+            why = levels_error(row)
+            if why:
+                raise ArtifactError(f"tensor {kind}.levels: layer {i}: {why}")
+
+    def levels(self, kind: str, layer: int) -> tuple[float, ...] | None:
+        """Layer ``layer``'s fitted level table of ``kind``, ``None`` when the artifact holds none."""
+        t = self.tensors.get(f"{kind}.levels")
+        return None if t is None else tuple(t[layer].tolist())
 
     def _validate_clips(self, fp: ModelFingerprint) -> None:
         clips = self.manifest.get("clip", {})
@@ -216,19 +241,26 @@ class Artifact:
     def codec(self, cfg: KVConfig, group: int) -> KVCodec:
         """OSCAR codecs for every layer at ``cfg``'s key and value bits; the clips were fitted for the
         artifact's group size at 2 bits (4-bit kinds are not clipped: ``codec.with_bits``), and
-        ``cfg.key_clip`` replaces the fitted key clips when set."""
+        ``cfg.key_clip`` replaces the fitted key clips when set; ``cfg.levels == "lloyd_max"`` takes the level
+        tables (2-bit kinds only)."""
         if group != self.manifest["group_size"]:
             raise ArtifactError(f"field group_size: artifact was fitted with G={self.manifest['group_size']}, "
                                 f"the cache asks for G={group}")
+        if cfg.levels == "lloyd_max" and not all(f"{k}.levels" in self.tensors for k in ("key", "value")):
+            raise ArtifactError("tensor key.levels/value.levels: missing, but KVConfig.levels is 'lloyd_max' (fit them: "
+                                "oscarkv calibrate --rotations DIR --levels uniform,lloyd_max ...)")
         layers = []
         for i in range(self.fingerprint.num_layers):
-            key, value = (self._tensor_codec(kind, i, group) for kind in ("key", "value"))
+            key, value = (self.fitted_codec(kind, i, group) for kind in ("key", "value"))
             if cfg.key_clip is not None:
                 key = replace(key, clip=_clip(cfg.key_clip))
+            if cfg.levels == "lloyd_max":
+                key, value = (replace(c, levels=self.levels(k, i)) for c, k in ((key, "key"), (value, "value")))
             layers.append(LayerCodec(with_bits(key, cfg.key_bits), with_bits(value, cfg.value_bits)))
         return KVCodec(cfg, tuple(layers), group)
 
-    def _tensor_codec(self, kind: str, layer: int, group: int) -> TensorCodec:
+    def fitted_codec(self, kind: str, layer: int, group: int) -> TensorCodec:
+        """Layer ``layer``'s INT2 codec of ``kind`` as fitted: its transform, mean and clip, uniform levels."""
         return tensor_codec(self.tensors, kind, layer, group, _clip(self.manifest["clip"][kind][layer]))
 
 
@@ -286,7 +318,7 @@ def _clip(c: float) -> float | None:
 
 
 def apply_recipe(kv: KVConfig, artifact: Artifact | None) -> KVConfig:
-    """``kv`` with the windows and key/value bits the artifact's manifest chose (``recipe``, written by
+    """``kv`` with the windows, key/value bits, key clip and levels the artifact's manifest chose (``recipe``, written by
     ``oscarkv calibrate --max-bpe``/``--tolerance``; bits absent: 2) when ``kv`` is OSCAR and the manifest holds one;
     otherwise ``kv`` unchanged. Callers apply it only where the user set no windows."""
     recipe = artifact.manifest.get("recipe") if artifact is not None else None
@@ -294,7 +326,7 @@ def apply_recipe(kv: KVConfig, artifact: Artifact | None) -> KVConfig:
         return kv
     return replace(kv, sink=recipe["sink"], recent=recipe["recent"], page_size=recipe.get("page_size", kv.page_size),
                    key_bits=recipe.get("key_bits", 2), value_bits=recipe.get("value_bits", 2),
-                   key_clip=recipe.get("key_clip"))
+                   key_clip=recipe.get("key_clip"), levels=recipe.get("levels", "uniform"))
 
 
 def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
@@ -304,9 +336,11 @@ def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
         return f"kv {kv.method}: {bits}sink {kv.sink}, recent {kv.recent}, page {kv.page_size}"
     recipe = artifact.manifest.get("recipe") if artifact is not None else None
     clip = f", key clip {kv.key_clip}" if kv.key_clip is not None else ""
+    clip += f", {kv.levels} levels" if kv.levels != "uniform" else ""
     line = f"kv oscar: {bits}sink {kv.sink}, recent {kv.recent}, page {kv.page_size}{clip}"
-    if recipe and (kv.sink, kv.recent, *kv.bits, kv.key_clip) == (recipe["sink"], recipe["recent"], recipe.get("key_bits", 2),
-                                                                   recipe.get("value_bits", 2), recipe.get("key_clip")):
+    mine = (kv.sink, kv.recent, *kv.bits, kv.key_clip, kv.levels)
+    if recipe and mine == (recipe["sink"], recipe["recent"], recipe.get("key_bits", 2), recipe.get("value_bits", 2),
+                           recipe.get("key_clip"), recipe.get("levels", "uniform")):
         return (f"{line} (the artifact's recipe: {recipe['bpe']} bits per element at {recipe['context']} tokens, "
                 f"chosen on {recipe['objective']} over {recipe.get('dev_samples', '?')} development samples)")
     return line + (" (set by the caller; the artifact's recipe differs)" if recipe else " (no recipe in the artifact)")

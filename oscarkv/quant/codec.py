@@ -1,7 +1,8 @@
 """Per-layer key/value codecs: rotate → center → clip → quantize → pack, and back.
 
 A :class:`TensorCodec` is the complete storage rule for one tensor kind (keys or values) of
-one layer: its transform ``R [H, d, d]``, mean ``mu [H, d]``, clip ratio, bit width and group.
+one layer: its transform ``R [H, d, d]``, mean ``mu [H, d]``, clip ratio, bit width, group and, for
+2-bit codes, an optional non-uniform level table (``oscarkv.quant.int2``; ``None``: uniform).
 The rotated domain is ``x_rot = (x - mu) @ R`` per KV head; caches store ``x_rot`` (BF16 for
 windows, packed low-bit codes for history) and map back with ``x = x_rot @ R⁻¹ + mu``.
 
@@ -23,7 +24,7 @@ import torch
 from oscarkv.config import KVConfig
 from oscarkv.quant.bpe import SlidingLayers, bits_per_element, mixed_bpe, tiers
 from oscarkv.quant.clip import clip_groups
-from oscarkv.quant.int2 import Packed, dequantize, quantize
+from oscarkv.quant.int2 import Levels, Packed, dequantize, normalized, quantize
 from oscarkv.quant.rotation import compose
 
 
@@ -39,6 +40,10 @@ class TensorCodec:
     clip: float | None = None
     per_channel: bool = False  # KIVI keys: quantize each channel over a block of tokens
     inverse: torch.Tensor | None = None  # [H, d, d] fp32, R⁻¹ when R is not orthogonal (None: Rᵀ)
+    levels: Levels | None = None  # 2-bit level table (0, l1, l2, 3); None: uniform
+
+    def __post_init__(self) -> None:
+        assert self.levels is None or (self.bits == 2 and not self.per_channel), "level tables are for per-token 2-bit codes"
 
     def back_map(self) -> torch.Tensor | None:
         """``R⁻¹ [H, d, d]``: rotated domain → original (``None`` without a transform)."""
@@ -76,7 +81,12 @@ class TensorCodec:
         assert self.bits is not None, "encode() on a BF16 codec"
         if self.per_channel:  # [T, H, d] -> [H, d, T]: groups run along tokens
             return quantize(x_rot.permute(1, 2, 0), self.bits, x_rot.shape[0])
-        return quantize(clip_groups(x_rot, self.clip, self.group), self.bits, self.group)
+        return quantize(clip_groups(x_rot, self.clip, self.group), self.bits, self.group, self.levels)
+
+    def normalized(self, x_rot: torch.Tensor) -> torch.Tensor:
+        """Clipped rotated ``[T, H, d]`` in code units, fp32 ``[T, H, d/G, G]``: what :meth:`encode` rounds
+        (``oscarkv.quant.int2.normalized``; the data Lloyd-Max levels are fitted on)."""
+        return normalized(clip_groups(x_rot, self.clip, self.group), self.bits, self.group)[0]
 
     def decode(self, p: Packed) -> torch.Tensor:
         """Packed codes → fp32 rotated ``[T, H, d]``."""
@@ -84,7 +94,7 @@ class TensorCodec:
         if self.per_channel:
             t = p.codes.shape[-1] * 8 // self.bits
             return dequantize(p, self.bits, t).permute(2, 0, 1)
-        return dequantize(p, self.bits, self.group)
+        return dequantize(p, self.bits, self.group, self.levels)
 
     def fake(self, x: torch.Tensor) -> torch.Tensor:
         """Round trip ``[T, H, d]`` through storage, back in the original domain (fp32)."""
@@ -155,9 +165,13 @@ def build_codec(cfg: KVConfig, num_layers: int, num_kv_heads: int, head_dim: int
 
 
 def with_bits(codec: TensorCodec, bits: int) -> TensorCodec:
-    """``codec`` storing ``bits``-bit codes. NOTE: 4-bit codes are not clipped: clip ratios are fitted
-    for INT2 (``oscarkv.calibrate.solve``), where the rounding step is five times coarser."""
-    return codec if bits == codec.bits else replace(codec, bits=bits, clip=codec.clip if bits == 2 else None)
+    """``codec`` storing ``bits``-bit codes. NOTE: 4-bit codes are not clipped and keep uniform levels: clip
+    ratios and level tables are fitted for INT2 (``oscarkv.calibrate.solve``), where the rounding step is five
+    times coarser."""
+    if bits == codec.bits:
+        return codec
+    two = bits == 2
+    return replace(codec, bits=bits, clip=codec.clip if two else None, levels=codec.levels if two else None)
 
 
 def _baseline_layer(cfg: KVConfig, heads: int, d: int, g: int) -> LayerCodec:

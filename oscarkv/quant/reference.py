@@ -245,6 +245,8 @@ def dropped_fields(art: Artifact) -> list[str]:
             out.append(f"{kind}.scale (importance scaling)")
         if art.tensors[f"{kind}.mean"].any():
             out.append(f"{kind}.mean (centering)")
+        if f"{kind}.levels" in art.tensors:
+            out.append(f"{kind}.levels (2-bit level tables)")
     clips = art.manifest["clip"]
     if any(c != clips["key"][0] for c in clips["key"]) or any(c != clips["value"][0] for c in clips["value"]):
         out.append("per-layer clip ratios (fitted)")

@@ -171,3 +171,31 @@ def test_a_key_clip_is_a_recipe_dimension_that_the_engine_serves(loaded):
     from oscarkv.cli.main import build_parser
 
     assert build_parser().parse_args(["calibrate", "--out", "x", "--key-clips", "0.95,1"]).key_clips == (0.95, 1.0)
+
+
+def test_level_tables_are_a_recipe_dimension_that_the_engine_serves(loaded):
+    """``levels`` candidates (``... lm``: the artifact's tables on the 2-bit kinds; none for INT4), a chosen
+    ``lloyd_max`` recorded in the recipe, applied by its users, and an engine built from it reads its pages
+    with the tables."""
+    import torch
+
+    from oscarkv.engine.engine import LLMEngine
+    from oscarkv.eval.objective import recipe_record, scores_of
+
+    art = make_artifact(loaded.model.config)
+    table = (0.0, 0.875, 2.125, 3.0)
+    art.tensors |= {f"{k}.levels": torch.tensor([table] * 2) for k in ("key", "value")}
+    codecs = window_codecs(loaded, art, 512, None, KVConfig(page_size=8), (8,), (16,), ("int2", "int4"), (),
+                           ("uniform", "lloyd_max"))
+    assert set(codecs) == {"oscar s=8 r=16", "oscar s=8 r=16 lm", "oscar-int4 s=8 r=16"}
+    assert all(c.key.levels == table == c.value.levels for c in codecs["oscar s=8 r=16 lm"].layers)
+    scores = {k: DevScore(0.5 if k.endswith("lm") else 0.6, 1.0, ()) for k in codecs}
+    recipe = recipe_record("oscar s=8 r=16 lm", scores, codecs, 512, {})
+    assert recipe["levels"] == "lloyd_max" and scores_of(recipe).startswith("0.500")
+    art.manifest["recipe"] = recipe
+    kv = apply_recipe(KVConfig("oscar", group_size=art.manifest["group_size"]), art)
+    assert kv.levels == "lloyd_max" and "lloyd_max levels (the artifact's recipe" in describe_recipe(kv, art)
+    engine = LLMEngine.from_hf(loaded.model, EngineConfig(kv, kv_memory_bytes=1 << 22), art)
+    assert engine.runner.pools.layer(1).int2_v.levels == table
+    with pytest.raises(ValueError, match="RecipeSearchConfig.levels"):
+        RecipeSearchConfig(levels=("cubic",))

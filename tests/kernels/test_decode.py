@@ -28,9 +28,9 @@ def _bf16_torch_error(q, kv, tables, scale, ref):
 
 
 def _check(lens, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, splits=None, device="cpu", seed=0,
-           bits=(2, 2)):
+           bits=(2, 2), levels=(None, None)):
     kv, tables = random_cache(lens, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
-                              device=device, seed=seed, bits=bits)
+                              device=device, seed=seed, bits=bits, levels=levels)
     gen = torch.Generator(device=device).manual_seed(seed + 99)
     q = torch.randn(len(lens), hq, d, generator=gen, device=device).bfloat16()
     # NOTE: on the CPU q is passed as fp32 (bf16 values) so the output stays fp32: Triton's

@@ -37,9 +37,9 @@ def _bf16_error(q, k_new, v_new, kv, tables, cu, scale, ref):
 
 
 def _check(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, device="cpu", seed=0,
-           bits=(2, 2)):
+           bits=(2, 2), levels=(None, None)):
     kv, tables = random_cache(cached, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
-                              device=device, seed=seed, bits=bits)
+                              device=device, seed=seed, bits=bits, levels=levels)
     gen = torch.Generator(device=device).manual_seed(seed + 7)
     t = sum(chunks)
     q = torch.randn(t, hq, d, generator=gen, device=device).bfloat16()

@@ -16,9 +16,9 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 
 
-def _inputs(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, seed=0, bits=(2, 2)):
+def _inputs(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, seed=0, bits=(2, 2), levels=(None, None)):
     kv, tables = random_cache(cached, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
-                              device=DEV, seed=seed, bits=bits)
+                              device=DEV, seed=seed, bits=bits, levels=levels)
     gen = torch.Generator(device=DEV).manual_seed(seed + 11)
     t = sum(chunks)
     q, k_new, v_new = (torch.randn(t, n, d, generator=gen, device=DEV).bfloat16().float() for n in (hq, h, h))
