@@ -95,6 +95,7 @@ def test_choose_with_a_tolerance_takes_the_cheapest_that_holds():
 
 def test_the_manifest_recipe_sets_the_windows_unless_the_caller_does(llama_artifact):
     from oscarkv.llm import LLM
+    from oscarkv.models.loader import LoadedModel
 
     model, art = llama_artifact
     art.manifest["recipe"] = {"sink": 8, "recent": 24, "page_size": 8, "bpe": 3.1, "context": 512,
@@ -102,7 +103,7 @@ def test_the_manifest_recipe_sets_the_windows_unless_the_caller_does(llama_artif
     kv = apply_recipe(KVConfig("oscar", group_size=32), art)
     assert (kv.sink, kv.recent, kv.page_size) == (8, 24, 8)
     assert apply_recipe(KVConfig("naive"), art) == KVConfig("naive")
-    loaded = type("Loaded", (), {"model": model, "tokenizer": None, "config": model.config})()
+    loaded = LoadedModel(model, None, "tiny")
     llm = LLM(loaded, "oscar", artifact=art)
     assert (llm.engine.cfg.kv.sink, llm.engine.cfg.kv.recent) == (8, 24) and "the artifact's recipe" in llm.recipe
     mine = EngineConfig(KVConfig("oscar", sink=8, recent=8, page_size=8, group_size=32), kv_memory_bytes=1 << 22)
