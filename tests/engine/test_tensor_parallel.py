@@ -132,3 +132,9 @@ def test_replicated_kv_head_and_a_dying_worker(monkeypatch):
     finally:
         two.close()
     assert not two.runner.procs[0].is_alive()
+
+
+def test_a_device_elsewhere_than_the_model(llama):
+    """``device=`` places tensor-parallel ranks; a single-device engine runs where its model is, and says so."""
+    with pytest.raises(ValueError, match="runs where its model is"):
+        LLMEngine.from_hf(llama, engine_config("bf16"), device=torch.device("meta"))
