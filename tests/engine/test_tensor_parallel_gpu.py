@@ -8,8 +8,9 @@ prompt log-probabilities) must give the same tokens up to a near-tie, as the GPU
 tests compare routes (``test_gpu_engine._compare_prefix``): each rank rounds its partial
 ``o_proj``/``down_proj`` output to bf16 before the all-reduce, where one GPU rounds the whole sum
 once, so logits differ by a few bf16 ulps and a greedy choice between two tokens that close can
-flip (seen on two H200s, 2026-11-27: request 0-0 of the bf16 scenario, after 14 equal tokens). Shutdown and a dying worker run in a subprocess with a
-deadline, so that a hang fails the test instead of stalling the suite.
+flip (seen on two H200s, 2026-11-27: request 0-0 of the bf16 scenario, after 14 equal tokens).
+Shutdown and a dying worker run in a subprocess with a deadline, so that a hang fails the test
+instead of stalling the suite.
 """
 
 import subprocess
