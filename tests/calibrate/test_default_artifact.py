@@ -1,7 +1,8 @@
 """The default model's artifact ships with the package and is what ``oscarkv calibrate --model default`` makes.
 
 The shipped files (``oscarkv/data/default_rotations``) were written by that command with the
-recipe's defaults. Reproducing them in full streams 16K tokens through all 30 layers (~90 s of
+recipe's defaults; their manifest's ``recipe`` (the INT2 key clip 0.95 at the default windows) is
+what the served development search then chose for them (``calibrate --rotations DIR --key-clips``). Reproducing them in full streams 16K tokens through all 30 layers (~90 s of
 CPU on one core), so the default suite reproduces the first two layers instead: a layer's
 statistics depend only on the layers below it and every layer is solved on its own, so
 calibrating the model cut to two layers must give the shipped layers 0 and 1. The full
@@ -28,6 +29,22 @@ TOL = 1e-4
 @pytest.fixture(scope="module")
 def shipped() -> Artifact:
     return Artifact.load(default_rotations_dir())
+
+
+def test_shipped_recipe_is_the_development_search(shipped):
+    """The shipped recipe is what the served development search chose for this artifact (``calibrate --rotations
+    DIR --key-clips 0.95 ...``, DEVELOPMENT.md; its manifest in docs/results/dev_keyclip/), and the serving
+    entry points apply it: the INT2 key clip 0.95 at the default windows."""
+    import json
+    from pathlib import Path
+
+    from oscarkv.config import KVConfig
+    from oscarkv.quant.artifact import apply_recipe
+
+    searched = json.loads((Path(__file__).parents[2] / "docs/results/dev_keyclip/keyclip_manifest.json").read_text())
+    assert shipped.manifest["recipe"] == searched["recipe"]
+    kv = apply_recipe(KVConfig("oscar"), shipped)
+    assert (kv.key_clip, kv.sink, kv.recent, kv.key_bits, kv.value_bits, kv.levels) == (0.95, 64, 256, 2, 2, "uniform")
 
 
 def test_shipped_artifact_is_current(shipped):
@@ -75,6 +92,6 @@ def test_calibrate_default_reproduces_the_shipped_artifact(shipped, tmp_path):
     assert main(["calibrate", "--model", "default", "--out", str(tmp_path)]) == 0
     got = Artifact.load(tmp_path)
     assert_reproduces(got, shipped, 30)
-    skip = {"calibration", "oscarkv_version"}  # seconds taken; the version that made it
+    skip = {"calibration", "oscarkv_version", "recipe"}  # seconds taken; the version; the search's choice (below)
     assert {k: v for k, v in got.manifest.items() if k not in skip} == \
         {k: v for k, v in shipped.manifest.items() if k not in skip}
