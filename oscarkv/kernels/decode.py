@@ -264,7 +264,7 @@ def _config(kind: str, device: torch.device, programs: int) -> dict:
         return dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=3)
     # NOTE: the raw INT2 kernel is latency bound (one tile in flight per program): one warp per
     # program and 8 programs per SM beat 4 warps x 2 per SM by 1.6-2x (H100 sweep, 2026-11-22).
-    # With page ids read ahead (decode_int2._pick) and unmasked tiles, the copies of the next tile
+    # With page ids read ahead (split_k.pick_page) and unmasked tiles, the copies of the next tile
     # run during the current one from num_stages 3 on: 3 beats 2/4/5 by 2-8% at 32K-100K x 1-8
     # (H100, 2026-11-22, docs/bench_gpu/variants_h100_run9.json); with one page-id load per tile
     # inside the loop, 2 had been best (sweep_int2_h100_run6.json). Transposed tiles (round 6) fit

@@ -31,7 +31,7 @@ mma count and the fp32 accumulators (``[LG, 8]`` slices: 8 registers each, was 1
 becomes the dot's B operand. The kernel then fits in 168 registers without spills (it used
 255 with spills), so ``decode._config`` runs 12 one-warp programs per SM instead of 8
 (H100, 2026-11-22, ``docs/lab/benchmarks-log.md`` round 6). Online-softmax statistics are per column
-(``_softmax_step_t`` reduces over axis 0).
+(``split_k.softmax_step_t`` reduces over axis 0).
 
 Column order. Byte ``j`` of a token holds, in bits ``2i..2i+1``, element
 ``(j // LG) G + i LG + j % LG`` (``LG = G / 4``; ``oscarkv.quant.int2``), so slice ``i`` of group
@@ -47,8 +47,8 @@ Triton reads them from shared memory as single bytes and packs them (64 ``LDS.U8
 Pipelining. The INT2 history of a split is walked in full tiles of ``BLOCK_N`` tokens (INT2
 lengths are multiples of ``P``, ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned), so its
 loads carry no masks and every one — codes, scales and zeros — is a vector copy. The page ids
-are read ``CHUNK`` tiles at a time before the tile loop (``_chunk_pages``) and picked out of
-registers inside it (``_pick``): no load in the loop feeds an address, so Triton issues each
+are read ``CHUNK`` tiles at a time before the tile loop (``split_k.chunk_pages``) and picked out of
+registers inside it (``pick_page``): no load in the loop feeds an address, so Triton issues each
 tile's copies ``num_stages - 1`` tiles ahead. (With one page-id load per tile inside the loop
 it waited for every copy at the top of each iteration: one tile in flight, H100 SASS,
 2026-11-22.)
@@ -67,14 +67,10 @@ and the history bytes per token grow from ``d/2 + 8 d/G`` (INT2) to ``3d/4 + 8 d
 ``CONV = 0`` is the interpreter path (fp32 arithmetic, the same slice units); ``CONV = 2`` the
 inline PTX.
 
-Non-uniform 2-bit levels (``KLEV``/``VLEV``, a table ``(0, l1, l2, 3)`` of ``Int2Pages.levels``,
-``oscarkv.quant.int2``): the subnormal trick holds codes, not levels (``l1 · 2^-24`` is no fp16 number),
-so a kind with a table takes its slices from ``_level_slices`` instead: code ``c_i`` unpacked, mapped to
-``L[c_i]`` by two selects on the scalars ``l1, l2``, in units ``4^i · 2^-6`` (normal fp16 numbers; exact,
-the levels being fp16 values). Every unit is then ``2^18`` times the uniform one: the key scale takes
-``2^3`` instead of ``2^21``, and the value accumulators (the BF16 windows' ``p`` too) run in units
-``4^i · 2^-6``, undone at the store (``VSHIFT = 18``). The flags are ``constexpr``: without a table the
-kernel compiles to the uniform code. NOTE: speed measured by ``scripts/gpu_levels_check.sh`` (H100), not here.
+Non-uniform 2-bit levels (``KLEV``/``VLEV``; ``oscarkv.kernels.levels``): the subnormal trick holds codes,
+not levels, so a kind with a table takes its slices from ``_level_slice`` (``L[c_i]`` in units ``4^i · 2^-6``,
+``2^18`` coarser: the key scale takes ``2^3`` instead of ``2^21``, the value accumulators are undone at the
+store with ``VSHIFT = 18``). Without a table the kernel compiles to the uniform code (same SASS).
 """
 
 from __future__ import annotations
@@ -83,7 +79,7 @@ import triton
 import triton.language as tl
 
 from oscarkv.kernels.levels import _level_slice
-from oscarkv.kernels.split_k import split_range
+from oscarkv.kernels.split_k import chunk_pages, pick_page, softmax_step_t, split_range, tile
 
 
 @triton.jit
@@ -141,49 +137,6 @@ def _group_values(cvT, ps, a0, a1, a2, a3, alpha, L1, L2, CONV: tl.constexpr, LE
     a2 = tl.dot(v2, ps, a2 * alpha[None, :])
     a3 = tl.dot(v3, ps, a3 * alpha[None, :])
     return a0, a1, a2, a3
-
-
-@triton.jit
-def _softmax_step_t(qkT, m_i, l_i):
-    """One online-softmax step on transposed log2-domain logits ``qkT [N, R]`` (tokens x query rows)."""
-    m_new = tl.maximum(m_i, tl.max(qkT, 0))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qkT - m_new[None, :])
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, 0)
-
-
-@triton.jit
-def _tile(table, n0, end, P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Page id(s), in-page offsets ``[BLOCK_N]`` and validity of the tile of tokens ``n0 + [0, BLOCK_N)``.
-
-    NOTE: tiles start at multiples of ``BLOCK_N`` (split shares are ``BLOCK_N``-aligned), so with
-    ``P % BLOCK_N == 0`` a tile lies in one page: one scalar page-id load instead of a gather, and
-    offsets ``n0 % P + arange`` (a multiple of ``BLOCK_N`` plus a range) that Triton sees as
-    contiguous and aligned (vector loads, no address chain through a per-token page id)."""
-    toks = n0 + tl.arange(0, BLOCK_N)
-    ok = toks < end
-    if P % BLOCK_N == 0:
-        page = tl.load(table + n0 // P).to(tl.int64)
-        off = tl.multiple_of(n0 % P, BLOCK_N) + tl.arange(0, BLOCK_N)
-    else:
-        page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
-        off = toks % P
-    return page, off, ok
-
-
-@triton.jit
-def _chunk_pages(table, c0, c_end, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
-    """Page ids ``[CHUNK]`` of the tiles starting at ``c0, c0 + BLOCK_N, ...`` below ``c_end`` (one vector load)."""
-    toks = c0 + tl.arange(0, CHUNK) * BLOCK_N
-    return tl.load(table + toks // P, mask=toks < c_end, other=0)
-
-
-@triton.jit
-def _pick(pages, c0, n0, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
-    """Page id and in-page offsets ``[BLOCK_N]`` of the tile at ``n0`` from its chunk's ``pages``: no load,
-    so the tile's addresses are a function of the loop index and Triton can issue its copies stages ahead."""
-    page = tl.sum(tl.where(tl.arange(0, CHUNK) == (n0 - c0) // BLOCK_N, pages, 0), 0).to(tl.int64)
-    return page, tl.multiple_of(n0 % P, BLOCK_N) + tl.arange(0, BLOCK_N)
 
 
 @triton.jit
@@ -268,13 +221,13 @@ def _bf16_windows(Kb, Vb, table, length, split, NUM_SPLITS, h, qk_scale, stride_
     with ``p`` in the INT2 slices' units (``_bf16_values``) so one set of accumulators serves both tiers."""
     n0, end = split_range(length, split, NUM_SPLITS, BLOCK_N)
     while n0 < end:
-        page, off, ok = _tile(table, n0, end, P, BLOCK_N)
+        page, off, ok = tile(table, n0, end, P, BLOCK_N)
         r = page * stride_bp + h * stride_bh + off * stride_bt
         s = _bf16_scores(Kb, r[:, None], ok[:, None], b0, b1, b2, b3, LG, tl.zeros([BLOCK_N, REP_PAD], tl.float32))
         if NG == 2:
             s = _bf16_scores(Kb + G, r[:, None], ok[:, None], c0, c1, c2, c3, LG, s)
         s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
-        p, alpha, m_i, l_i = _softmax_step_t(s, m_i, l_i)
+        p, alpha, m_i, l_i = softmax_step_t(s, m_i, l_i)
         a0, a1, a2, a3 = _bf16_values(Vb, r[None, :], ok[None, :], p, a0, a1, a2, a3, alpha, LG, B16, VSHIFT)
         acc_m = acc_m * alpha
         if NG == 2:
@@ -363,11 +316,11 @@ def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, q
     c0, end = split_range(length, split, NUM_SPLITS, BLOCK_N)
     while c0 < end:
         c_end = tl.minimum(end, c0 + CHUNK * BLOCK_N)
-        pages = _chunk_pages(table, c0, c_end, P, BLOCK_N, CHUNK)
+        pages = chunk_pages(table, c0, c_end, P, BLOCK_N, CHUNK)
         if INTERPRET:
             n0 = c0
             while n0 < c_end:
-                page, off = _pick(pages, c0, n0, P, BLOCK_N, CHUNK)
+                page, off = pick_page(pages, c0, n0, P, BLOCK_N, CHUNK)
                 a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
                     page, off, h, qk_scale, KL1, KL2, VL1, VL2, Kc, Ks, Kz, Vc, Vs, Vz,
                     stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
@@ -376,7 +329,7 @@ def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, q
                 n0 += BLOCK_N
         else:
             for n0 in range(c0, c_end, BLOCK_N):
-                page, off = _pick(pages, c0, n0, P, BLOCK_N, CHUNK)
+                page, off = pick_page(pages, c0, n0, P, BLOCK_N, CHUNK)
                 a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
                     page, off, h, qk_scale, KL1, KL2, VL1, VL2, Kc, Ks, Kz, Vc, Vs, Vz,
                     stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
@@ -435,7 +388,7 @@ def _int2_step(page, off, h, qk_scale, KL1, KL2, VL1, VL2, Kc, Ks, Kz, Vc, Vs, V
         sk1 = tl.load(Ks + 1 + srow).to(tl.float32) * 2.0**(21 - KSHIFT)
         zk1 = tl.load(Kz + 1 + srow).to(tl.float32)
         s += _key_group(Kc + LG, crow, jb, g0, g1, g2, g3, sk1, KL1, KL2, PLANE, KBITS, CONV, KLEV) + zk1[:, None] * qs1[None, :]
-    p, alpha, m_i, l_i = _softmax_step_t(s * qk_scale, m_i, l_i)
+    p, alpha, m_i, l_i = softmax_step_t(s * qk_scale, m_i, l_i)
     sv = tl.load(Vs + srow).to(tl.float32)
     zv = tl.load(Vz + srow).to(tl.float32)
     a0, a1, a2, a3 = _value_group(Vc, vrow, jb, p, sv, a0, a1, a2, a3, alpha, VL1, VL2, F16, PLANE, VBITS, CONV, VLEV)

@@ -2,7 +2,8 @@
 
 Both decode kernels (:mod:`oscarkv.kernels.decode` and :mod:`oscarkv.kernels.decode_int2`) give
 every (sequence, KV head) ``NUM_SPLITS`` programs. :func:`split_range` hands each split a
-contiguous, ``BLOCK_N``-aligned share of each tier; each program writes its partial output and
+contiguous, ``BLOCK_N``-aligned share of each tier (:func:`tile`, :func:`chunk_pages` and :func:`pick_page`
+walk its pages; :func:`softmax_step_t` is the online-softmax step); each program writes its partial output and
 log2-sum-exp to ``Mid_O [B, Hq, S, d]`` / ``Mid_L [B, Hq, S]`` (fp32), and :func:`merge_splits`
 merges them with the online-softmax rule: ``out = Σ_s 2^(lse_s − top) o_s / Σ_s 2^(lse_s − top)``.
 An empty split has ``lse = -inf`` and weight 0; a sequence with no token outputs zeros.
@@ -21,6 +22,49 @@ def split_range(n, split, NUM_SPLITS, BLOCK_N: tl.constexpr):
     per = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per
     return start, tl.minimum(n, start + per)
+
+
+@triton.jit
+def softmax_step_t(qkT, m_i, l_i):
+    """One online-softmax step on transposed log2-domain logits ``qkT [N, R]`` (tokens x query rows)."""
+    m_new = tl.maximum(m_i, tl.max(qkT, 0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qkT - m_new[None, :])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 0)
+
+
+@triton.jit
+def tile(table, n0, end, P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Page id(s), in-page offsets ``[BLOCK_N]`` and validity of the tile of tokens ``n0 + [0, BLOCK_N)``.
+
+    NOTE: tiles start at multiples of ``BLOCK_N`` (split shares are ``BLOCK_N``-aligned), so with
+    ``P % BLOCK_N == 0`` a tile lies in one page: one scalar page-id load instead of a gather, and
+    offsets ``n0 % P + arange`` (a multiple of ``BLOCK_N`` plus a range) that Triton sees as
+    contiguous and aligned (vector loads, no address chain through a per-token page id)."""
+    toks = n0 + tl.arange(0, BLOCK_N)
+    ok = toks < end
+    if P % BLOCK_N == 0:
+        page = tl.load(table + n0 // P).to(tl.int64)
+        off = tl.multiple_of(n0 % P, BLOCK_N) + tl.arange(0, BLOCK_N)
+    else:
+        page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
+        off = toks % P
+    return page, off, ok
+
+
+@triton.jit
+def chunk_pages(table, c0, c_end, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
+    """Page ids ``[CHUNK]`` of the tiles starting at ``c0, c0 + BLOCK_N, ...`` below ``c_end`` (one vector load)."""
+    toks = c0 + tl.arange(0, CHUNK) * BLOCK_N
+    return tl.load(table + toks // P, mask=toks < c_end, other=0)
+
+
+@triton.jit
+def pick_page(pages, c0, n0, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
+    """Page id and in-page offsets ``[BLOCK_N]`` of the tile at ``n0`` from its chunk's ``pages``: no load,
+    so the tile's addresses are a function of the loop index and Triton can issue its copies stages ahead."""
+    page = tl.sum(tl.where(tl.arange(0, CHUNK) == (n0 - c0) // BLOCK_N, pages, 0), 0).to(tl.int64)
+    return page, tl.multiple_of(n0 % P, BLOCK_N) + tl.arange(0, BLOCK_N)
 
 
 @triton.jit
