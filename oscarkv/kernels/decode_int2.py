@@ -188,6 +188,15 @@ def _group_q(qp, live, LG: tl.constexpr, F16: tl.constexpr, B16: tl.constexpr):
 
 
 @triton.jit
+def _empty_state(LG: tl.constexpr, REP_PAD: tl.constexpr):
+    """The online softmax before any token: slice accumulators ``[LG, REP_PAD]`` of groups 0 and 1 (zeros),
+    ``acc_m``, ``acc_m1`` (Σ p·m per group), ``m_i = -inf``, ``l_i = 0``."""
+    z = tl.zeros([LG, REP_PAD], tl.float32)
+    r = tl.zeros([REP_PAD], tl.float32)
+    return z, z, z, z, z, z, z, z, r, r, tl.full([REP_PAD], float("-inf"), tl.float32), r
+
+
+@triton.jit
 def _store(op, live, a0, a1, a2, a3, acc_m, inv, LG: tl.constexpr, VSHIFT: tl.constexpr):
     """Output of one group: (acc_i · 2^(24-VSHIFT) / 4^i + Σ p m) / l for its four slices ``[LG, R]``."""
     cols = tl.arange(0, LG)[:, None]
@@ -267,24 +276,13 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     qp = Q + b * stride_qb + heads[None, :] * stride_qh
     # group 0 (and group 1 when NG == 2): q slices in fp16 (codes) and bf16 (windows)
     h0, h1, h2, h3, b0, b1, b2, b3, qs0 = _group_q(qp, live, LG, F16, B16)
-    a0 = tl.zeros([LG, REP_PAD], tl.float32)
-    a1 = tl.zeros([LG, REP_PAD], tl.float32)
-    a2 = tl.zeros([LG, REP_PAD], tl.float32)
-    a3 = tl.zeros([LG, REP_PAD], tl.float32)
     if NG == 2:
         g0, g1, g2, g3, c0, c1, c2, c3, qs1 = _group_q(qp + G, live, LG, F16, B16)
     else:  # unused placeholders (NG == 1)
         g0, g1, g2, g3 = h0, h1, h2, h3
         c0, c1, c2, c3 = b0, b1, b2, b3
         qs1 = qs0
-    e0 = tl.zeros([LG, REP_PAD], tl.float32)
-    e1 = tl.zeros([LG, REP_PAD], tl.float32)
-    e2 = tl.zeros([LG, REP_PAD], tl.float32)
-    e3 = tl.zeros([LG, REP_PAD], tl.float32)
-    m_i = tl.full([REP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([REP_PAD], tl.float32)
-    acc_m = tl.zeros([REP_PAD], tl.float32)
-    acc_m1 = tl.zeros([REP_PAD], tl.float32)
+    a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _empty_state(LG, REP_PAD)
 
     # ---- the BF16 windows (sink + recent), then the INT2 history, one online softmax
     a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _bf16_windows(
