@@ -68,6 +68,62 @@ def _dequant(C, S, Z, crow, srow, ok, cols, L1, L2, G: tl.constexpr, BITS: tl.co
 
 
 @triton.jit
+def _bf16_cached(q, Kb, Vb, table, n, h, cols, qk_scale, stride_bp, stride_bh, stride_bt, m_i, l_i, acc,
+                 P: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr):
+    """The online softmax over the sequence's cached BF16 tokens (``table``: its page ids, ``n`` tokens)."""
+    n0 = 0
+    while n0 < n:
+        toks = n0 + tl.arange(0, BLOCK_N)
+        ok = toks < n
+        page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
+        rows = (page * stride_bp + h * stride_bh + (toks % P) * stride_bt)[:, None] + cols[None, :]
+        k = tl.load(Kb + rows, mask=ok[:, None], other=0.0).to(DT)
+        s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+        m_i, l_i, acc = _step(s, tl.load(Vb + rows, mask=ok[:, None], other=0.0), m_i, l_i, acc, DT)
+        n0 += BLOCK_N
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _int2_cached(q, Kc, Ks, Kz, Vc, Vs, Vz, table, n, h, cols, qk_scale, KL1, KL2, VL1, VL2,
+                 stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
+                 m_i, l_i, acc, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, KBITS: tl.constexpr,
+                 VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr, DT: tl.constexpr):
+    """The online softmax over the sequence's INT2 (or 4-bit) history, dequantized tile by tile (``_dequant``)."""
+    n0 = 0
+    while n0 < n:
+        toks = n0 + tl.arange(0, BLOCK_N)
+        ok = toks < n
+        page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
+        crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
+        vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
+        srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
+        k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, KL1, KL2, G, KBITS, KLEV).to(DT)
+        s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+        m_i, l_i, acc = _step(s, _dequant(Vc, Vs, Vz, vrow, srow, ok, cols, VL1, VL2, G, VBITS, VLEV), m_i, l_i,
+                              acc, DT)
+        n0 += BLOCK_N
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _chunk_causal(q, Kn, Vn, lo, tok, hi, h, cols, qk_scale, stride_nt, stride_nh, m_i, l_i, acc,
+                  BLOCK_N: tl.constexpr, DT: tl.constexpr):
+    """The online softmax over the chunk's own tokens up to ``hi``, causal (row of query position ``tok``)."""
+    n0 = 0
+    while n0 < hi:
+        toks = n0 + tl.arange(0, BLOCK_N)
+        ok = toks < hi
+        rows = (lo + toks)[:, None].to(tl.int64) * stride_nt + h * stride_nh + cols[None, :]
+        k = tl.load(Kn + rows, mask=ok[:, None], other=0.0).to(DT)
+        vis = ok[None, :] & (toks[None, :] <= tok[:, None])
+        s = tl.where(vis, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+        m_i, l_i, acc = _step(s, tl.load(Vn + rows, mask=ok[:, None], other=0.0), m_i, l_i, acc, DT)
+        n0 += BLOCK_N
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _extend_kernel(Q, Kn, Vn, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, InLens, CuSeq, Out,
                    qk_scale,
                    stride_qt, stride_qh, stride_nt, stride_nh,
@@ -99,46 +155,15 @@ def _extend_kernel(Q, Kn, Vn, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, I
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        # ---- cached BF16 tokens
-        n = tl.load(BfLens + b)
-        n0 = 0
-        while n0 < n:
-            toks = n0 + tl.arange(0, BLOCK_N)
-            ok = toks < n
-            page = tl.load(BfTable + b * stride_bfb + toks // P, mask=ok, other=0).to(tl.int64)
-            rows = (page * stride_bp + h * stride_bh + (toks % P) * stride_bt)[:, None] + cols[None, :]
-            k = tl.load(Kb + rows, mask=ok[:, None], other=0.0).to(DT)
-            s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-            m_i, l_i, acc = _step(s, tl.load(Vb + rows, mask=ok[:, None], other=0.0), m_i, l_i, acc, DT)
-            n0 += BLOCK_N
-        # ---- cached INT2 history
+        m_i, l_i, acc = _bf16_cached(q, Kb, Vb, BfTable + b * stride_bfb, tl.load(BfLens + b), h, cols, qk_scale,
+                                     stride_bp, stride_bh, stride_bt, m_i, l_i, acc, P, BLOCK_N, DT)
         if HAS_INT2:
-            n = tl.load(InLens + b)
-            n0 = 0
-            while n0 < n:
-                toks = n0 + tl.arange(0, BLOCK_N)
-                ok = toks < n
-                page = tl.load(InTable + b * stride_inb + toks // P, mask=ok, other=0).to(tl.int64)
-                crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
-                vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
-                srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-                k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, KL1, KL2, G, KBITS, KLEV).to(DT)
-                s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-                m_i, l_i, acc = _step(s, _dequant(Vc, Vs, Vz, vrow, srow, ok, cols, VL1, VL2, G, VBITS, VLEV), m_i, l_i,
-                                      acc, DT)
-                n0 += BLOCK_N
-        # ---- the chunk itself, causal
-        hi = tl.minimum(c, t0 + BLOCK_T)
-        n0 = 0
-        while n0 < hi:
-            toks = n0 + tl.arange(0, BLOCK_N)
-            ok = toks < hi
-            rows = (lo + toks)[:, None].to(tl.int64) * stride_nt + h * stride_nh + cols[None, :]
-            k = tl.load(Kn + rows, mask=ok[:, None], other=0.0).to(DT)
-            vis = ok[None, :] & (toks[None, :] <= tok[:, None])
-            s = tl.where(vis, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-            m_i, l_i, acc = _step(s, tl.load(Vn + rows, mask=ok[:, None], other=0.0), m_i, l_i, acc, DT)
-            n0 += BLOCK_N
+            m_i, l_i, acc = _int2_cached(q, Kc, Ks, Kz, Vc, Vs, Vz, InTable + b * stride_inb, tl.load(InLens + b), h,
+                                         cols, qk_scale, KL1, KL2, VL1, VL2, stride_cp, stride_ch, stride_ct,
+                                         stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
+                                         m_i, l_i, acc, G, P, BLOCK_N, KBITS, VBITS, KLEV, VLEV, DT)
+        m_i, l_i, acc = _chunk_causal(q, Kn, Vn, lo, tok, tl.minimum(c, t0 + BLOCK_T), h, cols, qk_scale,
+                                      stride_nt, stride_nh, m_i, l_i, acc, BLOCK_N, DT)
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         op = Out + (lo + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + cols[None, :]
         tl.store(op, o.to(Out.dtype.element_ty), mask=live[:, None])
