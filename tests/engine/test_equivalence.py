@@ -81,15 +81,13 @@ def test_chunked_prefill(llama, artifact, method, bits):
             assert max(abs(a - b) for a, b in zip(c.logprobs, lps)) < TOL_Q
 
 
-@pytest.mark.parametrize("key_bits", [2, 4])
-def test_write_path_bit_identical_to_oscar_cache(llama, artifact, key_bits):
-    """INT2 (and 4-bit) key pages of the engine hold the same bytes as OscarCache's history (same keys in)."""
+def written_pages(llama, artifact, kv):
+    """One 45-token prompt and 12 greedy tokens through the engine, then the tokens it had cached through
+    ``OscarCache``: ``(the engine's pools, the cache, the INT2 history pages of the sequence)``."""
     from oscarkv.engine.request import SamplingParams
 
-    kv = replace(engine_config().kv, key_bits=key_bits)
     engine = make_engine(llama, "oscar", artifact, kv=kv)
-    p = prompts(1, 45)[0]
-    engine.add_request("0", p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    engine.add_request("0", prompts(1, 45)[0], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     seq, snap = engine.seqs["0"], None
     while engine.has_unfinished():
         engine.step()
@@ -98,7 +96,13 @@ def test_write_path_bit_identical_to_oscar_cache(llama, artifact, key_bits):
     pages, toks = snap
     cache = OscarCache(llama.config, kv, artifact)
     hf_greedy(llama, toks, 0, cache)
-    pools = engine.runner.pools
+    return engine.runner.pools, cache, pages
+
+
+@pytest.mark.parametrize("key_bits", [2, 4])
+def test_write_path_bit_identical_to_oscar_cache(llama, artifact, key_bits):
+    """INT2 (and 4-bit) key pages of the engine hold the same bytes as OscarCache's history (same keys in)."""
+    pools, cache, pages = written_pages(llama, artifact, replace(engine_config().kv, key_bits=key_bits))
     for layer in range(llama.config.num_hidden_layers):
         store = cache.layers[layer].rows[0][0]  # keys
         blocks = getattr(store, "blocks", None) or getattr(store, "pages")

@@ -13,7 +13,7 @@ import torch
 from oscarkv.cache.hf_cache import OscarCache
 from oscarkv.quant.artifact import apply_recipe
 from tests.engine.conftest import L, engine_config, hf_greedy, make_artifact, make_engine, prompts, run
-from tests.engine.test_equivalence import N, TOL_Q
+from tests.engine.test_equivalence import N, TOL_Q, written_pages
 
 TABLES = [(0.0, 0.8125, 2.1875, 3.0), (0.0, 1.25, 1.875, 3.0)]  # one per layer
 
@@ -45,21 +45,7 @@ def test_levels_engine_matches_oscar_cache(llama, lm_artifact, chunk):
 
 def test_levels_pages_bit_identical_to_oscar_cache(llama, lm_artifact):
     """Layer 0's INT2 key and value pages (same inputs) hold OscarCache's bytes with the tables."""
-    from oscarkv.engine.request import SamplingParams
-
-    kv = _kv()
-    engine = make_engine(llama, "oscar", lm_artifact, kv=kv)
-    p = prompts(1, 45)[0]
-    engine.add_request("0", p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    seq, snap = engine.seqs["0"], None
-    while engine.has_unfinished():
-        engine.step()
-        if seq.kv.num_tokens:
-            snap = (list(seq.kv.history), list(seq.token_ids[:seq.kv.num_tokens]))
-    pages, toks = snap
-    cache = OscarCache(llama.config, kv, lm_artifact)
-    hf_greedy(llama, toks, 0, cache)
-    pools = engine.runner.pools
+    pools, cache, pages = written_pages(llama, lm_artifact, _kv())
     assert pools.layer(0).int2_k.levels == TABLES[0] and pools.layer(L - 1).int2_v.levels == TABLES[0]
     for kind, pool in ((0, pools.int2_k), (1, pools.int2_v)):
         blocks = cache.layers[0].rows[0][kind].blocks
