@@ -30,3 +30,15 @@ def test_recorded_run_reproduces():
         for a, b in zip(got, r["jobs"]):
             assert a["total_s"] == pytest.approx(b["total_s"]) and a["bound_jobs_per_s"] == pytest.approx(b["bound_jobs_per_s"])
     assert "| oscar | 21 | 8192 | computed |" in format_table(rows)
+
+
+def test_a_method_alone_has_no_ratio():
+    """A long BF16 job may run as separate commands (``--requests``), so a run without bf16 is allowed: its ×
+    BF16 column is empty; an unknown method is still refused."""
+    from oscarkv.bench.configs import JobsBench
+
+    rows = [r for r in json.loads((ROOT / "docs/bench_gpu/jobs_h100.json").read_text())["rows"] if r["method"] == "oscar"]
+    assert JobsBench(methods=("oscar",)).methods == ("oscar",)
+    assert all(line.split("|")[9].strip() == "-" for line in format_table(rows).splitlines()[2:])
+    with pytest.raises(ValueError, match="methods of"):
+        JobsBench(methods=("bf16", "kivi"))
