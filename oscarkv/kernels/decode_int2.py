@@ -64,13 +64,11 @@ and the history bytes per token grow from ``d/2 + 8 d/G`` (INT2) to ``3d/4 + 8 d
 ``tests/kernels/test_decode.py::test_decode_rungs_gpu`` and a decode bench per rung are what to run
 (DESIGN.md §4).
 
-``CONV = 0`` is the interpreter path (fp32 arithmetic, the same slice units); ``CONV = 2`` the
-inline PTX.
+``CONV = 0`` is the interpreter path (fp32 arithmetic, the same slice units); ``CONV = 2`` the inline PTX.
 
-Non-uniform 2-bit levels (``KLEV``/``VLEV``; ``oscarkv.kernels.levels``): the subnormal trick holds codes,
-not levels, so a kind with a table takes its slices from ``_level_slice`` (``L[c_i]`` in units ``4^i · 2^-6``,
-``2^18`` coarser: the key scale takes ``2^3`` instead of ``2^21``, the value accumulators are undone at the
-store with ``VSHIFT = 18``). Without a table the kernel compiles to the uniform code (same SASS).
+Non-uniform 2-bit levels (``KLEV``/``VLEV``; ``kernels.levels``): a kind with a table takes its slices as levels
+``L[c_i]`` in units ``4^i · 2^-6``, looked up by ``prmt`` (``_lut_slice``; 2^18 coarser: the key scale takes
+``2^3`` for ``2^21``, the store undoes the values with ``VSHIFT = 18``). Without a table: the uniform SASS.
 """
 
 from __future__ import annotations
@@ -78,7 +76,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from oscarkv.kernels.levels import _level_slice
+from oscarkv.kernels.levels import _level_slice, _lut_slice
 from oscarkv.kernels.split_k import chunk_pages, pick_page, softmax_step_t, split_range, tile
 
 
@@ -108,9 +106,11 @@ def _slices(c, CONV: tl.constexpr):
 def _any_slices(c, L1, L2, CONV: tl.constexpr, LEV: tl.constexpr, DT: tl.constexpr):
     """The four slices of ``c``: codes in units ``4^i · 2^-24`` (``_slices``), or with a level table (``LEV``)
     levels in units ``4^i · 2^-6`` (``_level_slice``)."""
-    if LEV:
+    if LEV and CONV == 0:
         return (_level_slice(c, L1, L2, 0, DT), _level_slice(c, L1, L2, 1, DT), _level_slice(c, L1, L2, 2, DT),
                 _level_slice(c, L1, L2, 3, DT))
+    elif LEV:
+        return _lut_slice(c, L1, L2, 0), _lut_slice(c, L1, L2, 1), _lut_slice(c, L1, L2, 2), _lut_slice(c, L1, L2, 3)
     else:
         return _slices(c, CONV)
 

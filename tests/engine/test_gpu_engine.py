@@ -45,7 +45,10 @@ def _compare_prefix(a, b, lp_tol):
     equally likely). NOTE: logits come out of a bf16 lm_head, so ties within one bf16 ulp are common."""
     for x, y in zip(a, b):
         n = next((i for i, (p, q) in enumerate(zip(x.token_ids, y.token_ids)) if p != q), len(x.token_ids) - 1)
-        assert max(abs(p - q) for p, q in zip(x.logprobs[:n + 1], y.logprobs[:n + 1])) < lp_tol, (n, x, y)
+        diffs = [round(abs(p - q), 4) for p, q in zip(x.logprobs[:n + 1], y.logprobs[:n + 1])]
+        assert max(diffs) < lp_tol, (f"request {x.request_id}: first divergence at token {n}; log-prob differences "
+                                     f"{diffs}; tokens {x.token_ids[:n + 2]} vs {y.token_ids[:n + 2]}; log-probs "
+                                     f"{[round(p, 3) for p in x.logprobs[:n + 2]]} vs {[round(q, 3) for q in y.logprobs[:n + 2]]}")
 
 
 @pytest.mark.parametrize("method", ["bf16", "oscar"])

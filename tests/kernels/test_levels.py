@@ -131,3 +131,29 @@ def test_prefill_levels_gpu():
                                                                     recent=256, levels=(LM, LM))
     out = prefill_attention(q, k_new, v_new, kv, tables, 0, tables.lens()[0][:1] + tables.lens()[1][:1], 128**-0.5)
     assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """PTX ``prmt.b32 d, a, b, sel`` (default mode): byte k of d is byte ``sel`` nibble k (low 3 bits) of {b, a}."""
+    src = (b << 32 | a).to_bytes(8, "little")
+    return int.from_bytes(bytes(src[(sel >> 4 * k) & 7] for k in range(4)), "little")
+
+
+@pytest.mark.parametrize("table", [LM, (0.0, 1.25, 1.875, 3.0), (0.0, 1.0, 2.0, 3.0), (0.0, 0.6093, 2.4, 3.0)])
+def test_lut_slice_arithmetic(table):
+    """The compiled kernels' level lookup (``kernels.levels._lut_slice``: its PTX emulated here instruction by
+    instruction, on every code byte in every word position) gives ``_level_slice``'s fp16 levels for every slice.
+    (The GPU tests run the real thing.)"""
+    import numpy as np
+
+    f16 = lambda x: int(np.array([x], np.float16).view(np.uint16)[0])  # noqa: E731
+    for i in range(4):
+        u = 2.0 ** (2 * i - 6)
+        lo, hi = f16(table[1] * u) << 16, f16(table[2] * u) | ((((2 * i + 10) << 10) | 0x200) << 16)
+        want = [np.float16(table[(byte >> 2 * i) & 3] * u) for byte in range(256)]
+        for base in range(0, 256, 4):
+            word = int.from_bytes(bytes((base + k * 65) % 256 for k in range(4)), "little")
+            s = ((((word >> 2 * i) & 0x03030303) * 34) + 0x10101010) & 0xFFFFFFFF
+            out = _prmt(lo, hi, s & 0xFFFF) | _prmt(lo, hi, s >> 16) << 32
+            got = np.frombuffer(out.to_bytes(8, "little"), np.float16)
+            assert [g for g in got] == [want[(base + k * 65) % 256] for k in range(4)]
