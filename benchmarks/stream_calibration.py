@@ -4,11 +4,10 @@
 (default ``qwen3-8b``; bf16 safetensors, drawn on the GPU) with a byte-level BPE tokenizer trained on the
 shipped calibration text (no download), then runs the real command on it in a fresh process and prints
 its last lines: the time and the peak GPU memory (``torch.cuda.max_memory_allocated``), beside the
-process's peak host RSS and the size of one decoder layer. Writes ``OUT/stream_calibration.json``.
+process's peak host RSS (``CHILD``) and the size of one decoder layer. Writes ``OUT/stream_calibration.json``.
 """
 
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -21,6 +20,11 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from oscarkv.models.shapes import shape_config
 
 TEXT = Path("oscarkv/data/calibration.txt")
+CHILD = ("import sys\nfrom oscarkv.cli.main import main\ntry:\n    code = main(sys.argv[1:])\nfinally:\n"
+         "    print(*(l for l in open('/proc/self/status') if l.startswith('VmHWM')), end='', flush=True)\nsys.exit(code)")
+"""The command in a fresh process that prints its own peak RSS at exit (``VmHWM``: the high-water mark of this
+process image; ``RUSAGE_CHILDREN``'s ``ru_maxrss`` would also count the parent's pages at the fork, here the
+checkpoint writer's: 46.6 GiB on the first H100 run, 2026-11-27)."""
 
 
 def tokenizer(text: str) -> PreTrainedTokenizerFast:
@@ -48,15 +52,15 @@ def main(out: Path, shape: str = "qwen3-8b") -> None:
     t = time.perf_counter()
     layer = checkpoint(shape, out / "model")
     print(f"checkpoint written in {time.perf_counter() - t:.0f} s; one decoder layer {layer / 2**30:.2f} GiB", flush=True)
-    cmd = [sys.executable, "-m", "oscarkv.cli.main", "calibrate", "--model", str(out / "model"), "--dtype", "bfloat16",
-           "--stream-layers", "--out", str(out / "artifact")]
+    args = ["calibrate", "--model", str(out / "model"), "--dtype", "bfloat16", "--stream-layers", "--out", str(out / "artifact")]
     t = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True)
     wall = time.perf_counter() - t
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB -> GiB
     print(r.stdout[-3000:], r.stderr[-3000:] if r.returncode else "", flush=True)
-    res = dict(shape=shape, device=torch.cuda.get_device_name(), command=" ".join(cmd[1:]), returncode=r.returncode,
-               wall_s=wall, peak_rss_gib=rss, layer_gib=layer / 2**30, last_line=r.stdout.strip().splitlines()[-1:])
+    hwm = [int(line.split()[1]) / 2**20 for line in r.stdout.splitlines() if line.startswith("VmHWM:")]  # KiB -> GiB
+    res = dict(shape=shape, device=torch.cuda.get_device_name(), command="oscarkv " + " ".join(args),
+               returncode=r.returncode, wall_s=wall, peak_rss_gib=hwm[0] if hwm else None, layer_gib=layer / 2**30,
+               last_line=[line for line in r.stdout.splitlines() if line.startswith("wrote")][-1:])
     (out / "stream_calibration.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res), flush=True)
 
