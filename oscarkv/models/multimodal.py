@@ -89,15 +89,15 @@ def text_weights(path: Path, files: dict[str, str]) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_text_model(path: Path, config, files: dict[str, str]):
-    """``(model, loading info)``: the text model of the multimodal ``config`` in ``path`` (fp32, eval), its
+def load_text_model(path: Path, config, files: dict[str, str], dtype: torch.dtype = torch.float32):
+    """``(model, loading info)``: the text model of the multimodal ``config`` in ``path`` (in ``dtype``), its
     weights only those of the language model; ``info`` as transformers reports it (missing, mismatched)."""
     import transformers
 
     log.info("%s at %s: text only: the vision tower is not loaded", config.architectures[0], path)
     text = text_config(config)
     model_class = getattr(transformers, text.architectures[0])
-    return model_class.from_pretrained(None, config=text, state_dict=text_weights(path, files), dtype=torch.float32,
+    return model_class.from_pretrained(None, config=text, state_dict=text_weights(path, files), dtype=dtype,
                                        output_loading_info=True, ignore_mismatched_sizes=True)
 
 

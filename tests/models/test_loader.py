@@ -47,6 +47,24 @@ def test_tiny_hf_dir_loads(tmp_path):
     assert loaded.tokenizer("w1 w2").input_ids[-2:] == [1, 2]
 
 
+def test_weights_are_read_in_the_asked_dtype(tmp_path, monkeypatch):
+    """No float32 copy on the way to bf16 (an 8B model's host peak was 3× its size): the weights are read in the
+    dtype asked for, and equal a float32 read cast to it (the rotary tables too, which the cast sets)."""
+    import transformers
+
+    seen = []
+    real = transformers.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: seen.append(k["dtype"]) or real(*a, **k))
+    path = _tiny_dir(tmp_path)
+    direct, via32 = load_model(path, torch.bfloat16).model, load_model(path).model.to(torch.bfloat16)
+    assert seen == [torch.bfloat16, torch.float32]
+    for (name, a), b in zip(direct.state_dict().items(), via32.state_dict().values()):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    rotary = [(n, b) for n, b in direct.named_buffers() if "inv_freq" in n]
+    assert rotary and all(b.dtype == torch.bfloat16 for _, b in rotary)
+
+
 def _tiny_dir(path):
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16, vocab_size=50, architectures=["LlamaForCausalLM"])
