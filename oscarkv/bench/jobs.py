@@ -37,7 +37,9 @@ from oscarkv.bench.prefill import ttft
 
 
 class _StepKinds:
-    """The engine's runner, recording for every launch whether it was a decode step and its batch size."""
+    """The engine's runner, recording for every launch whether it was a decode step (every chunk one token) and its
+    batch size. NOTE: read from the chunks, not asked of the runner: a tensor-parallel engine's runner
+    (``engine.workers.ParallelRunner``) has no ``is_decode``, and the bench wants the step's kind, not the kernel's."""
 
     def __init__(self, runner) -> None:
         self.runner, self.launches = runner, []
@@ -46,7 +48,7 @@ class _StepKinds:
         return getattr(self.runner, name)
 
     def run(self, chunks, pending=None):
-        self.launches.append((self.runner.is_decode([c.plan for c in chunks]), len(chunks)))
+        self.launches.append((all(c.plan.t1 - c.plan.t0 == 1 for c in chunks), len(chunks)))
         return self.runner.run(chunks, pending)
 
 

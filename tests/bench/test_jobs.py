@@ -42,3 +42,28 @@ def test_a_method_alone_has_no_ratio():
     assert all(line.split("|")[9].strip() == "-" for line in format_table(rows).splitlines()[2:])
     with pytest.raises(ValueError, match="methods of"):
         JobsBench(methods=("bf16", "kivi"))
+
+
+def test_step_kinds_through_two_ranks():
+    """The job's step classification wraps any runner, a tensor-parallel one too (it once asked the runner, and
+    the two-GPU job failed): launches holding a prompt chunk are prefill, then one decode launch per step."""
+    from dataclasses import replace
+
+    from oscarkv.bench.jobs import _StepKinds
+    from oscarkv.engine.request import SamplingParams
+    from oscarkv.llm import LLM
+    from oscarkv.models.loader import LoadedModel
+    from tests.engine.conftest import engine_config, prompts, tiny_model
+
+    engine = LLM(LoadedModel(tiny_model(), None, "tiny"), "bf16", tensor_parallel_size=2,
+                 config=replace(engine_config("bf16"), overlap=False)).engine
+    try:
+        kinds = engine.runner = _StepKinds(engine.runner)
+        for i, p in enumerate(prompts(2, 40)):
+            engine.add_request(str(i), p, SamplingParams(max_tokens=5, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        # the second prompt's chunk shares a launch with the first request's next token: a prefill launch
+        assert kinds.launches == [(False, 1), (False, 2), (True, 2), (True, 2), (True, 2), (True, 1)]
+    finally:
+        engine.close()
