@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [p for folder in ("oscarkv", "tests", "benchmarks", "scripts") for p in (ROOT / folder).rglob("*")
+SOURCES = [p for folder in ("oscarkv", "tests", "lab", "scripts") for p in (ROOT / folder).rglob("*")
            if p.suffix in (".py", ".md", ".sh")] + [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
-FIGURE_PAGES = ("docs/RESULTS.md", "docs/DEVELOPMENT.md", "docs/BENCHMARKS.md")
+FIGURE_PAGES = ("docs/RESULTS.md", "lab/DEVELOPMENT.md", "docs/BENCHMARKS.md")
 
 
 def design_sections() -> set[int]:
@@ -46,10 +46,10 @@ def test_figure_pages_are_short(page):
 
 @pytest.mark.parametrize("page", FIGURE_PAGES + ("README.md",))
 def test_cited_files_exist(page):
-    """Backticked JSON names (BENCHMARKS.md's bare names live in docs/bench_gpu/), docs/ paths and links."""
+    """Backticked JSON names (BENCHMARKS.md's bare names live in lab/bench_gpu/), docs/ paths and links."""
     text = (ROOT / page).read_text()
     names = re.findall(r"`([^`\s]+\.json)`", text)
-    cited = [n if "/" in n else f"docs/bench_gpu/{n}" for n in names if "/" in n or page == "docs/BENCHMARKS.md"]
+    cited = [n if "/" in n else f"lab/bench_gpu/{n}" for n in names if "/" in n or page == "docs/BENCHMARKS.md"]
     cited += [p.rstrip("/.,") for p in re.findall(r"`(docs/[^`\s]+)`", text)]
     cited += [str((ROOT / page).parent.relative_to(ROOT) / link) for link in re.findall(r"\]\(([^)#:]+)\)", text)]
     missing = [c for c in cited if not (ROOT / c).exists()]
