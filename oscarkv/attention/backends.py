@@ -18,7 +18,7 @@ device (:func:`default_backend` picks), the Triton kernels of ``oscarkv.kernels`
 * ``decode`` — :func:`oscarkv.kernels.decode.decode_attention` (pure decode steps);
   ``decode_inputs`` — :func:`oscarkv.kernels.fused.qk_map`: an OSCAR layer's query map and key
   rotation (and centering) in one launch instead of ~10 PyTorch kernels (0.9 ms of a 6.6 ms
-  Qwen3-4B step at 100K on an H100, 2026-11-22, ``docs/lab/benchmarks-log.md``); ``decode_qk`` —
+  Qwen3-4B step at 100K on an H100, 2026-11-22, ``lab/record/benchmarks-log.md``); ``decode_qk`` —
   :func:`oscarkv.kernels.fused.qk_norm_rope_map`: the same maps fused with the model's QK-norm
   and RoPE, one launch per layer where ``qk_norm_rope_`` then ``qk_map`` take two (what the
   model's CUDA path uses; ``decode_inputs`` stays for callers that hand over roped q and k).

@@ -7,7 +7,7 @@ centered, clipped and normalized per group by the stored fp16 scale and zero
 the midpoints of neighbouring levels, each interior level the mean of the values in its cell, until the
 levels move less than ``TOL``; the result is rounded to fp16 values (what every kernel holds exactly).
 The endpoints stay 0 and 3 so each group's min and max remain exact: the large key components that
-retrieval needs are the extremes, and clamping them costs retrieval (docs/DEVELOPMENT.md).
+retrieval needs are the extremes, and clamping them costs retrieval (lab/DEVELOPMENT.md).
 
 NOTE: the fit weights every element alike in code units (an element's error in the original domain is
 its group's scale times that): the table is the distribution's, not the objective's.

@@ -62,7 +62,7 @@ class RecipeSearchConfig:
     """Candidate INT2 key clip ratios, each applied to every layer (``KVConfig.key_clip``; 1: no clip),
     beside the artifact's fitted ones, with every window and rung; a chosen one is recorded in the
     recipe (``key_clip``). The fit minimizes the held-out average error, which forgives clamping the
-    large key components retrieval needs (docs/DEVELOPMENT.md)."""
+    large key components retrieval needs (lab/DEVELOPMENT.md)."""
     levels: tuple[str, ...] = ("uniform",)
     """Candidate 2-bit level tables (``LEVEL_KINDS``: ``uniform``, ``lloyd_max``: the artifact's per-layer
     Lloyd-Max tables, fitted first if it holds none), each with every window, rung and key clip; a chosen

@@ -40,7 +40,7 @@ DEFAULT_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 kernel's split count is fixed per bucket (``decode.default_splits`` of ``Bp``, filling the GPU at
 ``Bp`` rows), so a batch far below its bucket leaves resident slots idle: 26 sequences in a bucket
 of 32 ran 6 splits, 1 248 of 1 584 programs on an H100, and the INT2 kernel read at 71% of copy
-(docs/lab/benchmarks-log.md, fourth session). Graphs are captured lazily, for the buckets a workload uses."""
+(lab/record/benchmarks-log.md, fourth session). Graphs are captured lazily, for the buckets a workload uses."""
 
 
 @dataclass

@@ -251,7 +251,7 @@ def _num_sms(device: torch.device) -> int:
 
 def _config(kind: str, device: torch.device, programs: int) -> dict:
     """Tile and launch parameters keyed by kernel kind and ``programs`` = B * H (before splitting)
-    (H100 sweeps, ``benchmarks.sweep`` and ``benchmarks.variants ... bf16``).
+    (H100 sweeps, ``lab.benchmarks.sweep`` and ``lab.benchmarks.variants ... bf16``).
 
     ``raw_int2``: the INT2 kernel of :mod:`oscarkv.kernels.decode_int2` (``CONV`` 2 = inline PTX
     code conversion); ``int2``: the generic kernel with small groups; ``bf16``: BF16-only caches."""
@@ -260,16 +260,16 @@ def _config(kind: str, device: torch.device, programs: int) -> dict:
     if kind == "bf16" and programs <= 64:
         # NOTE: up to batch 8 at 8 KV heads, 64-token tiles and 3 programs per SM beat 128 and 2
         # by 0.1-1% (100K x 1: 144.9 vs 146.1 us); at batch 32 128-token tiles stay faster (1409
-        # vs 1431 us). 135 configs, H100, 2026-11-22, docs/bench_gpu/bf16_sweep_h100_round5.json.
+        # vs 1431 us). 135 configs, H100, 2026-11-22, lab/bench_gpu/bf16_sweep_h100_round5.json.
         return dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=3)
     # NOTE: the raw INT2 kernel is latency bound (one tile in flight per program): one warp per
     # program and 8 programs per SM beat 4 warps x 2 per SM by 1.6-2x (H100 sweep, 2026-11-22).
     # With page ids read ahead (split_k.pick_page) and unmasked tiles, the copies of the next tile
     # run during the current one from num_stages 3 on: 3 beats 2/4/5 by 2-8% at 32K-100K x 1-8
-    # (H100, 2026-11-22, docs/bench_gpu/variants_h100_run9.json); with one page-id load per tile
+    # (H100, 2026-11-22, lab/bench_gpu/variants_h100_run9.json); with one page-id load per tile
     # inside the loop, 2 had been best (sweep_int2_h100_run6.json). Transposed tiles (round 6) fit
     # in 168 registers without spills: 12 programs per SM beat 8 uncapped by 0-14% and 16 at 128
-    # registers (which spill) at G = 128 (H100, docs/bench_gpu/round6_int2_h100_call1.json).
+    # registers (which spill) at G = 128 (H100, lab/bench_gpu/round6_int2_h100_call1.json).
     return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=12, CHUNK=32, maxnreg=168),
             "int2": dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=2),
             "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]

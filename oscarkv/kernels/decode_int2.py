@@ -15,7 +15,7 @@ an fp16 subnormal: slice ``i`` of a byte (bits ``2i..2i+1``) masked out of it is
 ``c · 4^i · 2^-24``. One inline-PTX block turns four code bytes into all four slices: two
 ``prmt`` spread the bytes into the low bytes of two fp16 pairs, then one ``and`` per pair and
 slice (10 instructions per 16 codes; shifting each slice down and widening it cost 15,
-``docs/lab/benchmarks-log.md`` round 7). The slice units are folded in exactly (powers of two): q's
+``lab/record/benchmarks-log.md`` round 7). The slice units are folded in exactly (powers of two): q's
 slice ``i`` is pre-scaled by ``2^(3-2i)`` so every key dot yields ``(q·c) · 2^-21`` and ``2^21``
 goes into the key scale; value slice ``i`` accumulates in units of ``4^i · 2^-24``, undone at the
 store. Queries and ``p·s`` are fp16 for these dots (fp16 has 3 more mantissa bits than bf16; the
@@ -30,7 +30,7 @@ M and K and the ``REP`` query rows of the KV head on N (``REP_PAD = max(8, REP)`
 mma count and the fp32 accumulators (``[LG, 8]`` slices: 8 registers each, was 16), and q
 becomes the dot's B operand. The kernel then fits in 168 registers without spills (it used
 255 with spills), so ``decode._config`` runs 12 one-warp programs per SM instead of 8
-(H100, 2026-11-22, ``docs/lab/benchmarks-log.md`` round 6). Online-softmax statistics are per column
+(H100, 2026-11-22, ``lab/record/benchmarks-log.md`` round 6). Online-softmax statistics are per column
 (``split_k.softmax_step_t`` reduces over axis 0).
 
 Column order. Byte ``j`` of a token holds, in bits ``2i..2i+1``, element

@@ -292,7 +292,7 @@ def tensor_codec(tensors: dict[str, torch.Tensor], kind: str, layer: int, group:
     An all-zero mean (an uncentered kind: the recipe centers keys only) becomes ``None``: the same
     numbers, but the engine then keeps the values as views of the model's projection instead of an fp32
     subtraction of zeros per layer and step (0.29 ms of a 5.5 ms Qwen3-4B decode step at 100K on an
-    H100, docs/lab/benchmarks-log.md, round 7)."""
+    H100, lab/record/benchmarks-log.md, round 7)."""
     rot, mean = tensors[f"{kind}.rotation"][layer], tensors[f"{kind}.mean"][layer]
     mean = mean if mean.any() else None
     scale = tensors.get(f"{kind}.scale")

@@ -22,7 +22,7 @@ def test_project_waves_and_bound():
 
 def test_recorded_run_reproduces():
     """The committed JSON's computed rows follow from its own measured run."""
-    rows = json.loads((ROOT / "docs/bench_gpu/jobs_h100.json").read_text())["rows"]
+    rows = json.loads((ROOT / "lab/bench_gpu/jobs_h100.json").read_text())["rows"]
     for r in rows:
         step = {int(b): ms for b, ms in r["run"]["decode_step_ms"].items()}
         got = project(dict(r["run"], decode_step_ms=step), r["concurrency"], r["ttft_s"], 32,
@@ -37,7 +37,7 @@ def test_a_method_alone_has_no_ratio():
     BF16 column is empty; an unknown method is still refused."""
     from oscarkv.bench.configs import JobsBench
 
-    rows = [r for r in json.loads((ROOT / "docs/bench_gpu/jobs_h100.json").read_text())["rows"] if r["method"] == "oscar"]
+    rows = [r for r in json.loads((ROOT / "lab/bench_gpu/jobs_h100.json").read_text())["rows"] if r["method"] == "oscar"]
     assert JobsBench(methods=("oscar",)).methods == ("oscar",)
     assert all(line.split("|")[9].strip() == "-" for line in format_table(rows).splitlines()[2:])
     with pytest.raises(ValueError, match="methods of"):

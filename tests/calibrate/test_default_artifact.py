@@ -33,7 +33,7 @@ def shipped() -> Artifact:
 
 def test_shipped_recipe_is_the_development_search(shipped):
     """The shipped recipe is what the served development search chose for this artifact (``calibrate --rotations
-    DIR --key-clips 0.95 ...``, DEVELOPMENT.md; its manifest in docs/results/dev_keyclip/), and the serving
+    DIR --key-clips 0.95 ...``, DEVELOPMENT.md; its manifest in lab/results/dev_keyclip/), and the serving
     entry points apply it: the INT2 key clip 0.95 at the default windows."""
     import json
     from pathlib import Path
@@ -41,7 +41,7 @@ def test_shipped_recipe_is_the_development_search(shipped):
     from oscarkv.config import KVConfig
     from oscarkv.quant.artifact import apply_recipe
 
-    searched = json.loads((Path(__file__).parents[2] / "docs/results/dev_keyclip/keyclip_manifest.json").read_text())
+    searched = json.loads((Path(__file__).parents[2] / "lab/results/dev_keyclip/keyclip_manifest.json").read_text())
     assert shipped.manifest["recipe"] == searched["recipe"]
     kv = apply_recipe(KVConfig("oscar"), shipped)
     assert (kv.key_clip, kv.sink, kv.recent, kv.key_bits, kv.value_bits, kv.levels) == (0.95, 64, 256, 2, 2, "uniform")

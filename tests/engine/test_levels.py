@@ -74,7 +74,7 @@ def test_levels_triton_engine_matches_oracle_gpu(lm_artifact):
     held to its oracle at real shapes in ``tests/kernels/test_levels.py``).
 
     NOTE: the bound is 0.35, not 0.25: this bf16 comparison drifts as far without tables. Through the Triton
-    kernels in the interpreter (``scripts/levels_engine_drift.py``, 2026-11-27) the same five prompts differed from
+    kernels in the interpreter (``lab/scripts/levels_engine_drift.py``, 2026-11-27) the same five prompts differed from
     the oracles by up to 0.242 uniform and 0.27 with the tables; on an H100 with the tables by 0.318 (request 4,
     token 6, the tokens still equal), the same in two runs."""
     from oscarkv.attention.backends import TorchAttention
