@@ -48,7 +48,7 @@ def write_report(records: list[dict], out_dir: pathlib.Path, meta: dict) -> None
     acc = [r for r in records if "accuracy" in r]
     ppl = [r for r in records if "perplexity" in r]
     (out_dir / "results.md").write_text(markdown(acc, ppl, meta))
-    title = pathlib.Path(str(meta.get("model", ""))).name
+    title = plot_title(meta)
     if acc:
         head = headline(acc)
         label = f"mean accuracy over tasks ({_protocol(head[0])})"
@@ -59,6 +59,14 @@ def write_report(records: list[dict], out_dir: pathlib.Path, meta: dict) -> None
 
 
 # ------------------------------------------------------------------------------- tables
+def plot_title(meta: dict) -> str:
+    """Every plot's title: the model, then where, when and how it was measured (``device``, ``date``,
+    ``command`` of the run's meta, where recorded), so a plot read on its own says how to reproduce it."""
+    model = pathlib.Path(str(meta.get("model", ""))).name
+    where = " · ".join(str(meta[k]) for k in ("device", "date", "command") if meta.get(k))
+    return f"{model}\n{where}" if where else model
+
+
 def markdown(acc: list[dict], ppl: list[dict], meta: dict) -> str:
     """The whole ``results.md`` text."""
     parts = ["# oscarkv evaluation", "", *_meta_lines(meta), ""]

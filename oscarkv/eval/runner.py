@@ -29,6 +29,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import pathlib
+import platform
+import shlex
+import sys
 import time
 from dataclasses import dataclass
 from typing import TextIO
@@ -355,8 +360,17 @@ def evaluate(loaded, cfg: EvalConfig, artifacts: dict[str, object] | None = None
             "tasks": list(cfg.tasks), "seconds": round(time.time() - t0, 1),
             "dtype": str(next(loaded.model.parameters()).dtype), "served": served,
             "artifacts": {name or "oscar": a.manifest for name, a in (artifacts or {}).items()},
-            "protocol": PROTOCOLS}
+            "protocol": PROTOCOLS, **provenance(loaded)}
     return records, meta
+
+
+def provenance(loaded) -> dict:
+    """Where, when and by which command the run was made (the plots print it under their title)."""
+    device = next(loaded.model.parameters()).device
+    name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+            else f"CPU ({os.cpu_count()} cores, {platform.machine()})")
+    argv = ["oscarkv", *sys.argv[1:]] if pathlib.Path(sys.argv[0]).name in ("oscarkv", "__main__.py") else sys.argv
+    return {"device": name, "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": shlex.join(argv)}
 
 
 PROTOCOLS = {FREE: "free-running: prompt prefilled by the engine's chunked prefill, greedy generation token by "

@@ -113,3 +113,26 @@ def test_pareto_groups_the_single_needle_apart_from_the_multi_needle_mean(tmp_pa
     assert _pareto_points(multi) == [(3.5, 25.0, "oscar+win", True)]
     write_report(recs + [dict(recs[0], context=8192)], tmp_path, {"model": "tiny"})  # 8K multi unmeasured: blank
     assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plots_carry_device_date_and_command():
+    """A plot read on its own says where, when and how it was made (the run's meta)."""
+    from oscarkv.eval.report import plot_title
+
+    meta = {"model": "/x/SmolLM2.gguf", "device": "NVIDIA H100", "date": "2026-11-27",
+            "command": "oscarkv eval --contexts 4096"}
+    assert plot_title(meta) == "SmolLM2.gguf\nNVIDIA H100 · 2026-11-27 · oscarkv eval --contexts 4096"
+    assert plot_title({"model": "m"}) == "m"
+
+
+def test_eval_meta_records_provenance(monkeypatch):
+    import types
+
+    import torch
+
+    from oscarkv.eval.runner import provenance
+
+    monkeypatch.setattr("sys.argv", ["/venv/bin/oscarkv", "eval", "--samples", "2"])
+    got = provenance(types.SimpleNamespace(model=torch.nn.Linear(1, 1)))
+    assert got["command"] == "oscarkv eval --samples 2" and got["device"].startswith("CPU (")
+    assert len(got["date"]) == 10 and got["date"][4] == "-"
