@@ -13,6 +13,7 @@ from oscarkv.config import SpeculativeConfig
 from oscarkv.engine.request import SamplingParams
 from oscarkv.engine.sampler import filter_logits
 from oscarkv.engine.speculative import NgramIndex, SpeculativeDecoder, rejection_sample
+from oscarkv.server.metrics import speculative_metrics
 from tests.engine.conftest import make_engine, prompts, run
 from tests.engine.test_tensor_parallel import MEMORY, TIGHT, _pair
 
@@ -83,6 +84,9 @@ def test_greedy_equals_without_speculation(llama, artifact, method):
     assert engine.scheduler.num_preemptions > 0 and m.hit_tokens > 0
     assert m.bf16.num_used == 0 and (m.int2 is None or m.int2.num_used == 0)
     m.bf16.check()
+    metrics = {f.name: f.samples[0].value for f in speculative_metrics(engine)}  # what /metrics shows
+    assert metrics["oscarkv_spec_acceptance_rate"] == st.acceptance_rate > 0
+    assert metrics["oscarkv_spec_tokens_per_step"] == st.tokens_per_step > 1
 
 
 def _stored(engine, seq) -> tuple[torch.Tensor, ...]:
