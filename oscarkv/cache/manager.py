@@ -150,6 +150,40 @@ class KVCacheManager:
             plan.window = self.window.plan(s.window, t0, t1)
         return plan
 
+    # ------------------------------------------------------------------------- speculative steps
+    def draft_end(self, seq: CachedSequence, t1: int, limit: int) -> int:
+        """The longest extension ``[t1, t) ⊆ [t1, limit)`` of a decode step to ``t1`` by drafted tokens
+        (``oscarkv.engine.speculative``) that :meth:`truncate` can roll back without a trace: the tiers at
+        ``t`` are those at ``t1`` (no draft makes a demotion), no sliding layers, and the draft pages come
+        from the free list (none evicts a cached page)."""
+        if self.window is not None:
+            return t1
+        base, t, h = self._bf16_new(seq, t1), t1, self.hist_end(t1)
+        while t < limit and self.hist_end(t + 1) == h:
+            need = self._bf16_new(seq, t + 1)
+            if need > base and need > self.bf16.num_free:
+                break
+            t += 1
+        return t
+
+    def _bf16_new(self, seq: CachedSequence, t1: int) -> int:
+        return sum(self._new_pages(seq.kv, t1)[:2])
+
+    def truncate(self, seq: CachedSequence, plan: WritePlan, t1: int) -> None:
+        """Shorten ``plan`` (planned, not committed) to end at ``t1``: tokens ``[t1, plan.t1)`` were rejected
+        drafts. Their pages go back to the free list (their slots are never read: every later token is
+        written before it is read) and no page they fill is keyed. NOTE: ``plan.t1`` came from
+        :meth:`draft_end`, so the step's demotions are those of a step to ``t1``."""
+        s, P = seq.kv, self.P
+        assert plan.t0 < t1 <= plan.t1 == s.num_tokens and self.hist_end(t1) == self.hist_end(plan.t1)
+        h0 = self.kv.sink + len(s.history) * P  # recent page 0 starts here (after the step's demotions)
+        n_sink = -(-min(t1, self.kv.sink) // P)
+        n_recent = -(-(t1 - h0) // P) if t1 > h0 else 0
+        self.bf16.release_all(s.sink[n_sink:] + s.recent[n_recent:])
+        s.sink, s.recent, s.num_tokens = s.sink[:n_sink], s.recent[:n_recent], t1
+        plan.t1, plan.slots = t1, plan.slots[:t1 - plan.t0]
+        plan.register = [r for r in plan.register if r[0] == "int2" or (r[2] + 1) * P <= t1]
+
     def _slot(self, s: SeqKV, pos: int, h0: int) -> int:
         if pos < self.kv.sink:
             return s.sink[pos // self.P] * self.P + pos % self.P

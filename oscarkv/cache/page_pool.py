@@ -42,6 +42,11 @@ class PagePool:
         return len(self._free) + len(self._evictable)
 
     @property
+    def num_free(self) -> int:
+        """Pages that hold nothing (allocating them evicts no cached page)."""
+        return len(self._free)
+
+    @property
     def num_used(self) -> int:
         return self.num_pages - 1 - self.num_available
 

@@ -19,7 +19,7 @@ from dataclasses import MISSING, asdict, fields
 from functools import cache
 from pathlib import Path
 
-from oscarkv.config import DEVICES, DTYPES, ENGINE_METHODS, EngineConfig, KVConfig
+from oscarkv.config import DEVICES, DTYPES, ENGINE_METHODS, SPECULATIVE_METHODS, EngineConfig, KVConfig, SpeculativeConfig
 
 
 class UserError(Exception):
@@ -140,6 +140,9 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(sink=None, recent=None, key_bits=None, value_bits=None)
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
                                  "enable_prefix_caching", "overlap", "tensor_parallel_size"])
+    p.add_argument("--speculative", choices=SPECULATIVE_METHODS, default="none",
+                   help=field_docs(SpeculativeConfig)["method"] + " (default: none)")
+    add_fields(p, SpeculativeConfig, ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"])
 
 
 def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
@@ -157,7 +160,9 @@ def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
         k: given.get(k, getattr(base, k)) for k in ("sink", "recent", "key_bits", "value_bits")}))
     if args.sink is None and args.recent is None:  # the recipe's windows and bits; bits the flags set win
         kv = config_from(KVConfig, argparse.Namespace(**{**asdict(apply_recipe(kv, artifact)), **given}))
-    return config_from(EngineConfig, args, kv=kv)
+    spec = config_from(SpeculativeConfig, argparse.Namespace(method=args.speculative, **{
+        k: getattr(args, k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")}))
+    return config_from(EngineConfig, args, kv=kv, speculative=spec)
 
 
 def say_windows(cfg: EngineConfig, artifact) -> None:

@@ -135,6 +135,40 @@ bits (``oscarkv.cache.paged_layout``), or BF16 only. ``kivi`` (per-channel keys)
 format."""
 
 
+SPECULATIVE_METHODS = ("none", "ngram")
+"""Speculative decoding methods of the paged engine: ``ngram`` drafts by prompt lookup (no draft model)."""
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding in the paged engine (``oscarkv.engine.speculative``): a decode step of a
+    sequence with drafts verifies them in one step; greedy outputs are those without speculation, and
+    sampled ones keep their distribution (rejection sampling)."""
+
+    method: str = "none"
+    """One of ``SPECULATIVE_METHODS``: ``none``, or ``ngram`` (prompt lookup: the tokens that followed the
+    last earlier occurrence of the sequence's last n tokens, in its own prompt and output)."""
+    num_speculative_tokens: int = 4
+    """Drafted tokens verified per step and sequence, at most (K: a verify step computes up to K + 1 tokens)."""
+    prompt_lookup_min: int = 1
+    """Shortest n-gram matched (the longest is tried first)."""
+    prompt_lookup_max: int = 4
+    """Longest n-gram matched."""
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"SpeculativeConfig.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"SpeculativeConfig.num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("SpeculativeConfig needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                             f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The paged serving engine (``oscarkv.engine``): pools, scheduling and prefix caching."""
@@ -170,6 +204,9 @@ class EngineConfig:
     ranks 1 .. N-1 as worker processes of its own (``oscarkv.engine.workers``; CUDA: one GPU each from
     the model's, NCCL; CPU: gloo). Query and KV heads are split (a KV head is replicated when N exceeds
     their number); N must divide the query heads and the MLP width."""
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    """Speculative decoding (off by default); it turns ``overlap`` off (a verify step's tokens are needed on
+    the host before the next step is planned)."""
 
     def __post_init__(self) -> None:
         kv, p = self.kv, self.kv.page_size

@@ -42,6 +42,8 @@ from oscarkv.engine.detokenizer import Detokenizer, IncrementalText
 from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.engine.scheduler import Scheduler, SchedulerOutput
+from oscarkv.engine import speculative
+from oscarkv.engine.speculative import SpeculativeDecoder
 from oscarkv.engine.sequence import PENDING, Sequence, Status
 from oscarkv.engine.stats import EngineStats, TierStats
 from oscarkv.engine.workers import ParallelRunner
@@ -63,6 +65,7 @@ class _Step:
     res: RunnerOutput | None = None
     tokens: sampler.DeviceTokens | None = None
     error: Exception | None = None
+    verify_logits: torch.Tensor | None = None  # [rows, V] of the verify chunks (after the others), speculation only
 
 
 class LLMEngine:
@@ -77,12 +80,14 @@ class LLMEngine:
         self.manager = KVCacheManager(cfg.kv, PagePool(geo.bf16_pages),
                                       PagePool(geo.int2_pages) if geo.int2_pages else None,
                                       cfg.enable_prefix_caching, window)
-        self.scheduler = Scheduler(cfg, self.manager)
+        self.spec = SpeculativeDecoder(cfg.speculative) if cfg.speculative.enabled else None
+        self.scheduler = Scheduler(cfg, self.manager, self.spec.propose if self.spec else None)
         self.eos = tuple(eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
         self.num_prompt_tokens = 0  # statistics: prompt tokens of added requests ...
         self.num_generated_tokens = 0  # ... and tokens sampled
         self.overlap = cfg.overlap if cfg.overlap is not None else runner.device.type == "cuda"
+        self.overlap = self.overlap and self.spec is None  # a verify step's tokens decide the next step's plan
         self._ahead: _Step | None = None  # the step launched ahead (overlap), finished by the next step()
         self.num_ahead_steps = 0  # statistics: steps launched ahead
         log.info("oscarkv engine: %s", self.describe())
@@ -286,14 +291,59 @@ class LLMEngine:
         """Run the model for ``out`` and choose its tokens, on the device (asynchronously on a GPU)."""
         step = _Step(out)
         try:
-            step.res = self.runner.run(out.chunks, pending)
-            seqs = [c.seq for c in out.chunks if c.samples]
+            if any(c.drafts for c in out.chunks):
+                step.res, step.verify_logits = self._run_verify(out)
+            else:
+                step.res = self.runner.run(out.chunks, pending)
+            seqs = [c.seq for c in out.chunks if c.samples and not c.drafts]
             if seqs:
-                step.tokens = sampler.DeviceTokens(step.res.sample_logits, [s.params for s in seqs],
+                step.tokens = sampler.DeviceTokens(step.res.sample_logits[:len(seqs)], [s.params for s in seqs],
                                                    [s.generator for s in seqs])
         except Exception as e:
             step.error = e
         return step
+
+    def _run_verify(self, out: SchedulerOutput) -> tuple[RunnerOutput, torch.Tensor]:
+        """Run a step with verify chunks (``oscarkv.engine.speculative``): they go last (``out.chunks`` is
+        reordered), each as ``1 + k`` one-token rows; the logits of the other chunks, then of every row."""
+        out.chunks = [c for c in out.chunks if not c.drafts] + [c for c in out.chunks if c.drafts]
+        rows = [r for c in out.chunks for r in (speculative.verify_rows(c, self.cfg.kv.page_size) if c.drafts else [c])]
+        verify = [c for c in out.chunks if c.drafts]
+        for c in verify:  # NOTE: the drafts sit in token_ids only while the runner reads the step's ids
+            c.seq.token_ids += c.drafts
+        try:
+            res = self.runner.run(rows)
+        finally:
+            for c in verify:
+                del c.seq.token_ids[len(c.seq.token_ids) - len(c.drafts):]
+        n = sum(c.samples for c in out.chunks) - len(verify)
+        return res, res.sample_logits[n:]
+
+    def _accept(self, cur: _Step) -> list[RequestOutput]:
+        """Choose each verify chunk's tokens, truncate its plan to what they store, commit it, check stops.
+        A token after a stop is dropped as if never sampled: the step stores the K/V of the kept tokens but
+        the last (as a decode step stores its input, not the token it samples)."""
+        outputs, row = [], 0
+        for c in (c for c in cur.out.chunks if c.drafts):
+            logits, row = cur.verify_logits[row:row + len(c.drafts) + 1], row + len(c.drafts) + 1
+            seq = c.seq
+            if seq.status is Status.FINISHED:
+                continue
+            tokens, logps = self.spec.accept(logits, c.drafts, seq.params, seq.generator)
+            reason, kept = None, 0
+            for tok, lp in zip(tokens, logps):
+                seq.token_ids.append(tok)
+                seq.logprobs.append(lp)
+                self.num_generated_tokens, kept = self.num_generated_tokens + 1, kept + 1
+                if (reason := self._check_stop(seq, tok)) is not None:
+                    break
+            self.manager.truncate(seq, c.plan, c.plan.t0 + kept)
+            self.manager.commit(seq, c.plan)
+            c.drafts = []  # committed: a failure after this must not abandon the plan
+            if reason is not None:
+                self._finish_seq(seq, reason)
+            outputs.append(seq.output())
+        return outputs
 
     def _launch_ahead(self, cur: _Step) -> _Step | None:
         """The decode step after ``cur``, launched before ``cur``'s tokens reach the host; ``None`` if
@@ -318,8 +368,11 @@ class LLMEngine:
         self.scheduler.commit(cur.out)
         try:
             self._record_prompt_logprobs(cur.out, cur.res)
-            return self._sample(cur)
+            return self._sample(cur) + (self._accept(cur) if cur.verify_logits is not None else [])
         except Exception as e:
+            for c in cur.out.chunks:  # verify chunks not yet committed
+                if c.drafts and c.seq.status is not Status.FINISHED:
+                    self.manager.abandon(c.plan)
             return self._fail(cur.out, e, True, gone)
 
     def _fail(self, out: SchedulerOutput, exc: Exception, committed: bool, gone: set[int]) -> list[RequestOutput]:
@@ -349,7 +402,7 @@ class LLMEngine:
                 seq.prompt_logprobs += sampler.prompt_logprobs(logits, targets, seq.params.prompt_logprobs)
 
     def _sample(self, cur: _Step) -> list[RequestOutput]:
-        chunks = [c for c in cur.out.chunks if c.samples]
+        chunks = [c for c in cur.out.chunks if c.samples and not c.drafts]
         if not chunks:
             return []
         tokens, logps = cur.tokens.result()

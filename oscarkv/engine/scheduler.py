@@ -30,6 +30,7 @@ NOTE: no request is lost or duplicated: a sequence is in exactly one of ``waitin
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from oscarkv.cache.manager import KVCacheManager, WritePlan
@@ -43,12 +44,15 @@ class ScheduledChunk:
 
     seq: Sequence
     plan: WritePlan
+    drafts: list[int] = field(default_factory=list)
+    """Drafted tokens this decode step verifies (``oscarkv.engine.speculative``): the plan covers the
+    sampled token and them; the engine truncates it to the accepted ones before committing it."""
     samples: bool = field(init=False)
     """Whether the chunk reaches the last token of the sequence when scheduled (so a new token is
     sampled). NOTE: fixed here; a step planned ahead appends to ``token_ids`` while this one runs."""
 
     def __post_init__(self) -> None:
-        self.samples = self.plan.t1 == len(self.seq.token_ids)
+        self.samples = self.plan.t1 == len(self.seq.token_ids) + len(self.drafts)
 
 
 @dataclass
@@ -65,8 +69,11 @@ class SchedulerOutput:
 class Scheduler:
     """Waiting queue, running batch and the per-step policy (see the module docstring)."""
 
-    def __init__(self, cfg: EngineConfig, manager: KVCacheManager) -> None:
-        self.cfg, self.manager = cfg, manager
+    def __init__(self, cfg: EngineConfig, manager: KVCacheManager,
+                 drafter: Callable[[Sequence, int], list[int]] | None = None) -> None:
+        """``drafter(seq, limit)``: at most ``limit`` drafted tokens for ``seq``'s decode step (speculative
+        decoding, ``oscarkv.engine.speculative``); ``None``: no speculation."""
+        self.cfg, self.manager, self.drafter = cfg, manager, drafter
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0  # a statistic (server metrics)
@@ -85,10 +92,11 @@ class Scheduler:
             t0, t1 = seq.next_chunk()
             if t1 - t0 > budget:
                 continue
-            plan = self._plan_or_preempt(seq, t1, out)
+            drafts, plan = self._speculate(seq, t1, budget)
+            plan = plan or self._plan_or_preempt(seq, t1, out)
             if plan is not None:
-                out.chunks.append(ScheduledChunk(seq, plan))
-                budget -= t1 - t0
+                out.chunks.append(ScheduledChunk(seq, plan, drafts if plan.t1 > t1 else []))
+                budget -= plan.t1 - t0
         if not out.preempted:
             budget = self._admit(out, budget)
         return out
@@ -112,6 +120,17 @@ class Scheduler:
             seq.token_ids.append(PENDING)
             out.chunks.append(ScheduledChunk(seq, self.manager.plan(seq, t1)))
         return out
+
+    def _speculate(self, seq: Sequence, t1: int, budget: int) -> tuple[list[int], WritePlan | None]:
+        """Drafts for a sampled decode step to ``t1`` and the plan covering them; ``([], None)`` when there
+        are none or the pools are short for them (the step then runs without drafts, preempting nothing
+        for them). Drafts never pass ``max_tokens`` nor make the step demote (``KVCacheManager.draft_end``)."""
+        if self.drafter is None or t1 != len(seq.token_ids) or t1 <= seq.num_prompt:
+            return [], None
+        limit = min(budget - 1, seq.params.max_tokens - len(seq.output_ids) - 1)
+        drafts = self.drafter(seq, self.manager.draft_end(seq, t1, t1 + max(0, limit)) - t1)
+        plan = self.manager.plan(seq, t1 + len(drafts)) if drafts else None
+        return (drafts, plan) if plan is not None else ([], None)
 
     def _plan_or_preempt(self, seq: Sequence, t1: int, out: SchedulerOutput) -> WritePlan | None:
         scheduled = None  # built on the first shortage only: a per-sequence set costs O(batch²) per step
@@ -158,7 +177,7 @@ class Scheduler:
         """After the runner: let the cache manager key and release this step's pages (not those of a
         sequence that finished meanwhile: its pages were freed, see ``LLMEngine.abort``)."""
         for c in out.chunks:
-            if c.seq.status is not Status.FINISHED:
+            if c.seq.status is not Status.FINISHED and not c.drafts:  # a verify chunk commits after acceptance
                 self.manager.commit(c.seq, c.plan)
 
     def finish(self, seq: Sequence, reason: str) -> None:

@@ -54,6 +54,20 @@ class EngineCollector:
                                   "step's tokens reached the host (engine overlap)", value=s.steps_ahead)
         yield GaugeMetricFamily("oscarkv_queue_depth", "Requests waiting to be scheduled", value=s.waiting)
         yield GaugeMetricFamily("oscarkv_running_requests", "Requests in the running batch", value=s.running)
+        yield from speculative_metrics(self.engine)
+
+
+def speculative_metrics(engine: LLMEngine):
+    """Speculative decoding (``EngineConfig.speculative``; nothing when it is off): drafted and accepted
+    tokens, the acceptance rate and the tokens a sequence gains per decode step."""
+    if engine.spec is None:
+        return
+    st = engine.spec.stats
+    yield CounterMetricFamily("oscarkv_spec_draft_tokens", "Drafted tokens verified", value=st.drafted)
+    yield CounterMetricFamily("oscarkv_spec_accepted_tokens", "Drafted tokens accepted", value=st.accepted)
+    yield GaugeMetricFamily("oscarkv_spec_acceptance_rate", "Accepted / drafted tokens", value=st.acceptance_rate)
+    yield GaugeMetricFamily("oscarkv_spec_tokens_per_step", "Tokens a sequence gains per decode step",
+                            value=st.tokens_per_step)
 
 
 class ServerMetrics:

@@ -1,0 +1,160 @@
+"""Speculative decoding over the paged cache: n-gram drafts, one verify step, exact acceptance.
+
+Role: owned by the engine (``LLMEngine.spec``). The scheduler asks :meth:`SpeculativeDecoder.propose`
+for drafts of a sequence's decode step (``ScheduledChunk.drafts``); the cache manager plans the step
+to ``t0 + 1 + k`` tokens (``KVCacheManager.draft_end`` caps ``k``); :func:`verify_rows` turns the
+chunk into ``1 + k`` one-token rows for the runner; :meth:`SpeculativeDecoder.accept` chooses the
+emitted tokens from the rows' logits; the manager then truncates the plan to the accepted tokens
+(``KVCacheManager.truncate``) before it is committed.
+
+Correct by construction (what makes greedy outputs, and stored pages, those of a run without
+speculation):
+
+* Each row is a decode step of its own: row ``j`` (position ``t0 + j``) attends to the cache as
+  stored at length ``t0 + j + 1`` — the prefix view of the step plus rows ``< j`` *as stored*
+  (their BF16 slots, written earlier in the same layer) — and to itself as a decode step does. So
+  an accepted token's K/V and logits are computed by the same function as without speculation (the
+  rows only share the GEMMs of one batch, which changes rounding as a larger batch does).
+* Drafts never change tiers: ``draft_end`` stops before a length that would demote a page, so the
+  step demotes exactly what a one-token step demotes, and rolling back needs no INT2 change.
+* Rejected rows leave nothing: ``truncate`` frees the pages only they used (taken from the free
+  list, never by evicting a cached page), drops their slots, and keys only pages full of accepted
+  tokens. Their K/V bytes sit in slots past the sequence's length, which every later token
+  overwrites before anything reads them.
+
+Acceptance: greedy — the longest prefix of drafts equal to the argmax, plus the argmax after it;
+sampling — the standard rejection sampler for a point-mass draft: draft ``x`` is accepted with
+probability ``p(x)`` (``p`` the request's processed distribution: temperature, top-k, top-p), else
+the token is drawn from ``p`` with ``x`` removed (renormalized); after ``k`` acceptances a bonus
+token is drawn from the last row. This keeps the output distribution exactly ``p`` per position.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from oscarkv.cache.manager import WritePlan
+from oscarkv.config import SpeculativeConfig
+from oscarkv.engine.request import SamplingParams
+from oscarkv.engine.sampler import filter_logits
+from oscarkv.engine.scheduler import ScheduledChunk
+
+
+class NgramIndex:
+    """Where each n-gram of one sequence's tokens last occurred with a token after it (incremental:
+    each call indexes only the tokens added since the last one, O(n_max) dictionary updates per token)."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+        self.last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(lo, hi + 1)}
+        self.indexed = 1  # n-grams ending before this position (and followed by a token) are indexed
+
+    def _update(self, tokens: list[int]) -> None:
+        for e in range(self.indexed, len(tokens)):  # e: position of the token after the n-gram
+            for n, last in self.last.items():
+                if e >= n:
+                    last[tuple(tokens[e - n:e])] = e
+        self.indexed = max(self.indexed, len(tokens))
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the last earlier occurrence of the longest matching suffix."""
+        self._update(tokens)
+        L = len(tokens)
+        for n in range(min(self.hi, L - 1), self.lo - 1, -1):
+            e = self.last[n].get(tuple(tokens[L - n:]))
+            if e is not None:
+                return tokens[e:e + k]
+        return []
+
+
+@dataclass
+class SpecStats:
+    """Counters for ``/metrics`` and the benches."""
+
+    decode_steps: int = 0  # sequence-steps that could speculate (one sampled decode step of one sequence)
+    verify_steps: int = 0  # of them, those that verified at least one draft
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens a sequence gains per decode step (1 without speculation)."""
+        return (self.decode_steps + self.accepted) / self.decode_steps if self.decode_steps else 0.0
+
+
+class SpeculativeDecoder:
+    """Drafts (``ngram``), verify rows and acceptance for one engine (see the module docstring)."""
+
+    def __init__(self, cfg: SpeculativeConfig) -> None:
+        self.cfg, self.stats = cfg, SpecStats()
+        self._index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> NgramIndex
+
+    def propose(self, seq, limit: int) -> list[int]:
+        """At most ``min(limit, K)`` drafts for ``seq``'s next decode step."""
+        self.stats.decode_steps += 1
+        k = min(limit, self.cfg.num_speculative_tokens)
+        if k <= 0:
+            return []
+        index = self._index.get(seq)
+        if index is None:
+            index = self._index[seq] = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
+        return index.propose(seq.token_ids, k)
+
+    def accept(self, logits: torch.Tensor, drafts: list[int], params: SamplingParams,
+               generator: torch.Generator | None) -> tuple[list[int], list[float]]:
+        """Emitted tokens (accepted drafts, then one more) and their log-probabilities from the rows'
+        ``logits [1 + k, V]``."""
+        k = len(drafts)
+        if params.greedy:
+            best = logits.argmax(-1).tolist()
+            a = next((j for j in range(k) if drafts[j] != best[j]), k)
+            tokens = drafts[:a] + [best[a]]
+        else:
+            tokens = rejection_sample(filter_logits(logits, [params] * (k + 1)).softmax(-1), drafts, generator)
+        logp = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), torch.tensor(tokens, device=logits.device)]
+        self.stats.verify_steps += 1
+        self.stats.drafted += k
+        self.stats.accepted += len(tokens) - 1
+        return tokens, logp.tolist()
+
+
+def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None) -> list[int]:
+    """Tokens for rows ``probs [1 + k, V]`` (each a distribution) and point-mass drafts ``[k]``: draft ``j``
+    is accepted with probability ``probs[j, x]``; the first rejection draws from ``probs[j]`` without
+    ``x``; all accepted: a bonus draw from ``probs[k]``."""
+    dev = probs.device
+    u = torch.rand(len(drafts), generator=generator, device=dev).tolist()
+    p_draft = probs[torch.arange(len(drafts)), torch.tensor(drafts, dtype=torch.int64, device=dev)].tolist()
+    for j, x in enumerate(drafts):
+        if u[j] >= p_draft[j]:
+            rest = probs[j].clone()
+            rest[x] = 0.0
+            return drafts[:j] + [int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
+    return drafts + [int(torch.multinomial(probs[len(drafts)], 1, generator=generator))]
+
+
+def verify_rows(chunk: ScheduledChunk, page_size: int) -> list[ScheduledChunk]:
+    """The ``1 + k`` one-token rows of a verify chunk: row ``j`` a decode step at ``t0 + j`` whose view is
+    the chunk's prefix view plus rows ``< j`` (as stored: their slots follow the view in table order, as
+    in ``ModelRunner.decode_view``). The step's demotions ride on row 0; every row samples."""
+    plan, rows = chunk.plan, []
+    pages, n = list(plan.view_bf16), plan.view_bf16_len
+    for j, slot in enumerate(plan.slots):
+        row = WritePlan(plan.t0 + j, plan.t0 + j + 1, [slot], view_bf16=list(pages), view_bf16_len=n,
+                        view_int2=plan.view_int2)
+        if j == 0:
+            row.demote_src, row.demote_dst = plan.demote_src, plan.demote_dst
+        page, off = divmod(slot, page_size)
+        if off == 0:
+            pages.append(page)
+        n += 1
+        rows.append(ScheduledChunk(chunk.seq, row))
+        rows[-1].samples = True
+    return rows

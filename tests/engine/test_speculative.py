@@ -1,0 +1,176 @@
+"""Speculative decoding (``oscarkv.engine.speculative``) against the engine without it.
+
+Greedy outputs must be the tokens of a run without speculation (log-probabilities within float
+tolerance: a verify step's rows share one batch's GEMMs), for bf16 and oscar, through prefix hits,
+preemptions, an abort and tp = 2; the K/V a sequence stores must be the same bytes; and the
+rejection sampler must keep the target distribution.
+"""
+
+import pytest
+import torch
+
+from oscarkv.config import SpeculativeConfig
+from oscarkv.engine.request import SamplingParams
+from oscarkv.engine.sampler import filter_logits
+from oscarkv.engine.speculative import NgramIndex, SpeculativeDecoder, rejection_sample
+from oscarkv.server.metrics import speculative_metrics
+from tests.engine.conftest import make_engine, prompts, run
+from tests.engine.test_tensor_parallel import MEMORY, TIGHT, _pair
+
+NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=True)
+
+
+def copy_prompts() -> list[list[int]]:
+    """Phrases repeated (n-gram drafts find them) and one random prompt."""
+    a, b = prompts(2, 10, seed=5)
+    return [a * 4, (b[:7] + a[:5]) * 3, prompts(1, 33, seed=6)[0]]
+
+
+def test_ngram_index_matches_a_scan():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 5, (300,), generator=g).tolist()
+    index = NgramIndex(1, 3)
+    for L in range(2, 300, 7):
+        seq, want = tokens[:L], []
+        for n in range(min(3, L - 1), 0, -1):
+            ends = [e for e in range(n, L) if seq[e - n:e] == seq[L - n:]]
+            if ends:
+                want = seq[ends[-1]:ends[-1] + 4]
+                break
+        assert index.propose(seq, 4) == want, L
+
+
+def test_rejection_sampler_keeps_the_distribution():
+    """The first emitted token after a point-mass draft is distributed as the target (TV bound), for
+    drafts of high and low probability and for a top-k-processed target."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 1.5]] * 3)
+    params = SamplingParams(temperature=0.9, top_k=4)
+    cases = [(logits.softmax(-1), 0), (logits.softmax(-1), 4), (filter_logits(logits, [params] * 3).softmax(-1), 3)]
+    for probs, draft in cases:
+        n, counts = 4000, torch.zeros(6)
+        for _ in range(n):
+            counts[rejection_sample(probs, [draft, 1], g)[0]] += 1
+        tv = 0.5 * (counts / n - probs[0]).abs().sum()
+        assert tv < 0.035, (draft, tv)  # expected ~0.01 at n = 4000
+
+
+def test_accept_greedy_is_the_longest_agreeing_prefix():
+    spec = SpeculativeDecoder(NGRAM)
+    logits = torch.full((4, 8), -5.0)
+    for row, best in enumerate([3, 1, 6, 2]):
+        logits[row, best] = 5.0
+    assert spec.accept(logits, [3, 1, 0], GREEDY, None)[0] == [3, 1, 6]
+    assert spec.accept(logits, [3, 1, 6], GREEDY, None)[0] == [3, 1, 6, 2]
+    assert spec.accept(logits, [0, 1, 6], GREEDY, None)[0] == [3]
+    assert (spec.stats.drafted, spec.stats.accepted) == (9, 5)
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_greedy_equals_without_speculation(llama, artifact, method):
+    """Two waves (the second hits the prefix cache), pools too small for the batch (preemptions)."""
+    kw = {**TIGHT, **MEMORY[method]}
+    ps = copy_prompts()
+    base_engine = make_engine(llama, method, artifact, **kw)
+    base = run(base_engine, ps + ps, GREEDY)
+    engine = make_engine(llama, method, artifact, speculative=NGRAM, **kw)
+    outs = run(engine, ps + ps, GREEDY)
+    for a, b in zip(base, outs):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    st, m = engine.spec.stats, engine.manager
+    assert st.accepted > 10 and st.drafted > st.accepted, "meant to accept and to reject drafts"
+    assert engine.scheduler.num_preemptions > 0 and m.hit_tokens > 0
+    assert m.bf16.num_used == 0 and (m.int2 is None or m.int2.num_used == 0)
+    m.bf16.check()
+    metrics = {f.name: f.samples[0].value for f in speculative_metrics(engine)}  # what /metrics shows
+    assert metrics["oscarkv_spec_acceptance_rate"] == st.acceptance_rate > 0
+    assert metrics["oscarkv_spec_tokens_per_step"] == st.tokens_per_step > 1
+
+
+def _stored(engine, seq) -> tuple[torch.Tensor, ...]:
+    """The bytes one sequence stores, by position: BF16 K/V of its sink and recent tokens, its INT2 pages."""
+    pools, m, s, P = engine.runner.pools, engine.manager, seq.kv, engine.cfg.kv.page_size
+    h = engine.cfg.kv.sink + len(s.history) * P
+    slots = torch.tensor([m._slot(s, p, h) for p in range(s.num_tokens) if p < engine.cfg.kv.sink or p >= h])
+    bf16 = [t.permute(0, 1, 3, 2, 4).flatten(1, 2)[:, slots] for t in (pools.bf16_k, pools.bf16_v)]  # [L, n, H, d]
+    hist = torch.tensor(s.history, dtype=torch.int64)
+    int2 = [x[:, hist] for p in (pools.int2_k, pools.int2_v) if p is not None for x in (p.codes, p.scale, p.zero)]
+    return tuple(bf16 + int2)
+
+
+def _snapshots(engine, ps, drafter=None) -> dict[tuple[str, int], tuple]:
+    """Every sequence's stored bytes after every step, by (request, stored length)."""
+    if drafter is not None:
+        engine.scheduler.drafter = drafter
+    snaps = {}
+
+    def snap(e):
+        for rid, seq in e.seqs.items():
+            if seq.kv.num_tokens:
+                snaps[rid, seq.kv.num_tokens] = _stored(e, seq)
+    run(engine, ps, GREEDY, on_step=snap)
+    return snaps
+
+
+@pytest.mark.parametrize("wrong", [True, False], ids=["all-rejected", "half-accepted"])
+def test_stored_pages_equal_without_speculation(llama, artifact, wrong):
+    """Four sequences (every step's GEMMs have >= 4 rows in both runs, where the CPU's row results do
+    not depend on the batch); drafts from the true continuation, every one wrong or the last half wrong."""
+    ps = [p[:30] for p in prompts(4, 30, seed=7)]
+    base_engine = make_engine(llama, "oscar", artifact)
+    base = _snapshots(base_engine, ps)
+    truth = {str(i): list(p) + o.token_ids for i, (p, o) in enumerate(zip(ps, run(make_engine(llama, "oscar", artifact),
+                                                                                   ps, GREEDY)))}
+
+    def drafter(seq, limit):
+        k = min(limit, 4)
+        nxt = truth[seq.request_id][len(seq.token_ids):len(seq.token_ids) + k]
+        keep = 0 if wrong else len(nxt) // 2
+        return nxt[:keep] + [(t + 1) % 128 for t in nxt[keep:]]
+    engine = make_engine(llama, "oscar", artifact, speculative=NGRAM)
+    got = _snapshots(engine, ps, drafter)
+    assert engine.spec.stats.drafted > 50 and (engine.spec.stats.accepted == 0) == wrong
+    common = got.keys() & base.keys()
+    assert len(common) >= (len(base) if wrong else 12)
+    for key in common:
+        assert all(torch.equal(a, b) for a, b in zip(got[key], base[key])), key
+
+
+def test_abort_and_tp2(llama, artifact):
+    """Two waves over a shared prefix (prefix hits), pools too small (preemptions), an abort after 8 steps:
+    speculation at tp = 1 and at tp = 2 (gloo) against tp = 1 without it: equal tokens, the aborted
+    request a prefix of the plain run's."""
+    one, two = _pair(llama, "oscar", 2, speculative=NGRAM)
+    try:
+        ref = _waves(make_engine(llama, "oscar", artifact, **{**TIGHT, **MEMORY["oscar"]}))
+        for engine in (one, two):
+            got = _waves(engine)
+            assert got.keys() == ref.keys()
+            for k in ref:
+                a, b = ref[k], got[k]
+                if k == "0-2":  # speculation may run ahead of the plain engine when the abort comes
+                    assert b.finish_reason == "abort" and b.token_ids == a.token_ids[:len(b.token_ids)]
+                else:
+                    assert a.token_ids == b.token_ids, k
+            assert engine.spec.stats.accepted > 0 and engine.scheduler.num_preemptions > 0
+    finally:
+        two.close()
+
+
+def _waves(engine) -> dict:
+    shared = prompts(1, 24, seed=3)[0]
+    ps = [shared + p + p for p in prompts(3, 6, seed=4)]
+    done, steps = {}, 0
+    for wave in range(2):
+        for i, p in enumerate(ps):
+            engine.add_request(f"{wave}-{i}", p, GREEDY)
+        while engine.has_unfinished():
+            done |= {o.request_id: o for o in engine.step() if o.finished}
+            steps += 1
+            if steps == 8:
+                done["0-2"] = engine.abort("0-2")
+    m = engine.manager
+    assert not engine.seqs and m.bf16.num_used == 0 and m.int2.num_used == 0
+    return done
