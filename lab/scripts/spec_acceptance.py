@@ -4,7 +4,7 @@ Two short greedy tasks: a copy-heavy one (repeat a passage that is in the prompt
 copy (free continuation). Each runs without and with ``--speculative ngram``; the tokens must be equal.
 Prints one table row per (task, K): acceptance rate, tokens per step, engine steps, wall seconds.
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/spec_acceptance.py [--max-tokens 48] [--kv oscar] [--device cpu]
+    PYTHONPATH=$PWD .venv/bin/python -m lab.scripts.spec_acceptance [--max-tokens 48] [--kv oscar] [--device cpu]
 """
 
 from __future__ import annotations
