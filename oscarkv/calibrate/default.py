@@ -44,9 +44,14 @@ RECALIBRATE = "oscarkv calibrate --model default --out DIR, then --rotations DIR
 """How a user refits the default model's rotations (the demo prints it)."""
 
 
+def as_stored(options: dict) -> dict:
+    """Options as a saved manifest holds them (JSON types: lists, not tuples)."""
+    return json.loads(json.dumps(options))
+
+
 def current_recipe() -> dict:
-    """The recipe's options as a manifest stores them (JSON types: lists, not tuples)."""
-    return json.loads(json.dumps(CalibrationConfig().options()))
+    """The recipe's options as a manifest stores them."""
+    return as_stored(CalibrationConfig().options())
 
 
 def attach_validated_recipe(loaded: LoadedModel, artifact: Artifact) -> str | None:
@@ -54,7 +59,8 @@ def attach_validated_recipe(loaded: LoadedModel, artifact: Artifact) -> str | No
     ``loaded`` is the default model, the artifact was fitted with the options the recipe holds for, and
     it carries no recipe yet; return the recipe's provenance, else ``None`` (nothing written)."""
     entry = default_recipe()
-    if not is_default_model(loaded) or "recipe" in artifact.manifest or artifact.manifest["options"] != entry["options"]:
+    fitted_with = as_stored(artifact.manifest["options"])  # a fresh artifact's manifest holds tuples
+    if not is_default_model(loaded) or "recipe" in artifact.manifest or fitted_with != entry["options"]:
         return None
     artifact.manifest["recipe"] = entry["recipe"]
     return entry["provenance"]
