@@ -45,10 +45,11 @@ def test_calibrates_once_then_reuses_the_cache(loaded, calls, tmp_path, caplog):
     caplog.set_level("INFO", logger="oscarkv")
     first = artifact_for(loaded, "oscar", None, tmp_path)
     path = cache_path(tmp_path, loaded)
-    assert calls == [CalibrationConfig()]  # the recipe (not streamed: no GPU here)
+    assert calls == [cd.startup_config(loaded)] and calls[0].options() == CalibrationConfig().options()  # the recipe
     assert (path / TENSOR_FILE).is_file() and (path / MANIFEST_FILE).is_file()
     assert as_stored(first.manifest["options"]) == current_recipe() and "recipe" not in first.manifest  # none validated
-    assert f"16384 + 1024 held-out tokens of oscarkv.data:calibration.txt (on cpu) -> {path}" in caplog.text
+    assert "16384 + 1024 held-out tokens of oscarkv.data:calibration.txt (" in caplog.text
+    assert f") -> {path}" in caplog.text
     assert f"cached at {path}" in caplog.text
     again = artifact_for(loaded, "oscar", None, tmp_path)
     assert len(calls) == 1 and same(again, first) and again.manifest == as_stored(first.manifest)
@@ -84,3 +85,18 @@ def test_the_directory_named_wins(loaded, calls, tmp_path):
     art = make_artifact(loaded.config)
     got = artifact_for(loaded, "oscar", art.save(tmp_path / "mine"), tmp_path / "cache")
     assert same(got, art) and calls == [] and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_startup_calibration_is_streamed_to_the_same_artifact(calls, tmp_path, caplog):
+    """Where there is a GPU, the start-up calibration runs one decoder layer at a time on it, and gives the
+    artifact the whole-model calibration gives on the same device (``oscarkv.calibrate.stream``)."""
+    from oscarkv.calibrate import calibrate
+
+    caplog.set_level("INFO", logger="oscarkv")
+    on_gpu = LoadedModel(tiny_model().cuda(), IdTokenizer(), "tiny")
+    got = cached_artifact(on_gpu, tmp_path)
+    assert len(calls) == 1 and calls[0].stream_layers and "streamed layer by layer on" in caplog.text
+    want, _ = calibrate(on_gpu, CalibrationConfig())
+    assert same(got, want)
