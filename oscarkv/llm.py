@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from oscarkv.calibrate.default import artifact_for
-from oscarkv.config import EngineConfig
+from oscarkv.config import CACHE_DIR, EngineConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.models.loader import load_model
@@ -28,10 +28,12 @@ class LLM:
 
     def __init__(self, model="default", kv: str = "oscar", rotations: str | Path | None = None,
                  config: EngineConfig | None = None, dtype: str = "auto", artifact: Artifact | None = None,
-                 tensor_parallel_size: int | None = None, device: str = "auto") -> None:
+                 tensor_parallel_size: int | None = None, device: str = "auto", cache_dir: Path = CACHE_DIR) -> None:
         """``model``: a spec for :func:`~oscarkv.models.loader.load_model` or a ``LoadedModel``;
         ``kv`` overrides ``config.kv.method``; ``rotations``: the artifact directory for ``oscar``
-        (or ``artifact``, one already loaded; the default model needs neither);
+        (or ``artifact``, one already loaded); without either, the default model's shipped artifact, or for
+        another model one calibrated once (a progress bar on stderr) and cached under ``cache_dir`` by the
+        model's fingerprint, which the next ``LLM`` of that model reuses (``oscarkv.calibrate.default``);
         ``tensor_parallel_size`` overrides ``config.tensor_parallel_size`` (ranks > 1 are worker
         processes until :meth:`close`; they are spawned and import the main module, so a script that
         builds this needs the ``if __name__ == "__main__":`` guard). Without ``config``, an OSCAR
@@ -42,7 +44,7 @@ class LLM:
         if isinstance(model, str):
             tp = tensor_parallel_size or (config or EngineConfig()).tensor_parallel_size
             model = load_model(model, dtype, device=device, tensor_parallel_size=tp)
-        artifact = artifact if artifact is not None else artifact_for(model, kv, rotations)
+        artifact = artifact if artifact is not None else artifact_for(model, kv, rotations, cache_dir)
         kv_cfg = replace((config or EngineConfig()).kv, method=kv)
         kv_cfg = apply_recipe(kv_cfg, artifact) if config is None else kv_cfg
         config = replace(config or EngineConfig(), kv=kv_cfg)

@@ -1,15 +1,24 @@
-"""The rotation artifact a run uses when the caller names none.
+"""The rotation artifact a run uses when the caller names none, and the default model's validated recipe.
 
 Role: :func:`artifact_for` is how ``LLM``, ``serve``, ``generate``, ``eval`` and the CPU engine
 bench find the artifact for ``kv="oscar"``: the directory the caller gives, validated against
-the model, or — for the embedded default model only — :func:`default_artifact`:
+the model, or else :func:`cached_artifact`, for any model:
 
-1. the artifact shipped in the package (``oscarkv/data/default_rotations``, made by
-   ``oscarkv calibrate --model default``), when it fits the loaded model and was fitted with the
-   current recipe (:class:`~oscarkv.config.CalibrationConfig`): no calibration at start-up;
-2. else (the recipe changed, or the model's config hash did) the cached calibration under
-   ``<cache_dir>/rotations/<config hash>``, fitted once with the current recipe and refitted when
-   the recipe changes.
+1. the default model only: the artifact shipped in the package (``oscarkv/data/default_rotations``,
+   made by ``oscarkv calibrate --model default``), when it fits the loaded model and was fitted with
+   the current recipe (:class:`~oscarkv.config.CalibrationConfig`): no calibration at start-up;
+2. else the artifact cached under ``<cache_dir>/rotations/<config hash>`` (the model's
+   :class:`~oscarkv.quant.artifact.ModelFingerprint`), when it was fitted for that fingerprint with
+   the current recipe;
+3. else one calibration at start-up (:func:`startup_config`: the recipe's options on the bundled
+   calibration text, streamed one decoder layer at a time on the GPU where there is one), saved there.
+   A cache fitted for another fingerprint or with other options is refitted; one that cannot be read
+   is an :class:`~oscarkv.quant.artifact.ArtifactError` naming the file (never silently replaced).
+
+:func:`attach_validated_recipe` is how ``oscarkv calibrate --model default`` (and step 3 for the
+default model) reproduces the shipped artifact in full: the serving recipe the development search
+chose is data (``oscarkv/data/default_recipe.json``, with the options it holds for and its provenance),
+written into an artifact fitted from the default model with those options, never re-searched.
 
 No printing: which artifact was used, and any calibration, goes to the ``oscarkv`` logger.
 """
@@ -20,11 +29,14 @@ import json
 import logging
 from pathlib import Path
 
-from oscarkv.calibrate.run import calibrate, format_summary
+import torch
+
+from oscarkv.calibrate.run import DEFAULT_TEXT, calibrate, format_summary
+from oscarkv.calibrate.stream import STREAMABLE
 from oscarkv.config import CACHE_DIR, CalibrationConfig
-from oscarkv.data import default_rotations_dir
+from oscarkv.data import default_recipe, default_rotations_dir
 from oscarkv.models.loader import LoadedModel, is_default_model
-from oscarkv.quant.artifact import Artifact, ArtifactError, ModelFingerprint
+from oscarkv.quant.artifact import FORMAT_VERSION, MANIFEST_FILE, Artifact, ArtifactError, ModelFingerprint
 
 log = logging.getLogger("oscarkv")
 
@@ -32,9 +44,33 @@ RECALIBRATE = "oscarkv calibrate --model default --out DIR, then --rotations DIR
 """How a user refits the default model's rotations (the demo prints it)."""
 
 
+def as_stored(options: dict) -> dict:
+    """Options as a saved manifest holds them (JSON types: lists, not tuples)."""
+    return json.loads(json.dumps(options))
+
+
 def current_recipe() -> dict:
-    """The recipe's options as a manifest stores them (JSON types: lists, not tuples)."""
-    return json.loads(json.dumps(CalibrationConfig().options()))
+    """The recipe's options as a manifest stores them."""
+    return as_stored(CalibrationConfig().options())
+
+
+def attach_validated_recipe(loaded: LoadedModel, artifact: Artifact) -> str | None:
+    """Write the default model's validated serving recipe into ``artifact`` (fitted from ``loaded``) when
+    ``loaded`` is the default model, the artifact was fitted with the options the recipe holds for, and
+    it carries no recipe yet; return the recipe's provenance, else ``None`` (nothing written)."""
+    entry = default_recipe()
+    fitted_with = as_stored(artifact.manifest["options"])  # a fresh artifact's manifest holds tuples
+    if not is_default_model(loaded) or "recipe" in artifact.manifest or fitted_with != entry["options"]:
+        return None
+    artifact.manifest["recipe"] = entry["recipe"]
+    return entry["provenance"]
+
+
+def startup_config(loaded: LoadedModel) -> CalibrationConfig:
+    """The calibration run at start-up: the recipe's options (so the next start reuses it), streamed one
+    decoder layer at a time on the GPU where there is one (the same artifact; less GPU memory)."""
+    arch = (getattr(loaded.config, "architectures", None) or [None])[0]
+    return CalibrationConfig(stream_layers=torch.cuda.is_available() and arch in STREAMABLE)
 
 
 def _usable(path: Path, fp: ModelFingerprint, what: str) -> Artifact | None:
@@ -50,21 +86,64 @@ def _usable(path: Path, fp: ModelFingerprint, what: str) -> Artifact | None:
     return artifact
 
 
-def default_artifact(loaded: LoadedModel, cache_dir: Path = CACHE_DIR) -> Artifact:
-    """The default model's artifact: the shipped one, else the cached one, else calibrated once into the cache."""
+def _cached(path: Path, fp: ModelFingerprint) -> Artifact | None:
+    """The artifact cached at ``path`` when it was fitted for ``fp`` with the current recipe; ``None`` when
+    there is none or it is stale (logged: refitted); ``ArtifactError`` naming the file when it is unreadable."""
+    if not path.exists():
+        return None
+    if _format_version(path) not in (None, FORMAT_VERSION):
+        log.info("the cached artifact %s is of an older format: calibrating again", path)
+        return None
+    try:
+        artifact = Artifact.load(path)
+    except ArtifactError as e:
+        raise ArtifactError(f"{e} (the cached artifact is damaged: delete {path} to calibrate again)") from e
+    if artifact.fingerprint != fp or artifact.manifest.get("options") != current_recipe():
+        log.info("the cached artifact %s was fitted for another model or recipe: calibrating again", path)
+        return None
+    return artifact
+
+
+def _format_version(path: Path) -> object:
+    """The ``format_version`` of the manifest at ``path``; ``None`` when there is no readable one."""
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest.get("format_version") if isinstance(manifest, dict) else None
+
+
+def cached_artifact(loaded: LoadedModel, cache_dir: Path = CACHE_DIR) -> Artifact:
+    """The model's artifact without a directory named: the shipped one (the default model), else the cached
+    one, else calibrated once into the cache (module docstring)."""
     fp = ModelFingerprint.from_config(loaded.config)
-    shipped = _usable(default_rotations_dir(), fp, "the shipped artifact")
-    if shipped is not None:
-        log.info("OSCAR rotations: the shipped artifact %s (recalibrate: %s)", default_rotations_dir(), RECALIBRATE)
-        return shipped
+    if is_default_model(loaded):
+        shipped = _usable(default_rotations_dir(), fp, "the shipped artifact")
+        if shipped is not None:
+            log.info("OSCAR rotations: the shipped artifact %s (recalibrate: %s)", default_rotations_dir(), RECALIBRATE)
+            return shipped
     path = cache_dir / "rotations" / fp.config_hash
-    cached = _usable(path, fp, "the cached artifact")
+    cached = _cached(path, fp)
     if cached is not None:
+        log.info("OSCAR rotations: the cached artifact %s (calibrated once for this model; --rotations DIR overrides)",
+                 path)
         return cached
-    log.info("calibrating the default model once -> %s", path)
-    artifact, rows = calibrate(loaded, CalibrationConfig())
-    log.info("%s", format_summary(rows))
+    return _calibrate_into(loaded, path)
+
+
+def _calibrate_into(loaded: LoadedModel, path: Path) -> Artifact:
+    """Calibrate ``loaded`` once with :func:`startup_config`, save the artifact at ``path``, say where."""
+    cfg = startup_config(loaded)
+    device = next(loaded.model.parameters()).device
+    where = f"streamed layer by layer on {torch.cuda.get_device_name()}" if cfg.stream_layers else f"on {device}"
+    log.info("OSCAR rotations: no artifact for this model yet; calibrating once on %d + %d held-out tokens of "
+             "oscarkv.data:%s (%s) -> %s", cfg.tokens, cfg.heldout_tokens, DEFAULT_TEXT, where, path)
+    artifact, rows = calibrate(loaded, cfg)
+    log.debug("%s", format_summary(rows))
+    attach_validated_recipe(loaded, artifact)
     artifact.save(path)
+    log.info("OSCAR rotations: calibrated in %.1f s and cached at %s (the next start reuses it; --rotations DIR "
+             "overrides)", artifact.manifest["calibration"]["seconds"], path)
     return artifact
 
 
@@ -72,13 +151,10 @@ def artifact_for(loaded: LoadedModel, kv: str, rotations: str | Path | None,
                  cache_dir: Path = CACHE_DIR) -> Artifact | None:
     """The validated artifact for ``kv == "oscar"`` (``None`` for every other method).
 
-    ``rotations`` names the artifact directory; without it the default model falls back to
-    :func:`default_artifact` and any other model raises ``ValueError`` saying how to make one."""
+    ``rotations`` names the artifact directory; without it, :func:`cached_artifact` (which may calibrate
+    once). ``cache_dir``: where calibrated artifacts are cached."""
     if kv != "oscar":
         return None
-    fp = ModelFingerprint.from_config(loaded.config)
     if rotations is not None:
-        return Artifact.load(Path(rotations), expect=fp)
-    if is_default_model(loaded):
-        return default_artifact(loaded, cache_dir)
-    raise ValueError("kv='oscar' needs rotations=DIR (make one with: oscarkv calibrate --model MODEL --out DIR)")
+        return Artifact.load(Path(rotations), expect=ModelFingerprint.from_config(loaded.config))
+    return cached_artifact(loaded, cache_dir)

@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         from oscarkv.eval.objective import search_recipe
 
         search_recipe(loaded, results, search, args.out)
+    else:
+        _validated_recipe(loaded, results[""][0])
     for name, (artifact, rows) in results.items():
         artifact.save(args.out / "ablations" / name if name else args.out)
         print(format_summary(rows) if not args.ablations else f"{name or 'recipe':>13s} {format_summary(rows).splitlines()[-1]}")
@@ -59,6 +61,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}" + (f" and {len(ABLATIONS)} ablations under {args.out / 'ablations'}" if args.ablations else "")
           + f" ({seconds:.1f} s{_peak_gpu_memory()})")
     return 0
+
+
+def _validated_recipe(loaded, artifact) -> None:
+    """The default model fitted with the validated options gets the recipe the development search chose for
+    them (``oscarkv/data/default_recipe.json``): the shipped artifact in full; the line says so."""
+    from oscarkv.calibrate.default import attach_validated_recipe
+
+    provenance = attach_validated_recipe(loaded, artifact)
+    if provenance:
+        print(f"serving recipe: the validated one for the default model ({provenance})")
 
 
 def _peak_gpu_memory() -> str:

@@ -24,7 +24,7 @@ def setup(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recent", type=int, default=KVConfig().recent,
                    help=f"BF16 recent window tokens (default: {KVConfig().recent})")
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
-                   help=f"where the default model's artifact is cached (default: {CACHE_DIR})")
+                   help=f"where artifacts calibrated at start-up are cached, by model fingerprint (default: {CACHE_DIR})")
     add_fields(p, EvalConfig, ["methods", "tasks", "samples", "seed", "haystacks", "diagnostic", "free", "bf16_on_engine",
                                   "batch"])
     p.add_argument("--backend", choices=["hf", "engine"], default="engine",
@@ -54,15 +54,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def artifacts_for(loaded, args) -> dict:
-    """``{variant name: artifact}`` from ``--rotations`` (the default model: its shipped artifact)."""
-    from oscarkv.calibrate.default import default_artifact
-    from oscarkv.models.loader import is_default_model
+    """``{variant name: artifact}`` from ``--rotations`` (without it: the default model's shipped artifact,
+    or one calibrated once and cached under ``--cache-dir``)."""
+    from oscarkv.calibrate.default import cached_artifact
     from oscarkv.quant.artifact import Artifact, ArtifactError, ModelFingerprint
 
     if args.rotations is None:
-        if not is_default_model(loaded):
-            raise UserError("--rotations DIR is required for method 'oscar' (make one with: oscarkv calibrate --out DIR)")
-        return {"": default_artifact(loaded, args.cache_dir)}
+        try:
+            return {"": cached_artifact(loaded, args.cache_dir)}
+        except ValueError as e:  # ArtifactError names the damaged cache file
+            raise UserError(str(e)) from e
     fp, out = ModelFingerprint.from_config(loaded.config), {}
     for entry in args.rotations:
         name, _, path = entry.rpartition("=")

@@ -19,7 +19,8 @@ from dataclasses import MISSING, asdict, fields
 from functools import cache
 from pathlib import Path
 
-from oscarkv.config import DEVICES, DTYPES, ENGINE_METHODS, SPECULATIVE_METHODS, EngineConfig, KVConfig, SpeculativeConfig
+from oscarkv.config import (CACHE_DIR, DEVICES, DTYPES, ENGINE_METHODS, SPECULATIVE_METHODS, EngineConfig, KVConfig,
+                            SpeculativeConfig)
 
 
 class UserError(Exception):
@@ -118,12 +119,13 @@ def load(spec: str, dtype: str, device: str = "auto", tensor_parallel_size: int 
         raise UserError(str(e)) from e
 
 
-def artifact(loaded, kv: str, rotations: Path | None):
-    """The artifact ``--kv``/``--rotations`` name (``oscarkv.calibrate.default.artifact_for``), or a UserError."""
+def artifact(loaded, args: argparse.Namespace):
+    """The artifact ``--kv``/``--rotations``/``--cache-dir`` name (``oscarkv.calibrate.default.artifact_for``:
+    without ``--rotations``, calibrated once and cached for a model that has none), or a UserError."""
     from oscarkv.calibrate.default import artifact_for
 
     try:
-        return artifact_for(loaded, kv, rotations)
+        return artifact_for(loaded, args.kv, args.rotations, args.cache_dir)
     except ValueError as e:  # ArtifactError names the file and the field
         raise UserError(str(e)) from e
 
@@ -134,7 +136,10 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     model_args(p, "auto")
     p.add_argument("--kv", choices=ENGINE_METHODS, default="oscar", help="KV storage method (default: oscar)")
     p.add_argument("--rotations", type=Path, default=None,
-                   help="artifact directory for --kv oscar (default: the default model's artifact, shipped with oscarkv)")
+                   help="artifact directory for --kv oscar (default: the default model's, shipped with oscarkv; for "
+                        "another model, one calibrated once at start-up and cached under --cache-dir)")
+    p.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
+                   help=f"where artifacts calibrated at start-up are cached, by model fingerprint (default: {CACHE_DIR})")
     add_fields(p, KVConfig, ["sink", "recent", "page_size", "key_bits", "value_bits"])
     # NOTE: unset windows and bits come from the artifact's recipe (oscarkv calibrate --max-bpe), else KVConfig's defaults
     p.set_defaults(sink=None, recent=None, key_bits=None, value_bits=None)

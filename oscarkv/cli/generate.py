@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from oscarkv.cli.flags import engine_args, engine_config
+from oscarkv.cli.flags import UserError, engine_args, engine_config
 
 
 def setup(p: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     engine_config(args)  # bad flags are reported before the model loads
     loaded = load(args.model, args.dtype, args.device, args.tensor_parallel_size)
-    art = artifact(loaded, args.kv, args.rotations)
+    art = artifact(loaded, args)
     cfg = engine_config(args, art)
     say_windows(cfg, art)
     try:

@@ -5,8 +5,9 @@ Flags derive from :class:`~oscarkv.config.EngineConfig` and :class:`~oscarkv.con
 :class:`~oscarkv.config.ServerConfig`. Every start-up fault is one line and exit status 2, found
 as early as it can be: the ``serve`` extra and the flags first, then the port (bound before the
 model loads), then the model and the rotation artifact (the file, tensor or field named; never a
-fallback to an identity rotation). ``--model default --kv oscar`` without ``--rotations`` uses the
-default model's shipped artifact.
+fallback to an identity rotation). ``--kv oscar`` without ``--rotations`` uses the default model's
+shipped artifact, or for another model the one calibrated once at start-up and cached under ``--cache-dir``
+(``oscarkv.calibrate.default``).
 
 The API key comes from ``--api-key`` or, so that it stays out of process listings, from the
 environment variable ``OSCARKV_API_KEY`` (:data:`API_KEY_ENV`) — the one environment read of
@@ -58,7 +59,7 @@ def build(args: argparse.Namespace):
     launch = launch_module()
     cfg, _ = server_config(args), engine_config(args)  # bad flags are reported before the model loads
     loaded = load(args.model, args.dtype, args.device, args.tensor_parallel_size)
-    art = artifact(loaded, args.kv, args.rotations)
+    art = artifact(loaded, args)
     engine_cfg = engine_config(args, art)
     say_windows(engine_cfg, art)
     try:

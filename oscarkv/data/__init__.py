@@ -13,7 +13,10 @@ One derived file ships too: ``default_rotations/`` (:func:`default_rotations_dir
 artifact of the default model (``rotations.safetensors`` + ``manifest.json``, ~6 MB), made by
 ``oscarkv calibrate --model default --out oscarkv/data/default_rotations`` from
 ``calibration.txt`` with the recipe's defaults, so that the default model starts without the
-one-time calibration (``oscarkv.calibrate.default``).
+one-time calibration (``oscarkv.calibrate.default``), and ``default_recipe.json``
+(:func:`default_recipe`), the serving recipe the development search chose for that artifact (its
+windows, bits and INT2 key clip), with the calibration options it holds for and its provenance:
+``oscarkv calibrate --model default`` writes it into the artifact it fits with those options.
 The files ship as package data (``[tool.setuptools.package-data]`` in ``pyproject.toml``).
 """
 
@@ -27,6 +30,9 @@ NAMES = ("calibration.txt", "eval.txt", "gazetteer.txt")
 
 DEFAULT_ROTATIONS = "default_rotations"
 """The folder of the default model's shipped OSCAR artifact."""
+
+DEFAULT_RECIPE = "default_recipe.json"
+"""The default model's validated serving recipe: ``{"options": ..., "provenance": ..., "recipe": ...}``."""
 
 
 def data_path(name: str) -> pathlib.Path:
@@ -47,3 +53,11 @@ def read_text(name: str) -> str:
 def default_rotations_dir() -> pathlib.Path:
     """Folder of the default model's shipped artifact (loading validates it: ``oscarkv.quant.artifact``)."""
     return pathlib.Path(str(resources.files(__name__).joinpath(DEFAULT_ROTATIONS)))
+
+
+def default_recipe() -> dict:
+    """The default model's validated recipe entry (:data:`DEFAULT_RECIPE`): the calibration ``options`` it
+    holds for, its ``provenance`` (the search that chose it) and the manifest's ``recipe``."""
+    import json
+
+    return json.loads(resources.files(__name__).joinpath(DEFAULT_RECIPE).read_text(encoding="utf-8"))

@@ -295,24 +295,6 @@ def test_variants_share_statistics_and_match_single_runs(loaded):
         calibrate_variants(loaded, {"a": CFG, "b": replace(CFG, tokens=64)}, [text()])
 
 
-def test_default_artifact_is_refitted_when_the_recipe_changed(loaded, default_run, tmp_path, monkeypatch):
-    """The cached default artifact is reused only if it was fitted with the current recipe's options."""
-    import oscarkv.calibrate.default as cd
-
-    art, rows = default_run  # fitted with CFG (a non-default recipe: fewer tokens)
-    art.save(tmp_path / "rotations" / ModelFingerprint.from_config(loaded.config).config_hash)
-    calls = []
-
-    class Refitted:
-        def save(self, path):
-            calls.append(path)
-
-    monkeypatch.setattr(cd, "calibrate", lambda loaded, cfg: (calls.append(cfg), (Refitted(), rows))[1])
-    assert isinstance(cd.default_artifact(loaded, tmp_path), Refitted) and calls[0] == CalibrationConfig()
-    monkeypatch.setattr(cd, "CalibrationConfig", lambda: CFG)  # now CFG is "the recipe": reuse the cache
-    assert cd.default_artifact(loaded, tmp_path).manifest["options"]["tokens"] == CFG.tokens and len(calls) == 2
-
-
 def retrieval_reference(q: torch.Tensor, k: torch.Tensor, sink: int, distance: int) -> torch.Tensor:
     """``C_Q`` per KV head with retrieval weights, in float64 from one sequence's ``q [1, Hq, T, d]``,
     ``k [1, Hkv, T, d]``: ``w = max p`` over the keys ``sink ≤ j ≤ t − distance``, ``ŵ = w / mean w``

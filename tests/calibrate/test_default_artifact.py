@@ -2,8 +2,11 @@
 
 The shipped files (``oscarkv/data/default_rotations``) were written by that command with the
 recipe's defaults; their manifest's ``recipe`` (the INT2 key clip 0.95 at the default windows) is
-what the served development search then chose for them (``calibrate --rotations DIR --key-clips``). Reproducing them in full streams 16K tokens through all 30 layers (~90 s of
-CPU on one core), so the default suite reproduces the first two layers instead: a layer's
+what the served development search then chose for them (``calibrate --rotations DIR --key-clips``),
+kept as data (``oscarkv/data/default_recipe.json``, with the options it holds for and its provenance)
+that the command writes into what it fits, so that it makes the shipped artifact in full, recipe included.
+Reproducing them in full streams 16K tokens through all 30 layers (~90 s of
+CPU on one core), so the default suite runs the command on the model cut to two layers instead: a layer's
 statistics depend only on the layers below it and every layer is solved on its own, so
 calibrating the model cut to two layers must give the shipped layers 0 and 1. The full
 reproduction is marked ``full_calibration`` (deselected by default; ``pytest -m full_calibration``).
@@ -17,10 +20,8 @@ round a matmul differently; the tolerance below then says by how much it may mov
 import pytest
 import torch
 
-from oscarkv.calibrate.default import current_recipe, default_artifact
-from oscarkv.calibrate.run import calibrate
-from oscarkv.config import CalibrationConfig
-from oscarkv.data import default_rotations_dir
+from oscarkv.calibrate.default import cached_artifact, current_recipe
+from oscarkv.data import default_recipe, default_rotations_dir
 from oscarkv.quant.artifact import Artifact
 
 TOL = 1e-4
@@ -71,17 +72,38 @@ def assert_reproduces(got: Artifact, shipped: Artifact, layers: int) -> None:
         assert got.manifest["clip"][kind] == shipped.manifest["clip"][kind][:layers], kind
 
 
+def test_the_validated_recipe_is_the_shipped_one(shipped):
+    """``default_recipe.json`` holds the shipped manifest's recipe, for the options the artifact was fitted with."""
+    entry = default_recipe()
+    assert entry["recipe"] == shipped.manifest["recipe"] and entry["options"] == shipped.manifest["options"]
+    assert "--key-clips 0.95" in entry["provenance"]
+
+
+SKIP = {"calibration", "oscarkv_version"}  # seconds taken; the version
+
+
 @pytest.mark.slow
-def test_first_layers_reproduce_the_shipped_artifact(shipped, monkeypatch, tmp_path):
-    """The default model uses the shipped artifact without calibrating; its first two layers recalibrate to it."""
+def test_calibrate_as_documented_reproduces_the_shipped_artifact_on_two_layers(shipped, monkeypatch, tmp_path,
+                                                                             capsys):
+    """The default model uses the shipped artifact without calibrating; ``oscarkv calibrate --model default --out
+    DIR`` on its first two layers writes the shipped layers 0 and 1, the shipped options and the shipped recipe."""
     import oscarkv.calibrate.default as cd
+    import oscarkv.cli.calibrate as cli
+    from oscarkv.cli.main import main
     from oscarkv.models.loader import load_model
 
     loaded = load_model("default", torch.float32)
     monkeypatch.setattr(cd, "calibrate", lambda *a: pytest.fail("the default model was calibrated"))
-    assert default_artifact(loaded, tmp_path).manifest == shipped.manifest
-    got, _ = calibrate(cut(loaded, 2), CalibrationConfig())
+    assert cached_artifact(loaded, tmp_path).manifest == shipped.manifest
+    monkeypatch.setattr(cli, "load", lambda *args: cut(loaded, 2))
+    assert main(["calibrate", "--model", "default", "--out", str(tmp_path / "out")]) == 0
+    assert "serving recipe: the validated one for the default model" in capsys.readouterr().out
+    got = Artifact.load(tmp_path / "out")
     assert_reproduces(got, shipped, 2)
+    assert got.manifest["recipe"] == shipped.manifest["recipe"]  # exactly: windows, bits, key clip 0.95, the search
+    for field in ("options", "group_size", "method", "format_version"):
+        assert got.manifest[field] == shipped.manifest[field], field
+    assert got.manifest["calibration"]["source"] == shipped.manifest["calibration"]["source"]
 
 
 @pytest.mark.slow
@@ -92,6 +114,5 @@ def test_calibrate_default_reproduces_the_shipped_artifact(shipped, tmp_path):
     assert main(["calibrate", "--model", "default", "--out", str(tmp_path)]) == 0
     got = Artifact.load(tmp_path)
     assert_reproduces(got, shipped, 30)
-    skip = {"calibration", "oscarkv_version", "recipe"}  # seconds taken; the version; the search's choice (below)
-    assert {k: v for k, v in got.manifest.items() if k not in skip} == \
-        {k: v for k, v in shipped.manifest.items() if k not in skip}
+    assert {k: v for k, v in got.manifest.items() if k not in SKIP} == \
+        {k: v for k, v in shipped.manifest.items() if k not in SKIP}  # the recipe included

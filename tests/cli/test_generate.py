@@ -27,3 +27,24 @@ def test_generate_streams_and_describes_the_engine_once(model_dir):
     want = LLM(load_model(str(model_dir)), "bf16", config=engine_config(args)).generate(
         "Hello there", SamplingParams(12, 0.0))[0]
     assert done.stdout == f"{want.text}\n[{want.finish_reason}, {len(want.token_ids)} tokens]\n"
+
+
+def test_generate_and_llm_calibrate_a_new_model_once(model_dir, tmp_path, monkeypatch, capsys):
+    """``generate --kv oscar`` without --rotations calibrates the model once into --cache-dir; a second run and
+    the offline API on the same cache reuse that artifact and give the same tokens."""
+    import oscarkv.calibrate.default as cd
+    from oscarkv.cli.main import main
+
+    calls, real = [], cd.calibrate
+    monkeypatch.setattr(cd, "calibrate", lambda *a: calls.append(a[1]) or real(*a))
+    argv = ["generate", "--model", str(model_dir), "--kv", "oscar", "--cache-dir", str(tmp_path), "--no-chat",
+            "--prompt", "Hello there, " * 8, "--max-tokens", "8", *SMALL]
+    printed = []
+    for run in (1, 2):
+        assert main(argv) == 0
+        printed.append(capsys.readouterr().out)
+        assert len(calls) == 1, run
+    assert printed[0] == printed[1]
+    llm = LLM(str(model_dir), "oscar", config=engine_config(build_parser().parse_args(argv)), cache_dir=tmp_path)
+    want = llm.generate("Hello there, " * 8, SamplingParams(8, 0.0))[0]
+    assert len(calls) == 1 and printed[0] == f"{want.text}\n[{want.finish_reason}, {len(want.token_ids)} tokens]\n"

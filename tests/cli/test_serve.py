@@ -46,9 +46,25 @@ def test_mismatched_artifact_is_refused(model_dir, tmp_path, capsys):
     assert "oscarkv serve: error:" in err and "field model.num_heads" in err
 
 
-def test_oscar_needs_rotations_for_other_models(model_dir, capsys):
-    assert main(["serve", "--model", str(model_dir), "--kv", "oscar", *SMALL]) == 2
-    assert "rotations" in capsys.readouterr().err
+def test_oscar_calibrates_a_new_model_once_at_start(model_dir, model, tmp_path, monkeypatch, caplog):
+    """No --rotations for a model without an artifact: the first start calibrates (the recipe's tokens) and caches
+    the artifact under the model's fingerprint, saying where; the second start reuses it."""
+    import oscarkv.calibrate.default as cd
+    from oscarkv.quant.artifact import MANIFEST_FILE, TENSOR_FILE, ModelFingerprint
+
+    calls, real = [], cd.calibrate
+    monkeypatch.setattr(cd, "calibrate", lambda *a: calls.append(a[1]) or real(*a))
+    args = build_parser().parse_args(["serve", "--model", str(model_dir), "--kv", "oscar", "--cache-dir",
+                                      str(tmp_path), *SMALL])
+    caplog.set_level(logging.INFO, logger="oscarkv")
+    for start in (1, 2):
+        build_server(args).engine.close()
+        assert len(calls) == 1, start
+    path = tmp_path / "rotations" / ModelFingerprint.from_config(model.config).config_hash
+    assert (path / TENSOR_FILE).is_file() and (path / MANIFEST_FILE).is_file()
+    assert "calibrating once on 16384 + 1024 held-out tokens of oscarkv.data:calibration.txt (" in caplog.text
+    assert f") -> {path}" in caplog.text and f"cached at {path}" in caplog.text
+    assert f"the cached artifact {path}" in caplog.text
 
 
 def test_bad_server_flags(model_dir, capsys):
