@@ -3,7 +3,6 @@
 
 import sys
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from oscarkv.bench import e2e

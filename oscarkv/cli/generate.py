@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from oscarkv.cli.flags import engine_args, engine_config
+from oscarkv.cli.flags import UserError, engine_args, engine_config
 
 
 def setup(p: argparse.ArgumentParser) -> None:
