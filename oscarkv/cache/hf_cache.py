@@ -1,6 +1,6 @@
 """A transformers ``Cache`` that stores the mixed-precision tiers of DESIGN.md §3 for real.
 
-Role: run ``model.generate(..., past_key_values=OscarCache(...))`` on any transformers model
+Role: run ``model.generate(..., cache=OscarCache(...))`` on any transformers model
 with the storage rule of a :class:`~oscarkv.quant.codec.KVCodec`, holding the bytes the
 engine would hold, so accuracy and memory can be measured without the paged engine.
 

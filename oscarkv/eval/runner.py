@@ -102,7 +102,7 @@ def on_model(model, t: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def prefill(model, ids: torch.Tensor) -> DynamicCache:
     cache = DynamicCache(config=model.config)
-    model(on_model(model, ids), past_key_values=cache, use_cache=True, logits_to_keep=1)  # only the K/V are needed
+    model(on_model(model, ids), cache=cache, use_cache=True, logits_to_keep=1)  # only the K/V are needed
     return cache
 
 
@@ -117,7 +117,7 @@ def score_sample(model, doc: DynamicCache, codec: KVCodec, q_ids: torch.Tensor, 
     q_ids, target = on_model(model, q_ids), on_model(model, target)
     ids = torch.cat([q_ids, target[:, :-1]], dim=1)
     pos = on_model(model, torch.arange(start, start + ids.shape[1]).unsqueeze(0))
-    logits = model(ids, past_key_values=cache, position_ids=pos, use_cache=True).logits
+    logits = model(ids, cache=cache, position_ids=pos, use_cache=True).logits
     answer_logits = logits[0, q_ids.shape[1] - 1:].float()
     ok = answer_logits.argmax(-1) == target[0]
     nll = torch.nn.functional.cross_entropy(answer_logits, target[0], reduction="none")
@@ -240,7 +240,7 @@ def greedy_full_precision(loaded, doc: DynamicCache, sample, max_tokens: int) ->
     for _ in range(max_tokens):
         start = doc.get_seq_length()
         pos = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
-        logits = model(on_model(model, ids), past_key_values=doc, position_ids=on_model(model, pos), use_cache=True,
+        logits = model(on_model(model, ids), cache=doc, position_ids=on_model(model, pos), use_cache=True,
                        logits_to_keep=1).logits
         nxt = int(logits[0, -1].argmax())
         if nxt in eos:

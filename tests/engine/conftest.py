@@ -137,12 +137,12 @@ def hf_greedy(model, prompt: list[int], n: int, cache, chunk: int | None = None)
     chunk = chunk or len(prompt)
     for s in range(0, len(prompt), chunk):
         e = min(s + chunk, len(prompt))
-        logits = model(torch.tensor([ids[s:e]]), past_key_values=cache, position_ids=torch.arange(s, e)[None]).logits
+        logits = model(torch.tensor([ids[s:e]]), cache=cache, position_ids=torch.arange(s, e)[None]).logits
     for _ in range(n):
         logp = torch.log_softmax(logits[0, -1].float(), -1)
         t = int(logp.argmax())
         toks.append(t)
         lps.append(float(logp[t]))
         ids.append(t)
-        logits = model(torch.tensor([[t]]), past_key_values=cache, position_ids=torch.tensor([[len(ids) - 1]])).logits
+        logits = model(torch.tensor([[t]]), cache=cache, position_ids=torch.tensor([[len(ids) - 1]])).logits
     return toks, lps
