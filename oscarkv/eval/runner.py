@@ -296,8 +296,7 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, ta
     engine for the served configurations with the teacher-forced diagnostic beside it
     (``engine``; ``cfg.diagnostic``), on the same samples. With ``cfg.bf16_on_engine`` off,
     BF16's free-running answer comes from :func:`greedy_full_precision` on the diagnostic's prefill."""
-    served = {k: c for k, c in codecs.items() if backend == "engine" and engine_backend.served(c.config)
-              and (not cfg.free or c.config.method in cfg.free)}
+    served = {k: codecs[k] for k in _served(codecs, cfg, backend)}
     on_hf = {k for k, c in served.items() if c.config.method == "bf16" and not cfg.bf16_on_engine}
     engines = engine_backend.build_engines(loaded, {k: c for k, c in served.items() if k not in on_hf}, cfg, artifacts)
     for group in _groups(cells(loaded, cfg), cfg.batch):
@@ -307,17 +306,30 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, ta
                                                [p.answer_tokens for p in batch])
             for p, (acc, bpe, _) in zip(batch, scores):
                 tally.add((label, *p.cell, FREE), acc, bpe, place=p.places[label])
+            bar.update(len(batch))
         for p in batch:
-            if backend == "hf" or cfg.diagnostic or on_hf:
+            if _forced(cfg, backend, on_hf):
                 doc = score_forced(loaded, codecs, p.sample, p.places, tally)
+                bar.update(len(codecs))
                 for label in on_hf:
                     budget = engine_backend.answer_budget(p.answer_tokens, len(p.ids),
                                                           getattr(loaded.config, "max_position_embeddings", None))
                     text = greedy_full_precision(loaded, doc, p.sample, budget)
                     tally.add((label, *p.cell, FREE), task_lib.score_text(p.sample, text), full_bits(loaded),
                               place=p.places[label])
-            bar.update(len(codecs))
+                    bar.update(1)
     return tally.records("accuracy")
+
+
+def _forced(cfg: EvalConfig, backend: str, on_hf) -> bool:
+    """Whether the teacher-forced single-chunk protocol runs on every sample (``run_tasks``)."""
+    return backend == "hf" or cfg.diagnostic or bool(on_hf)
+
+
+def _served(codecs: dict[str, KVCodec], cfg: EvalConfig, backend: str) -> list[str]:
+    """The configurations that also answer free-running (through the engine, or BF16 on its prefill)."""
+    return [k for k, c in codecs.items() if backend == "engine" and engine_backend.served(c.config)
+            and (not cfg.free or c.config.method in cfg.free)]
 
 
 def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, tally: Tally) -> list[dict]:
@@ -340,16 +352,19 @@ def evaluate(loaded, cfg: EvalConfig, artifacts: dict[str, object] | None = None
     written to ``sample_log`` (JSON lines) as they are measured. ``backend="engine"`` adds the
     free-running protocol through the paged engine (``oscarkv.eval.engine_backend``)."""
     codecs = build_codecs(loaded.model, cfg, artifacts)
+    served = _served(codecs, cfg, backend)
     n_tasks = sum(t != "ppl" for t in cfg.tasks)
-    total = len(cfg.contexts) * cfg.samples * (n_tasks * len(cfg.haystacks) + ("ppl" in cfg.tasks)) * len(codecs)
+    on_hf = [k for k in served if codecs[k].config.method == "bf16" and not cfg.bf16_on_engine]
+    per_sample = len(served) + (len(codecs) if _forced(cfg, backend, on_hf) else 0)  # the runs bar.update counts
+    total = len(cfg.contexts) * cfg.samples * (n_tasks * len(cfg.haystacks) * per_sample + ("ppl" in cfg.tasks) * len(codecs))
     t0 = time.time()
-    with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True) as bar:
+    # NOTE: runs differ in cost (an engine's free run, one codec's forced score): the estimate uses the
+    # mean rate since the start (smoothing 0), not the last few updates
+    with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True, smoothing=0) as bar:
         tally = Tally(sample_log)
         records = run_tasks(loaded, codecs, cfg, bar, tally, backend, artifacts) if n_tasks else []
         if "ppl" in cfg.tasks:
             records += run_perplexity(loaded, codecs, cfg, bar, Tally(sample_log))
-    served = [k for k, c in codecs.items() if backend == "engine" and engine_backend.served(c.config)
-              and (not cfg.free or c.config.method in cfg.free)]
     meta = {"model": loaded.source, "backend": backend, "configs": {k: vars(c.config) for k, c in codecs.items()},
             "contexts": list(cfg.contexts), "samples": cfg.samples, "seed": cfg.seed, "haystacks": list(cfg.haystacks),
             "tasks": list(cfg.tasks), "seconds": round(time.time() - t0, 1),
