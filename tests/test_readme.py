@@ -34,7 +34,8 @@ def test_readme_has_the_two_setup_commands_first():
     assert first == ["bash scripts/install.sh eval && .venv/bin/oscarkv demo",
                      "bash scripts/install.sh test && .venv/bin/python -m pytest -q"]
     ci = (README.parent / ".ci" / "run").read_text()
-    assert first[1] in ci, "CI must run the README's test command"
+    install, tests = first[1].split(" && ")
+    assert f"{install} && .venv/bin/ruff check . && {tests}" in ci, "CI must run the README's test command after the linter"
 
 
 def test_readme_has_no_parent_links():

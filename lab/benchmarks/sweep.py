@@ -43,7 +43,7 @@ def sweep(cfg: AttentionBench, kinds=(True, False), grid=GRID) -> dict:
         best = min((r for r in res["runs"] if r["context"] == ctx and r["batch"] == bsz and r["int2"] == int2),
                    key=lambda r: r["us"])
         print("best", best, flush=True)
-        del kv, tables
+        kv = tables = None  # NOTE: frees them (rebound, not del: the timed lambda closes over these names)
         torch.cuda.empty_cache()
     return res
 

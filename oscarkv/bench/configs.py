@@ -1,12 +1,30 @@
 """What each ``oscarkv bench`` subcommand measures: one frozen dataclass per benchmark.
 
 Kept apart from the benchmarks themselves (which import torch and Triton) so that the command
-line builds its flags and ``--help`` from these fields without importing either.
+line builds its flags and ``--help`` from these fields without importing either. Each checks its
+counts and methods on construction, so that a bad flag is one line before any work starts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from oscarkv.config import ENGINE_METHODS
+
+
+def _check_positive(bench, *names: str) -> None:
+    """Each named field (an int or a tuple of ints) must be >= 1."""
+    for name in names:
+        value = getattr(bench, name)
+        if min(value if isinstance(value, tuple) else (value,), default=0) < 1:
+            raise ValueError(f"{type(bench).__name__}.{name} must be >= 1, got {value}")
+
+
+def _check_methods(bench, name: str = "methods", known: tuple[str, ...] = ENGINE_METHODS) -> None:
+    """The named field must be a non-empty tuple of methods of ``known``."""
+    value = getattr(bench, name)
+    if not value or any(m not in known for m in value):
+        raise ValueError(f"{type(bench).__name__}.{name} must be methods of {known}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -39,6 +57,12 @@ class AttentionBench:
     """Also time the low-bit cache with a non-uniform 2-bit level table on its 2-bit kinds (column ``int2-lm``:
     the Lloyd-Max path of the kernels, ``oscarkv.quant.int2``) beside the uniform one."""
 
+    def __post_init__(self) -> None:
+        _check_positive(self, "contexts", "batches", "q_heads", "kv_heads", "head_dim", "page_size")
+        for name in ("key_bits", "value_bits"):
+            if getattr(self, name) not in (2, 4):
+                raise ValueError(f"AttentionBench.{name} must be 2 or 4, got {getattr(self, name)}")
+
 
 @dataclass(frozen=True)
 class DecodeBench:
@@ -68,6 +92,10 @@ class DecodeBench:
     """Also profile the graph of each row at the longest context (torch.profiler; with tensor parallelism,
     whole engine steps). NOTE: CUPTI stays attached after a profile and slows later graph launches (seen
     on an H100, 2026-11-22: 21 µs → 320 µs): time in one invocation, profile in another."""
+
+    def __post_init__(self) -> None:
+        _check_methods(self)
+        _check_positive(self, "contexts", "steps", "batch", "tensor_parallel_size")
 
 
 @dataclass(frozen=True)
@@ -102,6 +130,7 @@ class CapacityBench:
             raise ValueError(f"CapacityBench.methods must include 'bf16' (the × BF16 columns), got {self.methods}")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"CapacityBench.methods has a repeated method: {self.methods}")
+        _check_positive(self, "context", "requests", "new_tokens", "tensor_parallel_size")
 
 
 @dataclass(frozen=True)
@@ -120,6 +149,10 @@ class PrefillBench:
     """KV pool budget in GiB."""
     profile_context: int = 32768
     """Context of the profiled runs that split the time by part (one per shape, method and chunk; 0: none)."""
+
+    def __post_init__(self) -> None:
+        _check_methods(self)
+        _check_positive(self, "contexts", "chunks")
 
 
 @dataclass(frozen=True)
@@ -151,6 +184,7 @@ class JobsBench:
         known = tuple(m for m, _ in self.chunks)
         if not self.methods or [m for m in self.methods if m not in known]:
             raise ValueError(f"JobsBench.methods must be methods of {known}, got {self.methods}")
+        _check_positive(self, "context", "requests", "new_tokens", "tensor_parallel_size")
 
 
 @dataclass(frozen=True)
@@ -169,6 +203,10 @@ class EngineBench:
     """Processes the model is split over (``EngineConfig.tensor_parallel_size``, gloo on the CPU); KV
     bytes are the whole group's."""
 
+    def __post_init__(self) -> None:
+        _check_methods(self)
+        _check_positive(self, "batches", "prompt_len", "new_tokens", "tensor_parallel_size")
+
 
 @dataclass(frozen=True)
 class ServeBench:
@@ -182,3 +220,7 @@ class ServeBench:
     """Requests per level; ``0``: ``max(4, 2 * concurrency)``."""
     max_tokens: int = 16
     """Generated tokens per request (``ignore_eos``, so every request generates exactly this many)."""
+
+    def __post_init__(self) -> None:
+        _check_methods(self, "kv")
+        _check_positive(self, "concurrency", "max_tokens")

@@ -57,7 +57,7 @@ def floor(model, context: int, chunk: int) -> dict:
     k, v = (torch.randn(1, h, context, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     sdpa = torch.nn.functional.scaled_dot_product_attention
     attn = e2e.event_seconds(lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True), reps=3) * L
-    del q, k, v
+    q = k = v = None  # NOTE: frees them (rebound, not del: the timed lambda closes over these names)
     layer = model.model.layers[0]
     x = torch.randn(chunk, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
     xo = torch.randn(chunk, hq * d, device="cuda", dtype=torch.bfloat16)

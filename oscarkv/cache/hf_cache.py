@@ -1,6 +1,6 @@
 """A transformers ``Cache`` that stores the mixed-precision tiers of DESIGN.md §3 for real.
 
-Role: run ``model.generate(..., past_key_values=OscarCache(...))`` on any transformers model
+Role: run ``model.generate(..., cache=OscarCache(...))`` on any transformers model
 with the storage rule of a :class:`~oscarkv.quant.codec.KVCodec`, holding the bytes the
 engine would hold, so accuracy and memory can be measured without the paged engine.
 
@@ -53,6 +53,7 @@ feed the evaluation reports; the engine's paged caches must agree with it token 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -140,6 +141,24 @@ class _TierStore:
         extra = sum(t.numel() * t.element_size() for t in self.dequant or [])
         return {"sink": _nbytes(self.sink), "history": sum(p.nbytes() for p in self.blocks),
                 "recent": _nbytes(self.recent), "dequant_cache": extra}
+
+
+def _takes_cache_argument() -> bool:
+    import transformers
+
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", transformers.__version__).groups())
+    return (major, minor) >= (5, 24)
+
+
+CACHE_ARGUMENT = "cache" if _takes_cache_argument() else "past_key_values"
+"""The name under which a transformers model's ``forward``/``generate`` takes its KV cache: ``cache`` from
+5.24 on (``past_key_values`` is deprecated there and removed in 5.40), ``past_key_values`` before.
+NOTE: an older release swallows an unknown ``cache=`` into ``**kwargs`` and runs without a cache."""
+
+
+def cache_kwargs(cache) -> dict:
+    """``{CACHE_ARGUMENT: cache}``: pass a KV cache to a transformers model under the installed release's name."""
+    return {CACHE_ARGUMENT: cache}
 
 
 def _nbytes(t: torch.Tensor | None) -> int:

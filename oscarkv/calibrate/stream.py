@@ -112,7 +112,7 @@ def stream_forward(model: torch.nn.Module, batches: Sequence[torch.Tensor], obse
                         if key not in tables:
                             tables[key] = _rotary_table(model, h, positions[b], layer_types[i])
                         out = layer(h, attention_mask=None, position_embeddings=tables[key], position_ids=positions[b],
-                                    past_key_values=None, oscar_stats=observer)
+                                    cache=None, oscar_stats=observer)
                         hidden[b] = out.to(host)
     finally:
         stream.restore()

@@ -4,6 +4,8 @@
 plain text) and whose default is shown as it would be typed; ``config_from`` builds the config
 back from the parsed arguments. Lists are always comma-separated (``--contexts 4096,8192``).
 ``engine_args``/``engine_config``: the engine's flags, shared by ``generate`` and ``serve``.
+A config check that fails names the field (``ServerConfig.port``); ``in_flag_words`` says it as the
+flag that sets the field (``--port``), from the parser's own flags (``flag_names``).
 Nothing here imports torch: ``oscarkv --help`` answers without it.
 """
 
@@ -94,6 +96,36 @@ def config_from(cls, args: argparse.Namespace, **extra):
         return cls(**{k: v for k, v in vars(args).items() if k in names}, **extra)
     except ValueError as e:
         raise UserError(str(e)) from e
+
+
+FIELD_PATH = re.compile(r"\b[A-Z][A-Za-z0-9]*((?:\.[a-z_][a-z0-9_]*)+(?:/[a-z_][a-z0-9_]*)*)")
+"""A config field as validation messages name it: ``ServerConfig.port``, ``EngineConfig.kv.sink``,
+``KVConfig.key_bits/value_bits`` (group 1: the path after the class name)."""
+
+
+def flag_names(parser: argparse.ArgumentParser, command: str | None = None) -> dict[str, str]:
+    """``{dest: flag}`` for every option of ``parser`` (of its subcommand ``command`` only, when given)
+    and of the subcommands below: the flag a user types to set that attribute of the parsed arguments."""
+    names: dict[str, str] = {}
+    for action in parser._actions:  # NOTE: argparse lists a parser's actions in no public attribute
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                if command in (None, name):
+                    names |= flag_names(sub)
+        elif action.option_strings and command is None:
+            names.setdefault(action.dest, max(action.option_strings, key=lambda s: s.startswith("--")))
+    return names
+
+
+def in_flag_words(message: str, flags: dict[str, str]) -> str:
+    """``message`` with each config field it names (``FIELD_PATH``) said as the flag that sets the field:
+    ``ServerConfig.port`` → ``--port``, ``EngineConfig.kv.sink`` → ``--sink``, ``KVConfig.key_bits/value_bits``
+    → ``--key-bits/--value-bits``. Flags set the field of the same name (``add_fields``, ``config_from``);
+    a field no flag sets keeps its config name."""
+    def said(m: re.Match) -> str:
+        names = m.group(1).rsplit(".", 1)[-1].split("/")
+        return "/".join(flags[n] for n in names) if all(n in flags for n in names) else m.group(0)
+    return FIELD_PATH.sub(said, message)
 
 
 def model_args(p: argparse.ArgumentParser, dtype: str = "auto", device: str = "auto") -> None:

@@ -26,19 +26,20 @@ def setup(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oscarkv.cli.flags import artifact, load, say_windows
+    from oscarkv.cli.flags import artifact, load
     from oscarkv.engine.request import SamplingParams
     from oscarkv.llm import LLM
 
     engine_config(args)  # bad flags are reported before the model loads
-    loaded = load(args.model, args.dtype, args.device, args.tensor_parallel_size)
-    art = artifact(loaded, args)
-    cfg = engine_config(args, art)
-    say_windows(cfg, art)
     try:
-        llm = LLM(loaded, args.kv, config=cfg, artifact=art)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, seed=args.sample_seed)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    loaded = load(args.model, args.dtype, args.device, args.tensor_parallel_size)
+    art = artifact(loaded, args)
+    try:  # NOTE: LLM logs the windows line (describe_recipe) once
+        llm = LLM(loaded, args.kv, config=engine_config(args, art), artifact=art)
     except ValueError as e:
         raise UserError(str(e)) from e
     with llm:  # stops tensor-parallel workers, if any

@@ -3,7 +3,7 @@
 Each subcommand module has ``setup(parser)`` (flags; no heavy imports, so ``--help`` answers
 without torch) and ``run(args) -> int`` (imports what it needs, does one job). A
 :class:`~oscarkv.cli.flags.UserError` is reported as ``oscarkv CMD: error: ...`` with exit
-status 2. Nothing else in ``oscarkv`` imports this folder.
+status 2, the config fields it names said as the command's flags (``in_flag_words``). Nothing else in ``oscarkv`` imports this folder.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import sys
 
 from oscarkv.cli import bench, calibrate, demo, evaluate, export_rotations, generate, import_rotations, report, serve
-from oscarkv.cli.flags import UserError
+from oscarkv.cli.flags import UserError, flag_names, in_flag_words
 from oscarkv.config import __version__
 
 COMMANDS = {"demo": demo, "calibrate": calibrate, "eval": evaluate, "report": report,
@@ -33,12 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     try:
         return COMMANDS[args.command].run(args) or 0
     except UserError as e:
-        print(f"oscarkv {args.command}: error: {e}", file=sys.stderr)
+        print(f"oscarkv {args.command}: error: {in_flag_words(str(e), flag_names(parser, args.command))}",
+              file=sys.stderr)
         return 2
 
 

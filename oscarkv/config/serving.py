@@ -213,18 +213,20 @@ class EngineConfig:
         if kv.method not in ENGINE_METHODS:
             raise ValueError(f"EngineConfig.kv.method must be one of {ENGINE_METHODS} for the paged engine, got {kv.method!r}")
         if kv.sink % p:
-            raise ValueError(f"EngineConfig.kv.sink ({kv.sink}) must be a multiple of page_size ({p}): "
+            raise ValueError(f"EngineConfig.kv.sink ({kv.sink}) must be a multiple of EngineConfig.kv.page_size ({p}): "
                              "sink pages are whole pages in the paged layout")
         if kv.method != "bf16" and kv.recent == 0 and p > 1:
-            raise ValueError("EngineConfig.kv.recent must be >= 1 when page_size > 1: with no recent window a "
+            raise ValueError("EngineConfig.kv.recent must be >= 1 when EngineConfig.kv.page_size > 1: with no recent window a "
                              "decode step would demote the page that holds its own token")
         if self.prefill_chunk < 1 or self.prefill_chunk % p:
-            raise ValueError(f"EngineConfig.prefill_chunk ({self.prefill_chunk}) must be a positive multiple of page_size ({p})")
+            raise ValueError(f"EngineConfig.prefill_chunk ({self.prefill_chunk}) must be a positive multiple of "
+                             f"EngineConfig.kv.page_size ({p})")
         if self.max_num_seqs < 1:
             raise ValueError(f"EngineConfig.max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.prefill_chunk + self.max_num_seqs:
             raise ValueError(f"EngineConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                             f"prefill_chunk + max_num_seqs ({self.prefill_chunk + self.max_num_seqs}) so prefill never starves")
+                             f"EngineConfig.prefill_chunk + EngineConfig.max_num_seqs ({self.prefill_chunk + self.max_num_seqs}) "
+                             "so prefill never starves")
         if self.bf16_fraction is not None and not 0 < self.bf16_fraction <= 1:
             raise ValueError(f"EngineConfig.bf16_fraction must lie in (0, 1], got {self.bf16_fraction}")
         if self.kv_memory_bytes <= 0:
@@ -275,4 +277,5 @@ class ServerConfig:
         if not self.shutdown_grace >= 0:
             raise ValueError(f"ServerConfig.shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
         if self.protect_metrics and not self.api_key:
-            raise ValueError("ServerConfig.protect_metrics needs an api_key (--api-key or OSCARKV_API_KEY)")
+            raise ValueError("ServerConfig.protect_metrics needs ServerConfig.api_key (oscarkv serve also reads it "
+                             "from OSCARKV_API_KEY)")

@@ -84,7 +84,8 @@ class RecipeSearchConfig:
         if self.protocol not in DEV_PROTOCOLS:
             raise ValueError(f"RecipeSearchConfig.protocol must be one of {DEV_PROTOCOLS}, got {self.protocol!r}")
         if self.dev_samples < len(self.dev_seeds) or not self.dev_seeds:
-            raise ValueError("RecipeSearchConfig.dev_samples must give every seed a sample")
+            raise ValueError(f"RecipeSearchConfig.dev_samples ({self.dev_samples}) must give every one of "
+                             f"RecipeSearchConfig.dev_seeds {self.dev_seeds} a sample")
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,8 @@ class CalibrationConfig:
             raise ValueError(f"CalibrationConfig.clip must be one of {CLIP_MODES} or KEYS/VALUES of them "
                              f"(e.g. fixed/fitted), got {self.clip!r}")
         if self.tokens < self.chunk or self.chunk < 16:
-            raise ValueError(f"CalibrationConfig needs tokens >= chunk >= 16, got tokens={self.tokens} chunk={self.chunk}")
+            raise ValueError(f"CalibrationConfig.tokens ({self.tokens}) must be >= CalibrationConfig.chunk "
+                             f"({self.chunk}) >= 16")
 
 
 @dataclass(frozen=True)
@@ -257,4 +259,4 @@ class ReferenceRecipe:
         if self.group_size < 4:
             raise ValueError(f"ReferenceRecipe.group_size must be >= 4, got {self.group_size}")
         if self.sink < 0 or self.recent < 0:
-            raise ValueError(f"ReferenceRecipe.sink and recent must be >= 0, got {self.sink}, {self.recent}")
+            raise ValueError(f"ReferenceRecipe.sink and ReferenceRecipe.recent must be >= 0, got {self.sink}, {self.recent}")

@@ -42,7 +42,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from oscarkv.cache.hf_cache import TIERS, OscarCache
+from oscarkv.cache.hf_cache import TIERS, OscarCache, cache_kwargs
 from oscarkv.config import EvalConfig, KVConfig
 from oscarkv.eval import engine_backend
 from oscarkv.eval import tasks as task_lib
@@ -107,7 +107,7 @@ def on_model(model, t: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def prefill(model, ids: torch.Tensor) -> DynamicCache:
     cache = DynamicCache(config=model.config)
-    model(on_model(model, ids), past_key_values=cache, use_cache=True, logits_to_keep=1)  # only the K/V are needed
+    model(on_model(model, ids), **cache_kwargs(cache), use_cache=True, logits_to_keep=1)  # only the K/V are needed
     return cache
 
 
@@ -122,7 +122,7 @@ def score_sample(model, doc: DynamicCache, codec: KVCodec, q_ids: torch.Tensor, 
     q_ids, target = on_model(model, q_ids), on_model(model, target)
     ids = torch.cat([q_ids, target[:, :-1]], dim=1)
     pos = on_model(model, torch.arange(start, start + ids.shape[1]).unsqueeze(0))
-    logits = model(ids, past_key_values=cache, position_ids=pos, use_cache=True).logits
+    logits = model(ids, **cache_kwargs(cache), position_ids=pos, use_cache=True).logits
     answer_logits = logits[0, q_ids.shape[1] - 1:].float()
     ok = answer_logits.argmax(-1) == target[0]
     nll = torch.nn.functional.cross_entropy(answer_logits, target[0], reduction="none")
@@ -245,7 +245,7 @@ def greedy_full_precision(loaded, doc: DynamicCache, sample, max_tokens: int) ->
     for _ in range(max_tokens):
         start = doc.get_seq_length()
         pos = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
-        logits = model(on_model(model, ids), past_key_values=doc, position_ids=on_model(model, pos), use_cache=True,
+        logits = model(on_model(model, ids), **cache_kwargs(doc), position_ids=on_model(model, pos), use_cache=True,
                        logits_to_keep=1).logits
         nxt = int(logits[0, -1].argmax())
         if nxt in eos:
@@ -301,8 +301,7 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, ta
     engine for the served configurations with the teacher-forced diagnostic beside it
     (``engine``; ``cfg.diagnostic``), on the same samples. With ``cfg.bf16_on_engine`` off,
     BF16's free-running answer comes from :func:`greedy_full_precision` on the diagnostic's prefill."""
-    served = {k: c for k, c in codecs.items() if backend == "engine" and engine_backend.served(c.config)
-              and (not cfg.free or c.config.method in cfg.free)}
+    served = {k: codecs[k] for k in _served(codecs, cfg, backend)}
     on_hf = {k for k, c in served.items() if c.config.method == "bf16" and not cfg.bf16_on_engine}
     engines = engine_backend.build_engines(loaded, {k: c for k, c in served.items() if k not in on_hf}, cfg, artifacts)
     for group in _groups(cells(loaded, cfg), cfg.batch):
@@ -312,17 +311,30 @@ def run_tasks(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, ta
                                                [p.answer_tokens for p in batch])
             for p, (acc, bpe, _) in zip(batch, scores):
                 tally.add((label, *p.cell, FREE), acc, bpe, place=p.places[label])
+            bar.update(len(batch))
         for p in batch:
-            if backend == "hf" or cfg.diagnostic or on_hf:
+            if _forced(cfg, backend, on_hf):
                 doc = score_forced(loaded, codecs, p.sample, p.places, tally)
+                bar.update(len(codecs))
                 for label in on_hf:
                     budget = engine_backend.answer_budget(p.answer_tokens, len(p.ids),
                                                           getattr(loaded.config, "max_position_embeddings", None))
                     text = greedy_full_precision(loaded, doc, p.sample, budget)
                     tally.add((label, *p.cell, FREE), task_lib.score_text(p.sample, text), full_bits(loaded),
                               place=p.places[label])
-            bar.update(len(codecs))
+                    bar.update(1)
     return tally.records("accuracy")
+
+
+def _forced(cfg: EvalConfig, backend: str, on_hf) -> bool:
+    """Whether the teacher-forced single-chunk protocol runs on every sample (``run_tasks``)."""
+    return backend == "hf" or cfg.diagnostic or bool(on_hf)
+
+
+def _served(codecs: dict[str, KVCodec], cfg: EvalConfig, backend: str) -> list[str]:
+    """The configurations that also answer free-running (through the engine, or BF16 on its prefill)."""
+    return [k for k, c in codecs.items() if backend == "engine" and engine_backend.served(c.config)
+            and (not cfg.free or c.config.method in cfg.free)]
 
 
 def run_perplexity(loaded, codecs: dict[str, KVCodec], cfg: EvalConfig, bar: tqdm, tally: Tally) -> list[dict]:
@@ -345,16 +357,19 @@ def evaluate(loaded, cfg: EvalConfig, artifacts: dict[str, object] | None = None
     written to ``sample_log`` (JSON lines) as they are measured. ``backend="engine"`` adds the
     free-running protocol through the paged engine (``oscarkv.eval.engine_backend``)."""
     codecs = build_codecs(loaded.model, cfg, artifacts)
+    served = _served(codecs, cfg, backend)
     n_tasks = sum(t != "ppl" for t in cfg.tasks)
-    total = len(cfg.contexts) * cfg.samples * (n_tasks * len(cfg.haystacks) + ("ppl" in cfg.tasks)) * len(codecs)
+    on_hf = [k for k in served if codecs[k].config.method == "bf16" and not cfg.bf16_on_engine]
+    per_sample = len(served) + (len(codecs) if _forced(cfg, backend, on_hf) else 0)  # the runs bar.update counts
+    total = len(cfg.contexts) * cfg.samples * (n_tasks * len(cfg.haystacks) * per_sample + ("ppl" in cfg.tasks) * len(codecs))
     t0 = time.time()
-    with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True) as bar:
+    # NOTE: runs differ in cost (an engine's free run, one codec's forced score): the estimate uses the
+    # mean rate since the start (smoothing 0), not the last few updates
+    with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True, smoothing=0) as bar:
         tally = Tally(sample_log)
         records = run_tasks(loaded, codecs, cfg, bar, tally, backend, artifacts) if n_tasks else []
         if "ppl" in cfg.tasks:
             records += run_perplexity(loaded, codecs, cfg, bar, Tally(sample_log))
-    served = [k for k, c in codecs.items() if backend == "engine" and engine_backend.served(c.config)
-              and (not cfg.free or c.config.method in cfg.free)]
     meta = {"model": loaded.source, "backend": backend, "configs": {k: vars(c.config) for k, c in codecs.items()},
             "contexts": list(cfg.contexts), "samples": cfg.samples, "seed": cfg.seed, "haystacks": list(cfg.haystacks),
             "tasks": list(cfg.tasks), "seconds": round(time.time() - t0, 1),

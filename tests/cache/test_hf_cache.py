@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from oscarkv.cache.hf_cache import OscarCache, OscarLayer
+from oscarkv.cache.hf_cache import OscarCache, OscarLayer, cache_kwargs
 from oscarkv.config import KVConfig
 from oscarkv.quant.artifact import ArtifactError
 from oscarkv.quant.bpe import Tiers, history_end, tiers
@@ -68,7 +68,7 @@ def run_chunks(model, cache, ids: torch.Tensor, chunks: list[int]) -> None:
     start = 0
     with torch.no_grad():
         for n in chunks:
-            model(input_ids=ids[:, start:start + n], past_key_values=cache, use_cache=True)
+            model(input_ids=ids[:, start:start + n], cache=cache, use_cache=True)
             start += n
 
 
@@ -91,7 +91,7 @@ def test_bf16_is_dynamic_cache(model):
     dyn = DynamicCache(config=model.config)
     oscar = OscarCache(model.config, KVConfig("bf16", **WINDOWS))
     dyn_log, oscar_log = record(dyn), record(oscar)
-    assert torch.equal(model.generate(ids, past_key_values=oscar, **kw), model.generate(ids, past_key_values=dyn, **kw))
+    assert torch.equal(model.generate(ids, **cache_kwargs(oscar), **kw), model.generate(ids, **cache_kwargs(dyn), **kw))
     for a, b in zip(dyn_log, oscar_log):
         assert len(a) == len(b) == 20
         for ta, tb in zip(a, b):
@@ -228,11 +228,11 @@ def test_generate_batch_rows_are_independent(model, artifact_dir, method):
     ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(8))
     kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(ids))
     cache = make_cache(method, artifact_dir)
-    both = model.generate(ids, past_key_values=cache, **kw)
+    both = model.generate(ids, **cache_kwargs(cache), **kw)
     assert both.shape == (2, 52) and cache.get_seq_length() == 51
     for b in range(2):
         row_kw = kw | dict(attention_mask=kw["attention_mask"][b:b + 1])
-        one = model.generate(ids[b:b + 1], past_key_values=make_cache(method, artifact_dir), **row_kw)
+        one = model.generate(ids[b:b + 1], **cache_kwargs(make_cache(method, artifact_dir)), **row_kw)
         assert torch.equal(one[0], both[b])
 
 

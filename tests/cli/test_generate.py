@@ -22,7 +22,7 @@ def test_generate_streams_and_describes_the_engine_once(model_dir):
                           timeout=300)
     assert done.returncode == 0, done.stderr
     printed = done.stdout + done.stderr
-    assert printed.count("oscarkv engine:") == 1, printed
+    assert printed.count("oscarkv engine:") == 1 and printed.count("kv bf16: sink 8, recent 16") == 1, printed
     args = build_parser().parse_args(argv)
     want = LLM(load_model(str(model_dir)), "bf16", config=engine_config(args)).generate(
         "Hello there", SamplingParams(12, 0.0))[0]

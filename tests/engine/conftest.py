@@ -7,6 +7,7 @@ import torch
 from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
                           Qwen3MoeConfig)
 
+from oscarkv.cache.hf_cache import cache_kwargs
 from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
@@ -137,12 +138,12 @@ def hf_greedy(model, prompt: list[int], n: int, cache, chunk: int | None = None)
     chunk = chunk or len(prompt)
     for s in range(0, len(prompt), chunk):
         e = min(s + chunk, len(prompt))
-        logits = model(torch.tensor([ids[s:e]]), past_key_values=cache, position_ids=torch.arange(s, e)[None]).logits
+        logits = model(torch.tensor([ids[s:e]]), **cache_kwargs(cache), position_ids=torch.arange(s, e)[None]).logits
     for _ in range(n):
         logp = torch.log_softmax(logits[0, -1].float(), -1)
         t = int(logp.argmax())
         toks.append(t)
         lps.append(float(logp[t]))
         ids.append(t)
-        logits = model(torch.tensor([[t]]), past_key_values=cache, position_ids=torch.tensor([[len(ids) - 1]])).logits
+        logits = model(torch.tensor([[t]]), **cache_kwargs(cache), position_ids=torch.tensor([[len(ids) - 1]])).logits
     return toks, lps

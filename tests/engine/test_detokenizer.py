@@ -18,7 +18,7 @@ from oscarkv.engine.detokenizer import Detokenizer, IncrementalText
 from oscarkv.engine.request import SamplingParams
 from oscarkv.engine.engine import LLMEngine
 from tests.engine.conftest import engine_config, make_engine, prompts, run
-from tests.server.conftest import byte_tokenizer
+from tests.byte_llama import byte_tokenizer
 
 BYTES = byte_tokenizer()
 UNICODE = "naïve café — 日本語のテキスト 🙂👍🏽 ½ ∑ Ωmega\n\tend."

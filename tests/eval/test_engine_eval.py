@@ -37,6 +37,41 @@ def test_both_protocols_on_the_same_samples(loaded):
         ("fp32", "free"), ("oscar+win", "free"), ("fp32", "forced"), ("oscar+win", "forced"), ("oscar", "forced")}
 
 
+def test_progress_counts_every_run_as_it_ends(loaded, monkeypatch):
+    """The bar's total is the runs evaluate makes (free runs of the served configurations, forced scores of
+    every codec): it ends exactly full, and advances after each engine batch and each sample's forced
+    scores (the demo's bar sat at 0 until a whole batch of free runs and every forced score was done)."""
+    from oscarkv.eval import runner
+
+    bars = []
+
+    class Bar:  # tqdm's counting, recorded
+        def __init__(self, total, **_):
+            self.total, self.n, self.seen = total, 0, []
+            bars.append(self)
+
+        def update(self, k):
+            self.n += k
+            self.seen.append(self.n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(runner, "tqdm", Bar)
+    kv = KVConfig(sink=8, recent=16, page_size=8, group_size=D)
+    cfg = EvalConfig(methods=("bf16", "naive", "oscar"), tasks=("niah_single",), contexts=(256,), samples=2,
+                     haystacks=("eval",), free=("bf16", "oscar"), bf16_on_engine=False, batch=2, kv=kv)
+    evaluate(loaded, cfg, {"": make_artifact(loaded.model.config)}, io.StringIO(), backend="engine")
+    (bar,) = bars
+    # per sample: free runs of fp32 (on its prefill) and oscar+win (engine), forced scores of the 5 codecs
+    # (fp32, naive and oscar with and without windows)
+    assert bar.total == 2 * (2 + 5) and bar.n == bar.total
+    assert bar.seen == [2, 7, 8, 13, 14]  # the engine's batch of 2, then per sample: 5 forced, 1 BF16 free
+
+
 def test_bf16_free_running_on_the_hf_path_matches_the_engine(loaded):
     """BF16's free-running answer from the diagnostic's full-precision prefill is the engine's answer."""
     from oscarkv.eval import tasks as task_lib

@@ -61,5 +61,5 @@ def test_faithful_pass_equals_token_by_token_decode(method):
     one_pass = faithful_logits(model, ids, codec)
     cache = OscarCache.from_codec(codec)
     with torch.inference_mode():
-        steps = [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits for i in range(ids.shape[1])]
+        steps = [model(ids[:, i:i + 1], cache=cache, use_cache=True).logits for i in range(ids.shape[1])]
     assert torch.allclose(one_pass, torch.cat(steps, 1), atol=1e-4)

@@ -65,7 +65,7 @@ def test_decode_and_extend_ref_equal_dense_attention(lens, rep, d):
     codec = _codec(h, d, g, seed=len(lens))
     bf, i2 = _pools(64, h, d, g)
     free = list(torch.randperm(63) + 1)
-    xs, stored, bt, it = [], [], [], []
+    stored, bt, it = [], [], []
     for t in lens:
         tr = tiers(t, SINK, RECENT, P)
         nb = math.ceil(tr.sink / P) + math.ceil(tr.recent / P)

@@ -6,7 +6,6 @@ end to end with an artifact calibrated on the model itself, equal in tokens to t
 ``OscarCache`` built from that artifact (the tolerance argument of tests/engine/test_equivalence.py).
 """
 
-import random
 
 import pytest
 import torch
@@ -33,8 +32,6 @@ class IdTokenizer:
 
 
 def calibrated(model):
-    rng = random.Random(0)
-    text = "".join(rng.choice("abcdefghij klmnopqrstuvwxyz.") for _ in range(400))
     model.config._attn_implementation = "sdpa"
     art, _ = calibrate(LoadedModel(model, IdTokenizer(), "tiny"), CalibrationConfig(tokens=256, chunk=64, heldout_tokens=64))
     return art

@@ -244,7 +244,7 @@ def test_calibrate_and_generate_from_a_model_directory(tmp_path, capsys):
     from oscarkv.cli.main import build_parser, main
     from oscarkv.llm import LLM
     from oscarkv.models.loader import load_model
-    from tests.server.conftest import SMALL, SPECIAL, byte_tokenizer
+    from tests.byte_llama import SMALL, SPECIAL, byte_tokenizer
 
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM

@@ -14,8 +14,8 @@ from oscarkv.cli.main import build_parser
 from oscarkv.cli.serve import build as build_server
 from oscarkv.models.loader import ModelLoadError, load_config, load_model
 from oscarkv.server.launch import serving_in_thread
-from tests.server.conftest import byte_model, byte_tokenizer
-from tests.server.conftest import SMALL
+from tests.byte_llama import byte_model, byte_tokenizer
+from tests.byte_llama import SMALL
 
 REPO, COMMIT = "tiny-org/tiny-llama", "0123456789abcdef0123456789abcdef01234567"
 

@@ -120,7 +120,6 @@ def test_gguf_conversion_is_cached_by_content(tmp_path, monkeypatch):
     src = tmp_path / "tiny" / "model.gguf"
     src.parent.mkdir()
     src.write_bytes(b"GGUF-one")
-    hf_dir = tmp_path / "hf"
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16, vocab_size=50, architectures=["LlamaForCausalLM"])
     model = LlamaForCausalLM(cfg)

@@ -7,7 +7,7 @@ import torch
 from oscarkv.cli.main import main
 from oscarkv.quant.artifact import Artifact, ModelFingerprint
 from tests.quant.test_reference import per_head_files
-from tests.server.conftest import byte_model, byte_tokenizer
+from tests.byte_llama import byte_model, byte_tokenizer
 
 
 @pytest.fixture(scope="module")

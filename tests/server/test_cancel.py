@@ -2,7 +2,6 @@
 or preempts and never fails a request; /metrics reports it."""
 
 import asyncio
-import time
 
 import httpx
 import openai
