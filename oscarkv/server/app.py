@@ -61,7 +61,7 @@ def create_app(engine: AsyncEngine, model: ServedModel, cfg: ServerConfig) -> Fa
 
     @app.get("/v1/models", response_model=P.ModelList)
     async def get_models() -> P.ModelList:
-        kv = engine.engine.cfg.kv.method
+        kv = engine.config.kv.method
         return P.ModelList(data=[P.ModelCard(id=model.name, max_model_len=model.max_model_len, kv=kv)])
 
     @app.get("/health")
