@@ -7,7 +7,7 @@ Role: :class:`Server` is what ``app.state.server`` holds (one per app, no global
 (``oscarkv.server.protocol``) into a :class:`Prepared` request — model name, unsupported
 options, prompt token ids, ``max_tokens`` against the context — or raises
 :class:`~oscarkv.server.protocol.RequestError`; the endpoints (``oscarkv.server.endpoints``)
-hand it to :meth:`Server.generate`, which wraps ``AsyncEngine.generate`` and records metrics.
+hand it to :meth:`Server.generate`, which wraps ``AsyncEngine.stream`` and records metrics.
 
 A request the engine could never run (:mod:`oscarkv.engine.admission`) is refused here, before any
 response starts: :meth:`Server.prepare` validates it once, in a worker thread (``AsyncEngine.validate``),
@@ -179,7 +179,7 @@ class Server:
 
     # ------------------------------------------------------------------------- generation
     async def generate(self, prep: Prepared, endpoint: str) -> AsyncIterator[RequestOutput]:
-        """``AsyncEngine.generate`` plus metrics; leaving early aborts (pages freed)."""
+        """``AsyncEngine.stream`` plus metrics; leaving early aborts (pages freed)."""
         if self.cut:  # it was still being tokenized when the grace period ended
             raise self._shut_down()
         self.metrics.admit(len(prep.prompt_ids))
