@@ -11,8 +11,12 @@ chunk is one token (``chunk_ends = (n - 1,)``), so the first sampled token and e
 come from real decode steps (the decode kernel, CUDA graphs). Decode speed does not depend on
 the cached values, only on their tiers, which the manager sets exactly as for a real prefill.
 
-NOTE: reaches into the engine: :func:`drive` swaps ``engine.runner`` for the filling runner (the
-fill skips the model), :func:`fill` writes through the runner's backend and pools, and
+Every bench engine is built (:func:`build_engine`) around a :class:`BenchRunner`: a
+:class:`~oscarkv.engine.runner.Runner` around the real one (a ``ModelRunner``, or a ``ParallelRunner``
+with tensor parallelism), given to the engine at construction. It records every launch
+(:class:`Launch`: decode step or not, by the chunks' shape; chunks run through the model; chunks
+filled) and fills while :func:`drive` runs (``BenchRunner.filling``); nothing replaces
+``engine.runner``. NOTE: :func:`fill` writes through the runner's backend and pools, and
 :func:`kv_read_bytes` reads the pool geometry and each sequence's tiers from the manager.
 """
 
@@ -25,8 +29,9 @@ from dataclasses import dataclass, field
 import torch
 
 from oscarkv.config import EngineConfig, KVConfig
-from oscarkv.engine.engine import LLMEngine
-from oscarkv.engine.model_runner import RunnerOutput
+from oscarkv.engine.engine import LLMEngine, build_runner_and_codec, eos_ids
+from oscarkv.engine.model_runner import PendingIds, RunnerOutput
+from oscarkv.engine.runner import Runner, one_token_step
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.shapes import shape_config
@@ -77,14 +82,23 @@ def random_model(shape: str, tensor_parallel_size: int = 1) -> PagedLM:
 
 def build_engine(model: PagedLM, method: str, kv_bytes: int, max_num_seqs: int, chunk: int = 8192,
                  tensor_parallel_size: int = 1) -> LLMEngine:
-    """Engine over ``model`` (``bf16``, ``naive`` INT2, or ``oscar`` with :func:`random_artifact`), no prefix
-    caching, default windows (64 + 256, P = 64); ``kv_bytes`` per GPU with tensor parallelism, whose ranks
-    run on the GPUs whatever holds ``model`` (:func:`random_model` leaves it on the host)."""
+    """Engine over ``model`` (``bf16``, ``naive`` INT2, or ``oscar`` with :func:`random_artifact`) and a
+    :class:`BenchRunner`, no prefix caching, default windows (64 + 256, P = 64); ``kv_bytes`` per GPU with
+    tensor parallelism, whose ranks run on the GPUs whatever holds ``model`` (:func:`random_model` leaves it
+    on the host; on a CPU-only machine the ranks run on the CPU)."""
     cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk,  # all advance
                        enable_prefix_caching=False, tensor_parallel_size=tensor_parallel_size)
-    return LLMEngine.from_paged(model, cfg, random_artifact(model.config) if method == "oscar" else None,
-                                device=torch.device("cuda") if tensor_parallel_size > 1 else None)
+    return bench_engine(model, cfg, random_artifact(model.config) if method == "oscar" else None)
+
+
+def bench_engine(model: PagedLM, cfg: EngineConfig, artifact: Artifact | None = None) -> LLMEngine:
+    """An engine for ``cfg`` whose runner is a :class:`BenchRunner` (tensor-parallel ranks on the GPUs if
+    there are any, else on the CPU)."""
+    tp = cfg.tensor_parallel_size > 1
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if tp else None
+    runner, codec = build_runner_and_codec(model, cfg, artifact, device=device)
+    return LLMEngine(BenchRunner(runner), codec, cfg, eos_token_ids=eos_ids(model.config, None))
 
 
 def random_artifact(config, seed: int = 0) -> Artifact:
@@ -144,10 +158,10 @@ def add_prompts(engine: LLMEngine, n: int, length: int, new_tokens: int, seed: i
         engine.add_request(f"r{seed}-{i}", ids, params, chunk_ends=ends)
 
 
-def fill(engine: LLMEngine, chunks: list[ScheduledChunk]) -> None:
+def fill(runner: Runner, chunks: list[ScheduledChunk]) -> None:
     """Random stored-domain K/V into the chunks' slots and their demotions, through the write path (rank 0's
     pools only with tensor parallelism: the other ranks' pages stay zero, which a decode step reads alike)."""
-    r = engine.runner
+    r = runner
     plans = [c.plan for c in chunks]
     slots = torch.tensor([s for p in plans for s in p.slots], dtype=torch.int32, device=r.device)
     src = torch.tensor([s for p in plans for s in p.demote_src], dtype=torch.int32, device=r.device)
@@ -160,6 +174,45 @@ def fill(engine: LLMEngine, chunks: list[ScheduledChunk]) -> None:
         r.backend.demote_all(r.pools, r.storage, src, dst)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One ``run`` of a :class:`BenchRunner`."""
+
+    decode: bool  # every chunk one token (the step's shape: ``engine.runner.one_token_step``)
+    batch: int  # chunks run through the model
+    filled: int = 0  # chunks filled instead (:func:`fill`)
+
+
+class BenchRunner:
+    """A :class:`~oscarkv.engine.runner.Runner` around ``inner`` (see the module docstring): every ``run`` is
+    recorded in ``launches``; while ``filling``, chunks that sample nothing are filled (:func:`fill`) and only
+    the others run the model. The attributes are ``inner``'s (rank 0's with tensor parallelism)."""
+
+    def __init__(self, inner: Runner) -> None:
+        self.inner = inner
+        self.model, self.pools, self.device, self.tp = inner.model, inner.pools, inner.device, inner.tp
+        self.backend, self.storage, self.graphs = inner.backend, inner.storage, inner.graphs
+        self.launches: list[Launch] = []
+        self.filling = False
+
+    def run(self, chunks: list[ScheduledChunk], pending: PendingIds | None = None) -> RunnerOutput:
+        decode = one_token_step(chunks)
+        filled = [c for c in chunks if not c.samples] if self.filling else []
+        if filled:
+            fill(self, filled)
+            chunks = [c for c in chunks if c.samples]
+        self.launches.append(Launch(decode, len(chunks), len(filled)))
+        if not chunks:
+            return RunnerOutput(torch.zeros(0, self.model.config.vocab_size, device=self.device), {})
+        return self.inner.run(chunks, pending)
+
+    def failure(self) -> str | None:
+        return self.inner.failure()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 @dataclass
 class DriveStats:
     model_s: float = 0.0  # engine steps that ran the model only (decode): host and device, wall time
@@ -169,58 +222,42 @@ class DriveStats:
     model_calls_s: list[float] = field(default_factory=list)  # each model step's ``step()`` call
 
 
-class _FillingRunner:
-    """The engine's runner while :func:`drive` runs: chunks that sample nothing are filled (:func:`fill`),
-    the others run the model (the real runner)."""
-
-    def __init__(self, engine: LLMEngine, stats: DriveStats) -> None:
-        self.engine, self.runner, self.stats = engine, engine.runner, stats
-        self.filled = 0  # fill calls so far
-
-    def __getattr__(self, name: str):
-        return getattr(self.runner, name)
-
-    def run(self, chunks: list[ScheduledChunk], pending=None) -> RunnerOutput:
-        filled = [c for c in chunks if not c.samples]
-        if filled:
-            fill(self.engine, filled)
-            self.filled += 1
-        model = [c for c in chunks if c.samples]
-        if not model:
-            return RunnerOutput(torch.zeros(0, self.runner.model.config.vocab_size, device=self.runner.device), {})
-        self.stats.steps += 1
-        self.stats.batch_sizes.append(len(model))
-        return self.runner.run(model, pending)
-
-
 def drive(engine: LLMEngine, max_steps: int | None = None) -> DriveStats:
-    """Run the engine's requests through ``LLMEngine.step`` (see the module docstring); a step that fills
-    prompt chunks is timed, whole and synchronized, into ``fill_s``, every other one into ``model_s``.
-    NOTE: with overlap a step may return before the device is done; the next step waits for it, and
-    the loop ends synchronized, so ``model_s`` is the wall time of the model steps."""
-    st = DriveStats()
-    runner = engine.runner = _FillingRunner(engine, st)
+    """Run the engine's requests through ``LLMEngine.step`` with its :class:`BenchRunner` filling (see the
+    module docstring); a step that fills prompt chunks is timed, whole and synchronized, into ``fill_s``, every
+    other one into ``model_s``. NOTE: with overlap a step may return before the device is done; the next step
+    waits for it, and the loop ends synchronized, so ``model_s`` is the wall time of the model steps."""
+    runner, st = engine.runner, DriveStats()
+    if not isinstance(runner, BenchRunner):
+        raise TypeError("drive: build the engine with build_engine or bench_engine (a BenchRunner fills prompts)")
     outputs = []  # NOTE: kept, as a caller keeps them (LLM.generate returns them, a server hands them to
     # another thread): freeing a 100K-token prompt's Python ints takes ~1.5 ms, the caller's time, not a step's
+    runner.filling = True
     try:
-        _sync()
+        sync()
         while engine.has_unfinished() and (max_steps is None or st.steps < max_steps):
-            n, t = runner.filled, time.perf_counter()
+            n, t = len(runner.launches), time.perf_counter()
             outputs += engine.step()
-            if runner.filled > n:
-                _sync()
+            new = runner.launches[n:]
+            for launch in new:
+                if launch.batch:
+                    st.steps += 1
+                    st.batch_sizes.append(launch.batch)
+            if any(launch.filled for launch in new):
+                sync()
                 st.fill_s += time.perf_counter() - t
             else:
                 st.model_calls_s.append(time.perf_counter() - t)
                 st.model_s += st.model_calls_s[-1]
         t = time.perf_counter()
-        _sync()
+        sync()
         st.model_s += time.perf_counter() - t
     finally:
-        engine.runner = runner.runner
+        runner.filling = False
     return st
 
 
-def _sync() -> None:
+def sync() -> None:
+    """Wait for the GPU, if there is one."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()

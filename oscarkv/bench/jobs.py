@@ -36,52 +36,35 @@ from oscarkv.bench.configs import CapacityBench, JobsBench
 from oscarkv.bench.prefill import ttft
 
 
-class _StepKinds:
-    """The engine's runner, recording for every launch whether it was a decode step (every chunk one token) and its
-    batch size. NOTE: read from the chunks, not asked of the runner: a tensor-parallel engine's runner
-    (``engine.workers.ParallelRunner``) has no ``is_decode``, and the bench wants the step's kind, not the kernel's."""
-
-    def __init__(self, runner) -> None:
-        self.runner, self.launches = runner, []
-
-    def __getattr__(self, name: str):
-        return getattr(self.runner, name)
-
-    def run(self, chunks, pending=None):
-        self.launches.append((all(c.plan.t1 - c.plan.t0 == 1 for c in chunks), len(chunks)))
-        return self.runner.run(chunks, pending)
-
-
 def _add(engine, n: int, length: int, new_tokens: int, seed: int) -> None:
     from oscarkv.engine.request import SamplingParams
 
     g = torch.Generator().manual_seed(seed)
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     for i in range(n):
-        ids = torch.randint(0, engine.runner.model.config.vocab_size, (length,), generator=g).tolist()
+        ids = torch.randint(0, engine.vocab_size, (length,), generator=g).tolist()
         engine.add_request(f"j{seed}-{i}", ids, params)
 
 
 def run_job(engine, cfg: JobsBench) -> dict:
-    """Step 2 of the module docstring: prefill seconds, decode step times by batch size, total wall time."""
-    kinds = engine.runner = _StepKinds(engine.runner)
+    """Step 2 of the module docstring: prefill seconds, decode step times by batch size, total wall time. The
+    step kinds are the launches' shapes, as the engine's :class:`~oscarkv.bench.e2e.BenchRunner` records them
+    (any runner, a tensor-parallel one too)."""
+    launches = engine.runner.launches
     prefill_s = 0.0
     decode: dict[int, list[float]] = {}
     _add(engine, cfg.requests, cfg.context, cfg.new_tokens[0], seed=0)
-    torch.cuda.synchronize()
+    e2e.sync()
     t0 = time.perf_counter()
-    try:
-        while engine.has_unfinished():
-            n, t = len(kinds.launches), time.perf_counter()
-            engine.step()
-            dt, new = time.perf_counter() - t, kinds.launches[n:]
-            if any(not d for d, _ in new):
-                prefill_s += dt
-            elif new:
-                decode.setdefault(new[-1][1], []).append(dt)
-        torch.cuda.synchronize()
-    finally:
-        engine.runner = kinds.runner
+    while engine.has_unfinished():
+        n, t = len(launches), time.perf_counter()
+        engine.step()
+        dt, new = time.perf_counter() - t, launches[n:]
+        if any(not launch.decode for launch in new):
+            prefill_s += dt
+        elif new:
+            decode.setdefault(new[-1].batch, []).append(dt)
+    e2e.sync()
     total = time.perf_counter() - t0
     return dict(total_s=total, prefill_s=prefill_s, decode_s=total - prefill_s,
                 decode_step_ms={b: 1e3 * statistics.median(v) for b, v in sorted(decode.items())},

@@ -10,7 +10,14 @@ by the worker thread, so the scheduler needs no locks.
         print(out.new_text, end="")
     await engine.abort("id-1")   # or break out of the loop: the request is aborted
 
-Failures: a request the engine refuses raises its ``ValueError`` from the stream; a request
+A server validates first and streams the validated request (:meth:`AsyncEngine.validate` runs
+``LLMEngine.validate`` in a worker thread, off the event loop and off the engine's thread, so a refusal
+comes before any response starts; :meth:`AsyncEngine.stream` then trusts it); :meth:`AsyncEngine.generate`
+does both. The server reads the engine only through this class's methods (``stats``, ``config``,
+``is_alive``), never through ``AsyncEngine.engine``.
+
+Failures: a request the engine refuses raises its ``ValueError`` (from ``validate``, or from the stream
+of ``generate`` before any output); a request
 whose engine step failed (``finish_reason == "error"``) raises :class:`RequestFailed`. The
 thread survives both and keeps serving; should ``step()`` itself raise (an engine bug), every
 request in flight fails with :class:`RequestFailed` and the loop goes on. ``close()`` stops
@@ -26,8 +33,11 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 
+from oscarkv.config import EngineConfig
+from oscarkv.engine.admission import ValidRequest
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
+from oscarkv.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +57,17 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop, name="oscarkv-engine", daemon=True)
         self._thread.start()
 
-    async def generate(self, request_id: str, prompt: str | list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Submit and stream; leaving the loop early aborts the request."""
+    async def validate(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> ValidRequest:
+        """``LLMEngine.validate`` in a worker thread (tokenizing a text prompt included): the request to
+        :meth:`stream`, or its ``ValueError``."""
+        return await asyncio.to_thread(self.engine.validate, request_id, prompt, params)
+
+    async def stream(self, request: ValidRequest) -> AsyncIterator[RequestOutput]:
+        """Submit a validated request and stream its outputs; leaving the loop early aborts it."""
         q: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), q)
-        self._commands.put(("add", request_id, prompt, params))
+        rid = request.request_id
+        self._streams[rid] = (asyncio.get_running_loop(), q)
+        self._commands.put(("add", request))
         finished = False
         try:
             while not finished:
@@ -63,8 +78,16 @@ class AsyncEngine:
                 yield item
         finally:
             if not finished:
-                self._commands.put(("abort", request_id))
-            self._streams.pop(request_id, None)
+                self._commands.put(("abort", rid))
+            self._streams.pop(rid, None)
+
+    async def generate(self, request_id: str, prompt: str | list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """:meth:`validate`, then :meth:`stream`; leaving the loop early aborts the request."""
+        request = await self.validate(request_id, prompt, params)
+        async with contextlib.aclosing(self.stream(request)) as outs:
+            async for out in outs:
+                yield out
 
     async def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
@@ -73,6 +96,16 @@ class AsyncEngine:
         """Whether the worker thread runs (it stops only on ``close()``) and the engine can run steps (with
         tensor parallelism every rank lives: ``LLMEngine.failure``)."""
         return self._thread.is_alive() and self.engine.failure() is None
+
+    @property
+    def config(self) -> EngineConfig:
+        """The engine's configuration (frozen)."""
+        return self.engine.cfg
+
+    def stats(self) -> EngineStats:
+        """``LLMEngine.stats()``: pool pages, queue, counters (safe from the event loop's thread: it reads
+        counters and pool sizes, and a scrape may see them one step apart)."""
+        return self.engine.stats()
 
     def close(self) -> None:
         """Stop the thread, then the engine (its tensor-parallel workers, if any)."""
@@ -115,14 +148,14 @@ class AsyncEngine:
 
     def _apply(self, cmd: tuple) -> None:
         if cmd[0] == "add":
-            _, rid, prompt, params = cmd
+            request: ValidRequest = cmd[1]
             try:
-                self.engine.add_request(rid, prompt, params)
-            except ValueError as e:
-                self._emit(rid, e)
-            except Exception as e:  # e.g. the tokenizer raised: this request fails, the thread lives
-                log.exception("adding request %s failed", rid)
-                self._emit(rid, RequestFailed(f"{type(e).__name__}: {e}"))
+                self.engine.add(request)
+            except ValueError as e:  # its id is in use
+                self._emit(request.request_id, e)
+            except Exception as e:  # an engine bug: this request fails, the thread lives
+                log.exception("adding request %s failed", request.request_id)
+                self._emit(request.request_id, RequestFailed(f"{type(e).__name__}: {e}"))
         elif cmd[0] == "abort":
             out = self.engine.abort(cmd[1])
             if out is not None:

@@ -1,6 +1,9 @@
 """The engine loop: add requests, step, report outputs; and its construction from a model.
 
-Role: :class:`LLMEngine` owns the scheduler, the model runner and the tokenizer. ``step()``
+Role: :class:`LLMEngine` owns the scheduler, the runner (any :class:`~oscarkv.engine.runner.Runner`,
+given at construction and never replaced) and the tokenizer. A request is checked once
+(:meth:`LLMEngine.validate`, :mod:`oscarkv.engine.admission`) and queued as a
+:class:`~oscarkv.engine.admission.ValidRequest` (:meth:`LLMEngine.add`). ``step()``
 = schedule → run → commit pages → sample → detokenize (incrementally,
 :mod:`oscarkv.engine.detokenizer`) and check stops → outputs. It is
 single-threaded; :class:`~oscarkv.llm.LLM` loops over it offline and
@@ -25,6 +28,8 @@ from the memory budget. The start-up report gives capacity per tier and the BPE.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from dataclasses import dataclass
 
@@ -32,15 +37,16 @@ import torch
 
 from oscarkv.cache.manager import KVCacheManager
 from oscarkv.cache.page_pool import PagePool
-from oscarkv.cache.seq_kv import ChunkSchedule
 from oscarkv.cache.window import WindowCache
 from oscarkv.config import EngineConfig
 from oscarkv.engine import sampler
 from oscarkv.attention.step import AttentionBackend
 from oscarkv.engine.cuda_graphs import DEFAULT_BUCKETS
+from oscarkv.engine.admission import Admission, ValidRequest
 from oscarkv.engine.detokenizer import Detokenizer, IncrementalText
-from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner
+from oscarkv.engine.model_runner import PendingIds, RunnerOutput, build_runner
 from oscarkv.engine.request import RequestOutput, SamplingParams
+from oscarkv.engine.runner import Runner
 from oscarkv.engine.scheduler import Scheduler, SchedulerOutput
 from oscarkv.engine import speculative
 from oscarkv.engine.speculative import SpeculativeDecoder
@@ -71,7 +77,7 @@ class _Step:
 class LLMEngine:
     """Requests in, :class:`RequestOutput` s out, one ``step()`` at a time."""
 
-    def __init__(self, runner: ModelRunner, codec: KVCodec, cfg: EngineConfig, tokenizer=None,
+    def __init__(self, runner: Runner, codec: KVCodec, cfg: EngineConfig, tokenizer=None,
                  eos_token_ids: tuple[int, ...] = ()) -> None:
         self.runner, self.codec, self.cfg, self.tokenizer = runner, codec, cfg, tokenizer
         self.detokenizer = Detokenizer(tokenizer) if tokenizer is not None else None
@@ -82,6 +88,7 @@ class LLMEngine:
                                       cfg.enable_prefix_caching, window)
         self.spec = SpeculativeDecoder(cfg.speculative) if cfg.speculative.enabled else None
         self.scheduler = Scheduler(cfg, self.manager, self.spec.propose if self.spec else None)
+        self.admission = Admission(cfg, self.manager, self.max_model_len)
         self.eos = tuple(eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
         self.num_prompt_tokens = 0  # statistics: prompt tokens of added requests ...
@@ -109,24 +116,8 @@ class LLMEngine:
         steps per batch bucket on CUDA (:mod:`oscarkv.engine.cuda_graphs`). ``device``: where tensor-parallel
         ranks run (rank 0's device; default: the model's), so that a model larger than one GPU can stay on
         the host; a single-device engine runs where the model is."""
-        config = model.config
-        fp = ModelFingerprint.from_config(config)
-        if artifact is not None:
-            artifact.validate(fp)
-        codec = build_codec(cfg.kv, fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact, SlidingLayers.from_config(config))
-        here = next(model.parameters()).device
-        if device is not None and cfg.tensor_parallel_size == 1 and torch.device(device).type != here.type:
-            raise ValueError(f"device={device}: a single-device engine runs where its model is ({here}); move the model")
-        backend = backend or default_backend(torch.device(device) if device is not None else here)
-        if codec.sliding and cfg.tensor_parallel_size > 1:
-            raise ValueError(f"{config.architectures[0]} has sliding-window layers: tensor parallelism is not supported")
-        # NOTE: a sliding layer's band runs eagerly (oscarkv.attention.step), so such a model decodes without graphs
-        buckets = DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps and not codec.sliding else ()
-        if cfg.tensor_parallel_size > 1:
-            runner = ParallelRunner(model, codec, cfg, backend, buckets, device)
-        else:
-            runner = build_runner(model, list(codec.layers), cfg, backend, buckets)
-        return cls(runner, codec, cfg, tokenizer, _eos_ids(config, tokenizer))
+        runner, codec = build_runner_and_codec(model, cfg, artifact, backend, cuda_graphs, device)
+        return cls(runner, codec, cfg, tokenizer, eos_ids(model.config, tokenizer))
 
     # ------------------------------------------------------------------------- reporting
     def describe(self) -> dict:
@@ -180,62 +171,39 @@ class LLMEngine:
         return EngineStats(tiers, 2 * geo.num_layers * geo.num_kv_heads * n * geo.head_dim,
                            self.describe()["bpe_at_capacity"], manager.hit_tokens, self.num_prompt_tokens,
                            self.num_generated_tokens, sched.num_preemptions, len(sched.waiting), len(sched.running),
-                           self.num_ahead_steps)
+                           self.num_ahead_steps, dataclasses.replace(self.spec.stats) if self.spec else None)
 
     # ------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     chunk_ends: tuple[int, ...] = ()) -> None:
-        """Queue a request. ``chunk_ends``: explicit prefill chunk ends inside the prompt
-        (default: multiples of ``EngineConfig.prefill_chunk``)."""
-        if request_id in self.seqs:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        ids = self.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
-        schedule = self.check_request(request_id, ids, params, chunk_ends)
+        """Validate and queue a request (``ValueError`` if refused, :meth:`validate`). ``chunk_ends``: explicit
+        prefill chunk ends inside the prompt (default: multiples of ``EngineConfig.prefill_chunk``)."""
+        self.add(self.validate(request_id, prompt, params, chunk_ends))
+
+    def validate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                 chunk_ends: tuple[int, ...] = ()) -> ValidRequest:
+        """Tokenize a text prompt and check the request (:class:`~oscarkv.engine.admission.Admission`): the
+        :class:`ValidRequest` that :meth:`add` queues, or ``ValueError`` naming the numbers. Safe from another
+        thread than the one that steps the engine (a server validates before its response starts)."""
+        ids = self.tokenizer(prompt).input_ids if isinstance(prompt, str) else prompt
+        return self.admission.validate(request_id, ids, params, chunk_ends)
+
+    def add(self, request: ValidRequest) -> None:
+        """Queue a validated request (checked again only for a request id already in use: ``ValueError``)."""
+        if request.request_id in self.seqs:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        params = request.params
         detok = IncrementalText(self.detokenizer, params.stop) if self.detokenizer is not None else None
-        seq = Sequence(request_id, ids, params, schedule, self.cfg.seed, self.runner.device, detok)
-        self.seqs[request_id] = seq
+        seq = Sequence(request.request_id, request.prompt_ids, params, request.schedule, self.cfg.seed,
+                       self.runner.device, detok)
+        self.seqs[request.request_id] = seq
         self.scheduler.add(seq)
-        self.num_prompt_tokens += len(ids)
+        self.num_prompt_tokens += len(request.prompt_ids)
 
     @property
     def max_model_len(self) -> int | None:
         """The model's positions (``max_position_embeddings``); ``None`` if its config has none."""
         return getattr(self.runner.model.config, "max_position_embeddings", None)
-
-    def check_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                      chunk_ends: tuple[int, ...] = ()) -> ChunkSchedule:
-        """Raise ``ValueError`` (naming the numbers) for a request the engine could never run:
-        an empty prompt, prompt + ``max_tokens`` beyond the model's positions, a prefill chunk
-        beyond the step budget, or more KV pages than the pools hold even for it alone.
-        Returns its chunk schedule.
-
-        NOTE: reads only the configuration and the pool sizes, which never change, so a server
-        may call it from another thread than the one that steps the engine."""
-        n, total = len(prompt_ids), len(prompt_ids) + params.max_tokens
-        if not n:
-            raise ValueError(f"request {request_id}: the prompt is empty")
-        if self.max_model_len is not None and total > self.max_model_len:
-            raise ValueError(f"request {request_id}: prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                             f"tokens exceeds the model's maximum length of {self.max_model_len} tokens")
-        schedule = ChunkSchedule(n, self.cfg.prefill_chunk, tuple(sorted(chunk_ends)))
-        for t0 in schedule.starts():
-            if schedule.end(t0) - t0 > self.cfg.max_num_batched_tokens:
-                raise ValueError(f"request {request_id}: chunk [{t0}, {schedule.end(t0)}) exceeds "
-                                 f"max_num_batched_tokens={self.cfg.max_num_batched_tokens}")
-        self.manager.check_schedule(schedule)
-        self._check_pages(request_id, schedule, total - 1)  # the last sampled token is never stored
-        return schedule
-
-    def _check_pages(self, request_id: str, schedule: ChunkSchedule, num_tokens: int) -> None:
-        need = self.manager.pages_needed(schedule, num_tokens)
-        window = self.manager.window.pool if self.manager.window else None
-        pools = (self.manager.bf16, self.manager.int2, window)
-        have = tuple(p.num_pages - 1 if p is not None else 0 for p in pools)  # the scratch page excluded
-        if any(n > h for n, h in zip(need, have)):
-            win = (f" (and {need[2]} window pages of the {have[2]} the window pool holds)" if window else "")
-            raise ValueError(f"request {request_id}: storing {num_tokens} tokens needs {need[0]} BF16 and {need[1]} "
-                             f"INT2 KV pages, but the pools hold {have[0]} and {have[1]} pages in all{win}; "
-                             "lower max_tokens or raise EngineConfig.kv_memory_bytes")
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now (its pages are freed); returns its final output."""
@@ -445,7 +413,32 @@ class LLMEngine:
         return None if seq is None else seq.status
 
 
-def _eos_ids(config, tokenizer) -> tuple[int, ...]:
+def build_runner_and_codec(model: PagedLM, cfg: EngineConfig, artifact=None, backend: AttentionBackend | None = None,
+                           cuda_graphs: bool = True, device: torch.device | None = None) -> tuple[Runner, KVCodec]:
+    """What :meth:`LLMEngine.from_paged` builds an engine from (its arguments, as there): the runner — a
+    :class:`ModelRunner`, or a :class:`ParallelRunner` with ``cfg.tensor_parallel_size > 1`` — and the KV
+    codec. A caller that wraps the runner (``oscarkv.bench.e2e.BenchRunner``) builds ``LLMEngine`` from these."""
+    config = model.config
+    fp = ModelFingerprint.from_config(config)
+    if artifact is not None:
+        artifact.validate(fp)
+    codec = build_codec(cfg.kv, fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact, SlidingLayers.from_config(config))
+    here = next(model.parameters()).device
+    if device is not None and cfg.tensor_parallel_size == 1 and torch.device(device).type != here.type:
+        raise ValueError(f"device={device}: a single-device engine runs where its model is ({here}); move the model")
+    backend = backend or default_backend(torch.device(device) if device is not None else here)
+    if codec.sliding and cfg.tensor_parallel_size > 1:
+        raise ValueError(f"{config.architectures[0]} has sliding-window layers: tensor parallelism is not supported")
+    # NOTE: a sliding layer's band runs eagerly (oscarkv.attention.step), so such a model decodes without graphs
+    buckets = DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps and not codec.sliding else ()
+    if cfg.tensor_parallel_size > 1:
+        runner = ParallelRunner(model, codec, cfg, backend, buckets, device)
+    else:
+        runner = build_runner(model, list(codec.layers), cfg, backend, buckets)
+    return runner, codec
+
+
+def eos_ids(config, tokenizer) -> tuple[int, ...]:
     ids = getattr(config, "eos_token_id", None)
     ids = [ids] if isinstance(ids, int) else list(ids or [])
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:

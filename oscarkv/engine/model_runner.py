@@ -78,7 +78,8 @@ def _table(rows: list[list[int]], device) -> torch.Tensor:
 
 class ModelRunner:
     """The model and its KV storage for one device (see the module docstring); with tensor
-    parallelism, one rank's shard (``tp``: only rank 0 forms logits, ``oscarkv.engine.workers``)."""
+    parallelism, one rank's shard (``tp``: only rank 0 forms logits, ``oscarkv.engine.workers``).
+    A :class:`~oscarkv.engine.runner.Runner`."""
 
     def __init__(self, model: PagedLM, pools: KVPools, storage: list[LayerStorage],
                  backend: AttentionBackend, graph_buckets: tuple[int, ...] = (),

@@ -13,6 +13,10 @@ snapshot may be one step stale but never inconsistent enough to raise.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from oscarkv.engine.speculative import SpecStats
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class EngineStats:
     running: int
     steps_ahead: int = 0
     """Decode steps launched before the previous step's tokens reached the host (overlap)."""
+    speculative: SpecStats | None = None
+    """Speculative decoding's counters (a copy), or None when it is off."""
 
     @property
     def prefix_hit_rate(self) -> float:

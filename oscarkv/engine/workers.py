@@ -186,8 +186,8 @@ def _leave(runner: ModelRunner | None, device: torch.device) -> None:
 
 
 class ParallelRunner:
-    """Rank 0 of a tensor-parallel group, in the engine's process; ``run`` as :class:`ModelRunner`'s
-    (see the module docstring). ``model``: the whole model, unfolded; it is not changed. ``device``: rank 0's
+    """Rank 0 of a tensor-parallel group, in the engine's process: a :class:`~oscarkv.engine.runner.Runner`
+    whose attributes are rank 0's :class:`ModelRunner`'s, ``run`` as its (see the module docstring). ``model``: the whole model, unfolded; it is not changed. ``device``: rank 0's
     device (rank ``r`` runs on the ``r``-th after it); default: the model's. A model larger than one GPU
     stays on the host (``device`` a GPU): every rank, rank 0 too, copies only its shard to its GPU."""
 

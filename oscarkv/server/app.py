@@ -11,7 +11,8 @@ Role: :func:`create_app` builds an app bound to an engine, a :class:`ServedModel
 
 Request path: body → pydantic (``oscarkv.server.protocol``) → :meth:`Server.prepare`
 (``oscarkv.server.state``: model name, unsupported options, prompt token ids, ``max_tokens``
-against the context) → ``AsyncEngine.generate`` → JSON or SSE (``oscarkv.server.endpoints``,
+against the context; the engine's one validation, ``AsyncEngine.validate``, in a worker thread) →
+``AsyncEngine.stream`` → JSON or SSE (``oscarkv.server.endpoints``,
 ``oscarkv.server.streaming``: a client's disconnect aborts its request). Every refusal is an
 OpenAI error body with a 4xx status and every failure a 500, from the handlers of
 ``oscarkv.server.errors``; the server keeps serving. Middleware (``oscarkv.server.middleware``)
@@ -61,7 +62,7 @@ def create_app(engine: AsyncEngine, model: ServedModel, cfg: ServerConfig) -> Fa
 
     @app.get("/v1/models", response_model=P.ModelList)
     async def get_models() -> P.ModelList:
-        kv = engine.engine.cfg.kv.method
+        kv = engine.config.kv.method
         return P.ModelList(data=[P.ModelCard(id=model.name, max_model_len=model.max_model_len, kv=kv)])
 
     @app.get("/health")

@@ -43,7 +43,7 @@ def _completion_logprobs(server: Server, out: RequestOutput, offset: int = 0) ->
 
 async def completions(server: Server, req: P.CompletionRequest, request: Request) -> Response:
     server.check_model(req)
-    prep = server.prepare(req, await server.completion_ids(req), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS,
+    prep = await server.prepare(req, await server.completion_ids(req), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS,
                           "cmpl", logprobs=req.logprobs is not None)
     if req.stream:
         return StreamingResponse(_completion_stream(server, req, prep), media_type="text/event-stream")
@@ -97,7 +97,7 @@ def _chat_logprobs(server: Server, out: RequestOutput) -> P.ChoiceLogprobs | Non
 
 async def chat_completions(server: Server, req: P.ChatCompletionRequest, request: Request) -> Response:
     server.check_model(req)
-    prep = server.prepare(req, await server.chat_ids(req), req.requested_max_tokens, 0, "chatcmpl",
+    prep = await server.prepare(req, await server.chat_ids(req), req.requested_max_tokens, 0, "chatcmpl",
                           logprobs=req.logprobs)
     if req.stream:
         return StreamingResponse(_chat_stream(server, req, prep), media_type="text/event-stream")

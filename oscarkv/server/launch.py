@@ -156,7 +156,7 @@ def _settled_pages(engine: AsyncEngine, timeout: float = 5.0) -> int:
     """KV pages held once the engine thread has applied the last aborts (or ``timeout`` passed)."""
     end = time.monotonic() + timeout
     while True:
-        stats = engine.engine.stats()
+        stats = engine.stats()
         used = sum(t.pages_used for t in stats.tiers.values())
         if (used == 0 and not stats.running and not stats.waiting) or time.monotonic() > end:
             return used

@@ -4,7 +4,7 @@ Role: :class:`ServerMetrics` owns the registry. Request-side series (HTTP respon
 prompt and generated tokens, finish reasons, TTFT, TPOT and end-to-end latency histograms) are
 updated as requests run (HTTP responses by the middleware of ``oscarkv.server.app``, the rest by
 ``Server.generate`` in ``oscarkv.server.state``). Engine-side series are read at scrape time
-by :class:`EngineCollector` from ``LLMEngine.stats()`` (:mod:`oscarkv.engine.stats`, safe to
+by :class:`EngineCollector` from ``AsyncEngine.stats()`` (:mod:`oscarkv.engine.stats`, safe to
 read from the event-loop thread): pages used and total per tier, capacity in tokens per tier,
 BPE at capacity and over the pages in use, prefix-cache hit tokens and hit rate, preemptions,
 decode steps launched ahead (overlap), queue depth and running sequences. ``GET /metrics`` renders the registry in the text
@@ -16,7 +16,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.async_engine import AsyncEngine
+from oscarkv.engine.speculative import SpecStats
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
@@ -26,7 +27,7 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 class EngineCollector:
     """Engine gauges and counters, computed on each scrape."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
     def collect(self):
@@ -54,15 +55,14 @@ class EngineCollector:
                                   "step's tokens reached the host (engine overlap)", value=s.steps_ahead)
         yield GaugeMetricFamily("oscarkv_queue_depth", "Requests waiting to be scheduled", value=s.waiting)
         yield GaugeMetricFamily("oscarkv_running_requests", "Requests in the running batch", value=s.running)
-        yield from speculative_metrics(self.engine)
+        yield from speculative_metrics(s.speculative)
 
 
-def speculative_metrics(engine: LLMEngine):
+def speculative_metrics(st: SpecStats | None):
     """Speculative decoding (``EngineConfig.speculative``; nothing when it is off): drafted and accepted
     tokens, the acceptance rate and the tokens a sequence gains per decode step."""
-    if engine.spec is None:
+    if st is None:
         return
-    st = engine.spec.stats
     yield CounterMetricFamily("oscarkv_spec_draft_tokens", "Drafted tokens verified", value=st.drafted)
     yield CounterMetricFamily("oscarkv_spec_accepted_tokens", "Drafted tokens accepted", value=st.accepted)
     yield GaugeMetricFamily("oscarkv_spec_acceptance_rate", "Accepted / drafted tokens", value=st.acceptance_rate)
@@ -73,7 +73,7 @@ def speculative_metrics(engine: LLMEngine):
 class ServerMetrics:
     """The registry of one app and the request-side series (see the module docstring)."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: AsyncEngine) -> None:
         self.registry = r = CollectorRegistry()
         self.http = Counter("oscarkv_http_responses", "HTTP responses", ["path", "status"], registry=r)
         self.requests = Counter("oscarkv_requests", "Generation requests finished", ["endpoint", "finish_reason"], registry=r)

@@ -7,10 +7,12 @@ Role: :class:`Server` is what ``app.state.server`` holds (one per app, no global
 (``oscarkv.server.protocol``) into a :class:`Prepared` request — model name, unsupported
 options, prompt token ids, ``max_tokens`` against the context — or raises
 :class:`~oscarkv.server.protocol.RequestError`; the endpoints (``oscarkv.server.endpoints``)
-hand it to :meth:`Server.generate`, which wraps ``AsyncEngine.generate`` and records metrics.
+hand it to :meth:`Server.generate`, which wraps ``AsyncEngine.stream`` and records metrics.
 
-A request the engine could never run (:meth:`~oscarkv.engine.engine.LLMEngine.check_request`)
-is refused here, before any response starts. A full KV pool is the scheduler's business (it
+A request the engine could never run (:mod:`oscarkv.engine.admission`) is refused here, before any
+response starts: :meth:`Server.prepare` validates it once, in a worker thread (``AsyncEngine.validate``),
+and :meth:`Server.generate` streams the :class:`~oscarkv.engine.admission.ValidRequest`, which the
+engine queues without checking it again. A full KV pool is the scheduler's business (it
 queues new requests and preempts running ones by recompute); the server only refuses a request
 that could not fit the pools even alone (:attr:`~oscarkv.engine.engine.LLMEngine.max_pool_tokens`), since the engine cannot run
 one. A prompt whose character count alone proves it over the context is refused before it is
@@ -30,6 +32,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from oscarkv.engine.admission import ValidRequest
 from oscarkv.engine.async_engine import AsyncEngine, RequestFailed
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
@@ -74,12 +77,22 @@ def longest_token_chars(tokenizer) -> int:
 
 @dataclass
 class Prepared:
-    """A validated request, ready for the engine."""
+    """A request validated by the engine, ready to stream, and when it arrived."""
 
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
+    request: ValidRequest
     arrival: float
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        return self.request.prompt_ids
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
 
 
 class Server:
@@ -87,16 +100,17 @@ class Server:
 
     def __init__(self, engine: AsyncEngine, model: ServedModel, cfg: ServerConfig) -> None:
         self.engine, self.model, self.cfg = engine, model, cfg
-        self.metrics = ServerMetrics(engine.engine)
+        self.metrics = ServerMetrics(engine)
         self.in_flight: set[str] = set()
         self.draining = False  # new requests are refused (503)
         self.cut = False  # requests still running were aborted at the end of the grace period
 
     # ------------------------------------------------------------------------- validation
-    def prepare(self, req: P.SamplingRequest, prompt_ids: list[int], max_tokens: int | None,
-                default_max: int, prefix: str, logprobs: bool) -> Prepared:
-        """Check the prompt and ``max_tokens`` against the context and build the engine request;
-        ``default_max``: the endpoint's default ``max_tokens`` (``0``: the rest of the context)."""
+    async def prepare(self, req: P.SamplingRequest, prompt_ids: list[int], max_tokens: int | None,
+                      default_max: int, prefix: str, logprobs: bool) -> Prepared:
+        """Check the prompt and ``max_tokens`` against the served context, then have the engine validate the
+        request (in a worker thread); ``default_max``: the endpoint's default ``max_tokens`` (``0``: the rest of
+        the context). Raises :class:`~oscarkv.server.protocol.RequestError` (a 4xx) for a refused request."""
         arrival = time.perf_counter()
         if not prompt_ids:
             raise P.RequestError("the prompt is empty", param="prompt")
@@ -112,10 +126,10 @@ class Server:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         try:
             params = req.sampling_params(max_tokens, logprobs)
-            self.engine.engine.check_request(request_id, prompt_ids, params)
+            request = await self.engine.validate(request_id, prompt_ids, params)
         except ValueError as e:
             raise P.RequestError(str(e)) from e
-        return Prepared(request_id, prompt_ids, params, arrival)
+        return Prepared(request, arrival)
 
     def check_model(self, req: P.SamplingRequest) -> None:
         if self.draining:
@@ -165,14 +179,14 @@ class Server:
 
     # ------------------------------------------------------------------------- generation
     async def generate(self, prep: Prepared, endpoint: str) -> AsyncIterator[RequestOutput]:
-        """``AsyncEngine.generate`` plus metrics; leaving early aborts (pages freed)."""
+        """``AsyncEngine.stream`` plus metrics; leaving early aborts (pages freed)."""
         if self.cut:  # it was still being tokenized when the grace period ended
             raise self._shut_down()
         self.metrics.admit(len(prep.prompt_ids))
         ttft, last, reason = None, None, "abort"
         self.in_flight.add(prep.request_id)
         try:
-            async with contextlib.aclosing(self.engine.generate(prep.request_id, prep.prompt_ids, prep.params)) as outs:
+            async with contextlib.aclosing(self.engine.stream(prep.request)) as outs:
                 async for out in outs:
                     if ttft is None and out.new_token_ids:
                         ttft = time.perf_counter() - prep.arrival
@@ -183,7 +197,7 @@ class Server:
         except RequestFailed:
             reason = "error"
             raise
-        except ValueError as e:  # refused by the engine when added (check_request let it pass)
+        except ValueError as e:  # refused by the engine when added (its id in use)
             raise P.RequestError(str(e)) from e
         finally:
             self.in_flight.discard(prep.request_id)

@@ -6,7 +6,7 @@ status line has gone out. :func:`usage_of` counts the tokens of a :class:`Prepar
 and its last :class:`~oscarkv.engine.request.RequestOutput`.
 
 Cancellation: a streaming client that disconnects makes Starlette cancel the response task;
-the cancellation reaches ``AsyncEngine.generate``, whose ``finally`` aborts the request, and the
+the cancellation reaches ``AsyncEngine.stream``, whose ``finally`` aborts the request, and the
 engine frees its pages. A non-streaming request is raced against ``http.disconnect`` the same
 way (:func:`until_disconnect`, over :func:`last_output` of the request's outputs).
 """

@@ -39,13 +39,16 @@ def test_oscar_engine_on_a_random_model_decodes():
 
 def test_drive_fills_prompts_and_times_the_model_steps():
     """``e2e.drive`` (the job-throughput run): prompts filled through the write path, every sampled token
-    from a model step (overlap on, as on a GPU), fill and model time apart, the real runner restored."""
+    from a model step (overlap on, as on a GPU), fill and model time apart; the runner fills only while it drives."""
     engine = e2e.build_engine(PagedLM.random(CONFIG), "naive", kv_bytes=1 << 22, max_num_seqs=2, chunk=64)
     engine.overlap = True
     runner = engine.runner
     e2e.add_prompts(engine, 3, 200, 5)  # 3 requests, 2 seats: two waves
     st = e2e.drive(engine)
-    assert engine.runner is runner and not engine.has_unfinished() and engine.manager.bf16.num_used == 0
+    assert engine.runner is runner and not runner.filling
+    assert not engine.has_unfinished() and engine.manager.bf16.num_used == 0
+    assert sum(launch.filled for launch in runner.launches) == 3 * 4  # chunks ending at 64, 128, 192, 199 (then 200 samples)
+    assert [launch.batch for launch in runner.launches if launch.batch] == st.batch_sizes
     assert engine.num_generated_tokens == 15 and engine.num_ahead_steps > 0
     # model launches: per wave its first tokens, then decode steps launched ahead or not
     assert st.steps == len(st.batch_sizes) == 10 and sorted(set(st.batch_sizes)) == [1, 2]

@@ -44,26 +44,31 @@ def test_a_method_alone_has_no_ratio():
         JobsBench(methods=("bf16", "kivi"))
 
 
-def test_step_kinds_through_two_ranks():
-    """The job's step classification wraps any runner, a tensor-parallel one too (it once asked the runner, and
-    the two-GPU job failed): launches holding a prompt chunk are prefill, then one decode launch per step."""
+def test_job_through_two_ranks():
+    """``run_job`` on an engine whose BenchRunner wraps a tensor-parallel runner (two gloo ranks): the step kinds
+    come from the launches the runner records (they once were asked of the runner, and the two-GPU job failed);
+    a launch holding a prompt chunk is prefill, then one decode launch per step. The runner is the one the engine
+    was built with, a declared Runner."""
     from dataclasses import replace
 
-    from oscarkv.bench.jobs import _StepKinds
-    from oscarkv.engine.request import SamplingParams
-    from oscarkv.llm import LLM
-    from oscarkv.models.loader import LoadedModel
-    from tests.engine.conftest import engine_config, prompts, tiny_model
+    from oscarkv.bench import e2e
+    from oscarkv.bench.configs import JobsBench
+    from oscarkv.bench.jobs import run_job
+    from oscarkv.engine.runner import Runner
+    from oscarkv.engine.workers import ParallelRunner
+    from oscarkv.models.llama import PagedLM
+    from tests.engine.conftest import engine_config, tiny_model
 
-    engine = LLM(LoadedModel(tiny_model(), None, "tiny"), "bf16", tensor_parallel_size=2,
-                 config=replace(engine_config("bf16"), overlap=False)).engine
+    cfg = replace(engine_config("bf16"), overlap=False, tensor_parallel_size=2)
+    engine = e2e.bench_engine(PagedLM.from_hf(tiny_model()), cfg)
+    runner = engine.runner
     try:
-        kinds = engine.runner = _StepKinds(engine.runner)
-        for i, p in enumerate(prompts(2, 40)):
-            engine.add_request(str(i), p, SamplingParams(max_tokens=5, ignore_eos=True))
-        while engine.has_unfinished():
-            engine.step()
-        # the second prompt's chunk shares a launch with the first request's next token: a prefill launch
-        assert kinds.launches == [(False, 1), (False, 2), (True, 2), (True, 2), (True, 2), (True, 1)]
+        assert isinstance(runner.inner, ParallelRunner) and isinstance(runner.inner, Runner) and isinstance(runner, Runner)
+        run = run_job(engine, JobsBench(context=41, requests=2, new_tokens=(5,)))
+        # 41 + 41 prompt tokens > the step budget of 80: the second prompt's chunk shares a launch with the first
+        # request's first decode token, which makes that launch a prefill one
+        assert [(x.decode, x.batch) for x in runner.launches] == [(False, 1), (False, 2), (True, 2), (True, 2),
+                                                                   (True, 2), (True, 1)]
+        assert run["decode_steps"] == {1: 1, 2: 3} and engine.runner is runner and engine.num_generated_tokens == 10
     finally:
         engine.close()

@@ -55,7 +55,7 @@ def test_refuses_what_the_pools_cannot_hold_alone(llama, artifact, method):
 
 def _accepted(engine, prompt, max_tokens) -> bool:
     try:
-        engine.check_request("probe", prompt, SamplingParams(max_tokens=max_tokens))
+        engine.validate("probe", prompt, SamplingParams(max_tokens=max_tokens))
     except ValueError:
         return False
     return True

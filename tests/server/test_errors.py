@@ -219,3 +219,30 @@ def test_engine_refuses_what_its_pools_cannot_hold(model, tok):
                 client.completions.create(model=MODEL, prompt="x" * 100, max_tokens=4, stream=stream)
         r = client.completions.create(model=MODEL, prompt="x" * 20, max_tokens=20, extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 20 and wait_idle(s)
+
+
+def test_a_streaming_request_is_validated_once_off_the_loop_before_any_byte(model, tok, monkeypatch):
+    """A streamed request the engine refuses (its pools cannot hold it) gets a 400 JSON body, no stream byte; a
+    good one is validated exactly once, in a worker thread (neither the event loop's nor the engine's), and the
+    engine queues it without a second check."""
+    from oscarkv.engine.admission import Admission
+
+    calls, real = [], Admission.validate
+
+    def counted(self, *args, **kw):
+        calls.append(threading.current_thread().name)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Admission, "validate", counted)
+    page = 2 * 2 * 2 * 8 * 32 * 2  # a BF16 page (test_engine_refuses_what_its_pools_cannot_hold)
+    kw = dict(method="oscar", artifact=make_artifact(model.config), bf16_fraction=6 * page / (1 << 22))
+    with start(model, tok, ServerConfig(served_model_name=MODEL), **kw) as s:
+        with httpx.stream("POST", s.url + "/v1/completions", json={**OK, "prompt": "x" * 100, "stream": True}) as r:
+            body = r.read()
+        assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+        assert b"data:" not in body and "needs 8 BF16" in json.loads(body)["error"]["message"]
+        assert len(calls) == 1
+        with httpx.stream("POST", s.url + "/v1/completions", json={**OK, "prompt": "x" * 20, "stream": True}) as r:
+            body = r.read()
+        assert r.status_code == 200 and body.startswith(b"data: ") and body.endswith(b"data: [DONE]\n\n")
+        assert len(calls) == 2 and not {"oscarkv-uvicorn", "oscarkv-engine"} & set(calls) and wait_idle(s)

@@ -1,0 +1,74 @@
+"""Validate a request once: :class:`Admission` turns it into a :class:`ValidRequest` or refuses it.
+
+Role: the engine's only request check. :meth:`Admission.validate` refuses, with a ``ValueError`` that
+names the numbers, a request the engine could never run — an empty prompt, prompt + ``max_tokens``
+beyond the model's positions, a prefill chunk beyond the step budget or one that demotes its own
+page, more KV pages than the pools hold even for it alone — and returns the request with its chunk
+schedule. ``LLMEngine.add`` trusts a :class:`ValidRequest` and checks nothing but its id.
+
+Who calls it: :meth:`LLMEngine.add_request <oscarkv.engine.engine.LLMEngine.add_request>` (offline
+users), and on the server path ``AsyncEngine.validate`` in a worker thread, from the HTTP handler
+before any response starts (a refusal is a 4xx, never a broken stream).
+
+NOTE: reads only the configuration and the pool sizes, which never change, so it runs safely on
+another thread than the one that steps the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oscarkv.cache.manager import KVCacheManager
+from oscarkv.cache.seq_kv import ChunkSchedule
+from oscarkv.config import EngineConfig
+from oscarkv.engine.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    """A request the engine can run (made by :meth:`Admission.validate` only); the engine queues it as is."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    schedule: ChunkSchedule
+    """Its prefill chunks (``EngineConfig.prefill_chunk`` multiples, or the caller's ``chunk_ends``)."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The limits a request is checked against: the engine's configuration, its cache manager (the pool
+    sizes and page arithmetic) and the model's positions (``None``: unbounded)."""
+
+    cfg: EngineConfig
+    manager: KVCacheManager
+    max_model_len: int | None
+
+    def validate(self, request_id: str, prompt_ids: list[int] | tuple[int, ...], params: SamplingParams,
+                 chunk_ends: tuple[int, ...] = ()) -> ValidRequest:
+        """The request with its chunk schedule, or ``ValueError`` (module docstring)."""
+        n, total = len(prompt_ids), len(prompt_ids) + params.max_tokens
+        if not n:
+            raise ValueError(f"request {request_id}: the prompt is empty")
+        if self.max_model_len is not None and total > self.max_model_len:
+            raise ValueError(f"request {request_id}: prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"tokens exceeds the model's maximum length of {self.max_model_len} tokens")
+        schedule = ChunkSchedule(n, self.cfg.prefill_chunk, tuple(sorted(chunk_ends)))
+        for t0 in schedule.starts():
+            if schedule.end(t0) - t0 > self.cfg.max_num_batched_tokens:
+                raise ValueError(f"request {request_id}: chunk [{t0}, {schedule.end(t0)}) exceeds "
+                                 f"max_num_batched_tokens={self.cfg.max_num_batched_tokens}")
+        self.manager.check_schedule(schedule)
+        self._check_pages(request_id, schedule, total - 1)  # the last sampled token is never stored
+        return ValidRequest(request_id, tuple(prompt_ids), params, schedule)
+
+    def _check_pages(self, request_id: str, schedule: ChunkSchedule, num_tokens: int) -> None:
+        need = self.manager.pages_needed(schedule, num_tokens)
+        window = self.manager.window.pool if self.manager.window else None
+        pools = (self.manager.bf16, self.manager.int2, window)
+        have = tuple(p.num_pages - 1 if p is not None else 0 for p in pools)  # the scratch page excluded
+        if any(n > h for n, h in zip(need, have)):
+            win = (f" (and {need[2]} window pages of the {have[2]} the window pool holds)" if window else "")
+            raise ValueError(f"request {request_id}: storing {num_tokens} tokens needs {need[0]} BF16 and {need[1]} "
+                             f"INT2 KV pages, but the pools hold {have[0]} and {have[1]} pages in all{win}; "
+                             "lower max_tokens or raise EngineConfig.kv_memory_bytes")
