@@ -84,7 +84,7 @@ def test_greedy_equals_without_speculation(llama, artifact, method):
     assert engine.scheduler.num_preemptions > 0 and m.hit_tokens > 0
     assert m.bf16.num_used == 0 and (m.int2 is None or m.int2.num_used == 0)
     m.bf16.check()
-    metrics = {f.name: f.samples[0].value for f in speculative_metrics(engine)}  # what /metrics shows
+    metrics = {f.name: f.samples[0].value for f in speculative_metrics(engine.stats().speculative)}  # what /metrics shows
     assert metrics["oscarkv_spec_acceptance_rate"] == st.acceptance_rate > 0
     assert metrics["oscarkv_spec_tokens_per_step"] == st.tokens_per_step > 1
 
