@@ -8,7 +8,7 @@ pointers and strides, integers of 1 as constants). ``kernel=NAME`` picks the ker
 ...) or an option (``num_warps``, ``num_stages``, ``maxnreg``). Writes ``OUT_PREFIX.{ttgir,ptx,cubin,sass}`` and
 prints registers, stack bytes (spills), local loads/stores, mma (HMMA, HGMMA) and SASS instruction counts.
 
-``python -m benchmarks.compile_sm90 --table OUT.json [SASS_DIR]`` compiles every rung of :data:`RUNGS` (each kernel at its
+``python -m benchmarks.compile_sm90 --table OUT.json [SASS_DIR [RUNG_PREFIX ...]]`` compiles every rung of :data:`RUNGS` (each kernel at its
 production launch options: ``decode._config``, ``extend._config``) and writes the counts as JSON: the check that
 a refactor of the kernels leaves their SASS unchanged. Round 6 chose the transposed tiles with it
 (docs/lab/benchmarks-log.md).
@@ -101,12 +101,15 @@ def _counts(k: triton.compiler.CompiledKernel, prefix: str) -> dict[str, int]:
                 sass_instructions=len(instr))
 
 
-def table(path: str, keep: str | None = None) -> None:
+def table(path: str, keep: str | None = None, only: tuple[str, ...] = ()) -> None:
     """Compile every rung of :data:`RUNGS`; write their counts to ``path`` (JSON) and print one line each;
-    ``keep``: a folder for each rung's ttgir, ptx, cubin and SASS (to diff two versions of the kernels)."""
+    ``keep``: a folder for each rung's ttgir, ptx, cubin and SASS (to diff two versions of the kernels); ``only``:
+    the rungs whose names start with one of these."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (kernel, overrides) in RUNGS.items():
+            if only and not name.startswith(only):
+                continue
             out[name] = dict(kernel=kernel, overrides=overrides,
                              **_counts(compile_sm90(overrides, kernel), os.path.join(keep or tmp, name)))
             print(name, out[name], flush=True)
@@ -122,6 +125,6 @@ def main(prefix: str, overrides: dict[str, str]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--table":
-        table(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+        table(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None, tuple(sys.argv[4:]))
     else:
         main(sys.argv[1], dict(a.split("=") for a in sys.argv[2:]))

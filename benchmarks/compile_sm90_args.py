@@ -41,35 +41,38 @@ BF_STRIDES = (H * P * D, P * D, D)
 
 
 def _levels(c: dict) -> dict:
-    """The level-table keyword arguments (``levels.level_args``) of the kinds that carry one."""
-    out = {}
+    """Pops ``KLEV``/``VLEV`` from ``c``; the level pairs ``{"K": (l1, l2), "V": ...}`` and the flags that are on."""
+    pairs, flags = {}, {}
     for kind in ("K", "V"):
-        if c.pop(f"{kind}LEV", 0):
-            out |= {f"{kind}L1": LEVELS[0], f"{kind}L2": LEVELS[1], f"{kind}LEV": True}
-    return out
+        on = bool(c.pop(f"{kind}LEV", 0))
+        pairs[kind] = LEVELS if on else (0.0, 0.0)
+        flags |= {f"{kind}LEV": True} if on else {}
+    return pairs, flags
 
 
-def _history(c: dict, int2: bool = True) -> tuple[list, list]:
-    """Pointers ``Kc, Ks, Kz, Vc, Vs, Vz`` and strides (key codes, value codes, scales) of the history pools;
-    a BF16-only cache passes its BF16 pool in their place (as the launchers do)."""
+WINDOW = (BF, BF, BF_STRIDES)
+TABLES = (I32, I32, I32, I32, 7, 1601)
+
+
+def _history(c: dict, pairs: dict, int2: bool = True) -> tuple:
+    """The history bundle of :mod:`oscarkv.kernels.pools`; a BF16-only cache passes its BF16 pool in its place."""
     if not int2:
-        return [BF] * 6, [*BF_STRIDES, *BF_STRIDES, *BF_STRIDES]
-    return [U8, F16, F16, U8, F16, F16], [*_pool_strides(c["KBITS"]), *_pool_strides(c["VBITS"]),
-                                          *_scale_strides(c["G"])]
+        stand_in = (BF, BF, BF, BF_STRIDES, (0.0, 0.0))
+        return stand_in, stand_in, BF_STRIDES
+    return ((U8, F16, F16, _pool_strides(c["KBITS"]), pairs["K"]), (U8, F16, F16, _pool_strides(c["VBITS"]), pairs["V"]),
+            _scale_strides(c["G"]))
 
 
-def _decode_flat(c: dict, int2: bool) -> list:
-    ptrs, strides = _history(c, int2)
-    return [BF, BF, BF, *ptrs, I32, I32, I32, I32, F32, F32, QK_SCALE, SPLITS,
-            HQ * D, D, *BF_STRIDES, *strides, 7, 1601,
-            HQ * SPLITS * D, SPLITS * D, D, HQ * SPLITS, SPLITS]
+def _decode_args(c: dict, pairs: dict, int2: bool) -> list:
+    mid = (F32, F32, (HQ * SPLITS * D, SPLITS * D, D), (HQ * SPLITS, SPLITS))
+    return [(BF, HQ * D, D), WINDOW, _history(c, pairs, int2), TABLES, mid, QK_SCALE, SPLITS]
 
 
 def decode_int2(o: dict):
     c = _const(dict(H=H, REP=4, REP_PAD=8, D=D, G=128, P=P, BLOCK_N=64, CONV=2, CHUNK=32, INTERPRET=False,
                     KBITS=2, VBITS=2), o)
-    lev = _levels(c)
-    return _int2_decode_kernel, _decode_flat(c, True), c | lev, dict(num_warps=1, num_stages=3, maxnreg=168)
+    pairs, flags = _levels(c)
+    return _int2_decode_kernel, _decode_args(c, pairs, True), c | flags, dict(num_warps=1, num_stages=3, maxnreg=168)
 
 
 def decode(o: dict):
@@ -78,8 +81,8 @@ def decode(o: dict):
     c["HAS_INT2"] = bool(c["HAS_INT2"])
     if not c["HAS_INT2"]:
         c |= dict(G=D, BLOCK_N=128)
-    lev = _levels(c)
-    return _decode_kernel, _decode_flat(c, c["HAS_INT2"]), c | lev, dict(num_warps=4, num_stages=3)
+    pairs, flags = _levels(c)
+    return _decode_kernel, _decode_args(c, pairs, c["HAS_INT2"]), c | flags, dict(num_warps=4, num_stages=3)
 
 
 def extend(o: dict):
@@ -88,25 +91,25 @@ def extend(o: dict):
     c["HAS_INT2"] = bool(c["HAS_INT2"])
     if not c["HAS_INT2"]:
         c["G"] = D
-    lev = _levels(c)
-    ptrs, strides = _history(c, c["HAS_INT2"])
-    args = [BF, BF, BF, BF, BF, *ptrs, I32, I32, I32, I32, I32, BF, QK_SCALE,
-            HQ * D, D, H * D, D, *BF_STRIDES, *strides, 7, 1601, HQ * D, D]
-    return _extend_kernel, args, c | lev, dict(num_warps=4, num_stages=2)
+    pairs, flags = _levels(c)
+    args = [(BF, HQ * D, D), (BF, BF, (H * D, D)), WINDOW, _history(c, pairs, c["HAS_INT2"]), TABLES, I32,
+            (BF, HQ * D, D), QK_SCALE]
+    return _extend_kernel, args, c | flags, dict(num_warps=4, num_stages=2)
+
+
+SPAN = (4096, 8192, 64)  # t0, count, out0
+OUT = (BF, BF, 131072 * D)
 
 
 def gather_int2(o: dict):
     c = _const(dict(D=D, G=128, P=P, BLOCK=64, KBITS=2, VBITS=2), o)
-    lev = _levels(c)
-    ptrs, strides = _history(c)
-    args = [*ptrs, I32, BF, BF, 4096, 8192, *strides, 131072 * D, 64]
-    return _gather_int2_kernel, args, c | lev, dict(num_warps=4, num_stages=3)
+    pairs, flags = _levels(c)
+    return _gather_int2_kernel, [_history(c, pairs), I32, OUT, SPAN], c | flags, dict(num_warps=4, num_stages=3)
 
 
 def gather_bf16(o: dict):
     c = _const(dict(D=D, P=P, BLOCK=64), o)
-    args = [BF, BF, I32, BF, BF, 4096, 8192, *BF_STRIDES, 131072 * D, 64]
-    return _gather_bf16_kernel, args, c, dict(num_warps=4, num_stages=3)
+    return _gather_bf16_kernel, [WINDOW, I32, OUT, SPAN], c, dict(num_warps=4, num_stages=3)
 
 
 KERNELS = dict(decode_int2=decode_int2, decode=decode, extend=extend, gather_int2=gather_int2,

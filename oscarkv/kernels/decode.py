@@ -55,7 +55,7 @@ import triton.language as tl
 from oscarkv.cache.paged_layout import LayerKV, PageTables
 from oscarkv.kernels.decode_int2 import _int2_decode_kernel
 from oscarkv.kernels.levels import _levels
-from oscarkv.kernels.pools import format_args, history_arg, history_rows, tables_arg, tier_rows, window_arg, window_rows
+from oscarkv.kernels.pools import format_args, history_arg, tables_arg, tier_length, tier_table, window_arg
 from oscarkv.kernels.split_k import merge_splits, split_range
 
 LOG2E = 1.4426950408889634
@@ -100,7 +100,8 @@ def _bf16_step(n0, q, state, window, table_row, cols, end, h, qk_scale, P: tl.co
     toks = n0 + tl.arange(0, BLOCK_N)
     live = toks < end
     page = tl.load(table_row + toks // P, mask=live, other=0)
-    rows = window_rows(window, page.to(tl.int64), h, toks % P)
+    sp, sh, st = window[2]
+    rows = page.to(tl.int64) * sp + h * sh + (toks % P) * st  # NOTE: window_rows, in the order that compiles best
     k = tl.load(K + rows[:, None] + cols[None, :], mask=live[:, None], other=0.0)
     v = tl.load(V + rows[:, None] + cols[None, :], mask=live[:, None], other=0.0)
     qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
@@ -111,11 +112,11 @@ def _bf16_step(n0, q, state, window, table_row, cols, end, h, qk_scale, P: tl.co
 
 
 @triton.jit
-def _bf16_inner(q, state, window, tier, split, NUM_SPLITS, cols, h, qk_scale, P: tl.constexpr,
+def _bf16_inner(q, state, window, tables, b, split, NUM_SPLITS, cols, h, qk_scale, P: tl.constexpr,
                 BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
-    """The split's share of the BF16 tier (``tier``: page row and length)."""
-    table_row, length = tier
-    start, end = split_range(length, split, NUM_SPLITS, BLOCK_N)
+    """The split's share of sequence ``b``'s BF16 tier."""
+    start, end = split_range(tier_length(tables, b, False), split, NUM_SPLITS, BLOCK_N)
+    table_row = tier_table(tables, b, False)
     if INTERPRET:  # see _decode_kernel
         n0 = start
         while n0 < end:
@@ -165,7 +166,11 @@ def _int2_step(n0, q, q_sum, state, history, table_row, end, h, qk_scale,
     toks = n0 + tl.arange(0, BLOCK_N)
     live = toks < end
     page = tl.load(table_row + toks // P, mask=live, other=0).to(tl.int64)
-    crow, vrow, srow = history_rows(history, page, h, toks % P)
+    (kp, kh, kt), (vp, vh, vt), (sp, sh, st) = keys[3], values[3], history[2]
+    # NOTE: pools.history_rows, written out in the order that compiles best (SASS: benchmarks.compile_sm90)
+    crow = page * kp + h * kh + (toks % P) * kt
+    vrow = page * vp + h * vh + (toks % P) * vt
+    srow = page * sp + h * sh + (toks % P) * st
     ck = _codes(keys, crow, live, BLOCK_N, D, KBITS, KLEV)
     cv = _codes(values, vrow, live, BLOCK_N, D, VBITS, VLEV)
     if NG == 1:
@@ -190,13 +195,13 @@ def _int2_step(n0, q, q_sum, state, history, table_row, end, h, qk_scale,
 
 
 @triton.jit
-def _int2_inner(q, state, history, tier, split, NUM_SPLITS, h, qk_scale,
+def _int2_inner(q, state, history, tables, b, split, NUM_SPLITS, h, qk_scale,
                 D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
                 KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
-    """The split's share of the history tier (``tier``: page row and length)."""
-    table_row, length = tier
-    start, end = split_range(length, split, NUM_SPLITS, BLOCK_N)
+    """The split's share of sequence ``b``'s history tier."""
+    start, end = split_range(tier_length(tables, b, True), split, NUM_SPLITS, BLOCK_N)
     q_sum = tl.sum(q.to(tl.float32), 1)
+    table_row = tier_table(tables, b, True)
     if INTERPRET:  # see _decode_kernel
         n0 = start
         while n0 < end:
@@ -232,10 +237,10 @@ def _decode_kernel(Q, window, history, tables, mid, qk_scale, NUM_SPLITS,
     l_i = tl.zeros([REP_PAD], tl.float32)
     acc = tl.zeros([REP_PAD, D], tl.float32)
     acc_m = tl.zeros([REP_PAD], tl.float32)
-    acc, m_i, l_i = _bf16_inner(q, (acc, m_i, l_i), window, tier_rows(tables, b, False), split, NUM_SPLITS, cols,
+    acc, m_i, l_i = _bf16_inner(q, (acc, m_i, l_i), window, tables, b, split, NUM_SPLITS, cols,
                                 h, qk_scale, P, BLOCK_N, INTERPRET)
     if HAS_INT2:
-        acc, acc_m, m_i, l_i = _int2_inner(q, (acc, acc_m, m_i, l_i), history, tier_rows(tables, b, True), split,
+        acc, acc_m, m_i, l_i = _int2_inner(q, (acc, acc_m, m_i, l_i), history, tables, b, split,
                                            NUM_SPLITS, h, qk_scale, D, G, P, BLOCK_N, INTERPRET, KBITS, VBITS,
                                            KLEV, VLEV)
     seen = l_i > 0

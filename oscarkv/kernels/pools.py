@@ -70,13 +70,29 @@ def tables_arg(tables: PageTables) -> tuple:
 
 
 @triton.jit
-def tier_rows(tables, b, INT2: tl.constexpr):
-    """Sequence ``b``'s page-id row and token count in the BF16 tier, or the INT2 tier (``INT2``)."""
-    bf_table, bf_lens, in_table, in_lens, stride_bfb, stride_inb = tables
+def tier_table(tables, b, INT2: tl.constexpr):
+    """Sequence ``b``'s page-id row in the BF16 tier, or the INT2 tier (``INT2``)."""
+    bf_table, _, in_table, _, stride_bfb, stride_inb = tables
     if INT2:
-        return in_table + b * stride_inb, tl.load(in_lens + b)
+        return in_table + b * stride_inb
     else:
-        return bf_table + b * stride_bfb, tl.load(bf_lens + b)
+        return bf_table + b * stride_bfb
+
+
+@triton.jit
+def tier_length(tables, b, INT2: tl.constexpr):
+    """Sequence ``b``'s token count in the BF16 tier, or the INT2 tier (``INT2``)."""
+    _, bf_lens, _, in_lens, _, _ = tables
+    if INT2:
+        return tl.load(in_lens + b)
+    else:
+        return tl.load(bf_lens + b)
+
+
+@triton.jit
+def tier_rows(tables, b, INT2: tl.constexpr):
+    """``(tier_table, tier_length)`` of sequence ``b``."""
+    return tier_table(tables, b, INT2), tier_length(tables, b, INT2)
 
 
 @triton.jit
