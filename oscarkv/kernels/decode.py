@@ -54,7 +54,8 @@ import triton.language as tl
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
 from oscarkv.kernels.decode_int2 import _int2_decode_kernel
-from oscarkv.kernels.levels import _levels, level_args
+from oscarkv.kernels.levels import _levels
+from oscarkv.kernels.pools import format_args, history_arg, tables_arg, tier_length, tier_table, window_arg
 from oscarkv.kernels.split_k import merge_splits, split_range
 
 LOG2E = 1.4426950408889634
@@ -92,12 +93,15 @@ def _softmax_step(qk, m_i, l_i):
 
 
 @triton.jit
-def _bf16_step(n0, q, acc, m_i, l_i, K, V, table_row, cols, end, h, qk_scale,
-               stride_p, stride_h, stride_t, P: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bf16_step(n0, q, state, window, table_row, cols, end, h, qk_scale, P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One tile of BF16 tokens for the online softmax ``state = (acc, m_i, l_i)``."""
+    K, V, _ = window
+    acc, m_i, l_i = state
     toks = n0 + tl.arange(0, BLOCK_N)
     live = toks < end
     page = tl.load(table_row + toks // P, mask=live, other=0)
-    rows = page.to(tl.int64) * stride_p + h * stride_h + (toks % P) * stride_t
+    sp, sh, st = window[2]
+    rows = page.to(tl.int64) * sp + h * sh + (toks % P) * st  # NOTE: window_rows, in the order that compiles best
     k = tl.load(K + rows[:, None] + cols[None, :], mask=live[:, None], other=0.0)
     v = tl.load(V + rows[:, None] + cols[None, :], mask=live[:, None], other=0.0)
     qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
@@ -108,56 +112,73 @@ def _bf16_step(n0, q, acc, m_i, l_i, K, V, table_row, cols, end, h, qk_scale,
 
 
 @triton.jit
-def _bf16_inner(q, acc, m_i, l_i, K, V, table_row, cols, start, end, h, qk_scale,
-                stride_p, stride_h, stride_t, P: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+def _bf16_inner(q, state, window, tables, b, split, NUM_SPLITS, cols, h, qk_scale, P: tl.constexpr,
+                BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+    """The split's share of sequence ``b``'s BF16 tier."""
+    start, end = split_range(tier_length(tables, b, False), split, NUM_SPLITS, BLOCK_N)
+    table_row = tier_table(tables, b, False)
     if INTERPRET:  # see _decode_kernel
         n0 = start
         while n0 < end:
-            acc, m_i, l_i = _bf16_step(n0, q, acc, m_i, l_i, K, V, table_row, cols, end, h, qk_scale,
-                                       stride_p, stride_h, stride_t, P, BLOCK_N)
+            state = _bf16_step(n0, q, state, window, table_row, cols, end, h, qk_scale, P, BLOCK_N)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
-            acc, m_i, l_i = _bf16_step(n0, q, acc, m_i, l_i, K, V, table_row, cols, end, h, qk_scale,
-                                       stride_p, stride_h, stride_t, P, BLOCK_N)
-    return acc, m_i, l_i
+            state = _bf16_step(n0, q, state, window, table_row, cols, end, h, qk_scale, P, BLOCK_N)
+    return state
 
 
 @triton.jit
-def _codes(C, row, live, BLOCK_N: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
-    """Codes ``[BLOCK_N, D]`` (column order 4j + i) of the rows ``row`` of a 2- or 4-bit pool: a 4-bit row
-    is two INT2 planes, ``lo + 4·hi`` (``oscarkv.quant.int2``)."""
+def _codes(kind, row, live, BLOCK_N: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, LEV: tl.constexpr):
+    """Codes ``[BLOCK_N, D]`` (column order 4j + i) of the rows ``row`` of a 2- or 4-bit pool (``kind``: its
+    ``pools`` bundle): a 4-bit row is two INT2 planes, ``lo + 4·hi`` (``oscarkv.quant.int2``); with a level
+    table (``LEV``) the codes' levels."""
+    C, _, _, _, (L1, L2) = kind
     bytes_ = tl.arange(0, D // 4)
     c = _unpack(tl.load(C + row[:, None] + bytes_[None, :], mask=live[:, None], other=0), BLOCK_N, D)
     if BITS == 4:
         c += _unpack(tl.load(C + D // 4 + row[:, None] + bytes_[None, :], mask=live[:, None], other=0), BLOCK_N, D) * 4
-    return c
+    return _levels(c, L1, L2, LEV)
 
 
 @triton.jit
-def _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row, end, h, qk_scale, KL1, KL2, VL1, VL2,
-               stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
+def _group_params(kind, srow, live, NG: tl.constexpr):
+    """Scales and zeros (fp32) of the tile's tokens: ``[BLOCK_N]`` with one group, ``[BLOCK_N, NG]`` else."""
+    _, S, Z, _, _ = kind
+    if NG == 1:
+        s = tl.load(S + srow, mask=live, other=0.0).to(tl.float32)
+        z = tl.load(Z + srow, mask=live, other=0.0).to(tl.float32)
+    else:
+        grp = tl.arange(0, NG)
+        s = tl.load(S + srow[:, None] + grp[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+        z = tl.load(Z + srow[:, None] + grp[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    return s, z
+
+
+@triton.jit
+def _int2_step(n0, q, q_sum, state, history, table_row, end, h, qk_scale,
                D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr,
                KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
+    """One tile of history tokens for the online softmax ``state = (acc, acc_m, m_i, l_i)``."""
     NG: tl.constexpr = D // G
+    keys, values, _ = history
+    acc, acc_m, m_i, l_i = state
     toks = n0 + tl.arange(0, BLOCK_N)
     live = toks < end
     page = tl.load(table_row + toks // P, mask=live, other=0).to(tl.int64)
-    crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
-    vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
-    srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-    ck = _levels(_codes(Kc, crow, live, BLOCK_N, D, KBITS), KL1, KL2, KLEV)
-    cv = _levels(_codes(Vc, vrow, live, BLOCK_N, D, VBITS), VL1, VL2, VLEV)
+    (kp, kh, kt), (vp, vh, vt), (sp, sh, st) = keys[3], values[3], history[2]
+    # NOTE: pools.history_rows, written out in the order that compiles best (SASS: benchmarks.compile_sm90)
+    crow = page * kp + h * kh + (toks % P) * kt
+    vrow = page * vp + h * vh + (toks % P) * vt
+    srow = page * sp + h * sh + (toks % P) * st
+    ck = _codes(keys, crow, live, BLOCK_N, D, KBITS, KLEV)
+    cv = _codes(values, vrow, live, BLOCK_N, D, VBITS, VLEV)
     if NG == 1:
-        sk = tl.load(Ks + srow, mask=live, other=0.0).to(tl.float32)
-        zk = tl.load(Kz + srow, mask=live, other=0.0).to(tl.float32)
-        sv = tl.load(Vs + srow, mask=live, other=0.0).to(tl.float32)
-        zv = tl.load(Vz + srow, mask=live, other=0.0).to(tl.float32)
+        sk, zk = _group_params(keys, srow, live, NG)
+        sv, zv = _group_params(values, srow, live, NG)
         qk = tl.dot(q, tl.trans(ck.to(q.dtype))) * sk[None, :] + q_sum[:, None] * zk[None, :]
     else:
-        grp = tl.arange(0, NG)
-        sk = tl.load(Ks + srow[:, None] + grp[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-        zk = tl.load(Kz + srow[:, None] + grp[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+        sk, zk = _group_params(keys, srow, live, NG)
         kd = tl.reshape(ck.to(tl.float32), [BLOCK_N, NG, G]) * sk[:, :, None] + zk[:, :, None]
         qk = tl.dot(q, tl.trans(tl.reshape(kd, [BLOCK_N, D]).to(q.dtype)))
     qk = tl.where(live[None, :], qk * qk_scale, float("-inf"))
@@ -167,50 +188,40 @@ def _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table
         acc += tl.dot((p * sv[None, :]).to(q.dtype), cv.to(q.dtype))
         acc_m = acc_m * alpha + tl.sum(p * zv[None, :], 1)
     else:
-        sv = tl.load(Vs + srow[:, None] + grp[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-        zv = tl.load(Vz + srow[:, None] + grp[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+        sv, zv = _group_params(values, srow, live, NG)
         vd = tl.reshape(cv.to(tl.float32), [BLOCK_N, NG, G]) * sv[:, :, None] + zv[:, :, None]
         acc += tl.dot(p.to(q.dtype), tl.reshape(vd, [BLOCK_N, D]).to(q.dtype))
     return acc, acc_m, m_i, l_i
 
 
 @triton.jit
-def _int2_inner(q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row, start, end, h, qk_scale,
-                KL1, KL2, VL1, VL2,
-                stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
+def _int2_inner(q, state, history, tables, b, split, NUM_SPLITS, h, qk_scale,
                 D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
                 KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
+    """The split's share of sequence ``b``'s history tier."""
+    start, end = split_range(tier_length(tables, b, True), split, NUM_SPLITS, BLOCK_N)
+    q_sum = tl.sum(q.to(tl.float32), 1)
+    table_row = tier_table(tables, b, True)
     if INTERPRET:  # see _decode_kernel
         n0 = start
         while n0 < end:
-            acc, acc_m, m_i, l_i = _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row,
-                                              end, h, qk_scale, KL1, KL2, VL1, VL2, stride_cp, stride_ch, stride_ct,
-                                              stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st, D, G, P,
-                                              BLOCK_N, KBITS, VBITS, KLEV, VLEV)
+            state = _int2_step(n0, q, q_sum, state, history, table_row, end, h, qk_scale, D, G, P, BLOCK_N,
+                               KBITS, VBITS, KLEV, VLEV)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
-            acc, acc_m, m_i, l_i = _int2_step(n0, q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz, table_row,
-                                              end, h, qk_scale, KL1, KL2, VL1, VL2, stride_cp, stride_ch, stride_ct,
-                                              stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st, D, G, P,
-                                              BLOCK_N, KBITS, VBITS, KLEV, VLEV)
-    return acc, acc_m, m_i, l_i
+            state = _int2_step(n0, q, q_sum, state, history, table_row, end, h, qk_scale, D, G, P, BLOCK_N,
+                               KBITS, VBITS, KLEV, VLEV)
+    return state
 
 
 @triton.jit
-def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, InLens, MidO, MidL,
-                   qk_scale, NUM_SPLITS,
-                   stride_qb, stride_qh,
-                   stride_bp, stride_bh, stride_bt,
-                   stride_cp, stride_ch, stride_ct,
-                   stride_vp, stride_vh, stride_vt,
-                   stride_sp, stride_sh, stride_st,
-                   stride_bfb, stride_inb,
-                   stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+def _decode_kernel(Q, window, history, tables, mid, qk_scale, NUM_SPLITS,
                    H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
                    G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_INT2: tl.constexpr,
                    INTERPRET: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
-                   KL1=0.0, KL2=0.0, VL1=0.0, VL2=0.0, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
+                   KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
+    """Arguments as :func:`oscarkv.kernels.decode_int2._int2_decode_kernel`'s (the bundles of ``pools``)."""
     # NOTE: INTERPRET is set for Triton's CPU interpreter only: its range() cannot take a tensor
     # bound under numpy >= 2.4 (so the loops are while loops there; compiled kernels use range()
     # so Triton pipelines the loads) and its bf16 tl.dot is wrong (so dots run in fp32 there).
@@ -220,29 +231,25 @@ def _decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, 
     rows = tl.arange(0, REP_PAD)
     heads = h * REP + rows
     cols = _perm_cols(D, G, HAS_INT2)
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + cols[None, :], mask=(rows < REP)[:, None], other=0.0)
+    q = tl.load(Q[0] + b * Q[1] + heads[:, None] * Q[2] + cols[None, :], mask=(rows < REP)[:, None], other=0.0)
     q = q.to(tl.float32 if INTERPRET else tl.bfloat16)  # the dot operand dtype of every tl.dot below
     m_i = tl.full([REP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([REP_PAD], tl.float32)
     acc = tl.zeros([REP_PAD, D], tl.float32)
     acc_m = tl.zeros([REP_PAD], tl.float32)
-    start, end = split_range(tl.load(BfLens + b), split, NUM_SPLITS, BLOCK_N)
-    acc, m_i, l_i = _bf16_inner(q, acc, m_i, l_i, Kb, Vb, BfTable + b * stride_bfb, cols, start, end, h, qk_scale,
-                                stride_bp, stride_bh, stride_bt, P, BLOCK_N, INTERPRET)
+    acc, m_i, l_i = _bf16_inner(q, (acc, m_i, l_i), window, tables, b, split, NUM_SPLITS, cols,
+                                h, qk_scale, P, BLOCK_N, INTERPRET)
     if HAS_INT2:
-        start, end = split_range(tl.load(InLens + b), split, NUM_SPLITS, BLOCK_N)
-        q_sum = tl.sum(q.to(tl.float32), 1)
-        acc, acc_m, m_i, l_i = _int2_inner(q, q_sum, acc, acc_m, m_i, l_i, Kc, Ks, Kz, Vc, Vs, Vz,
-                                           InTable + b * stride_inb, start, end, h, qk_scale, KL1, KL2, VL1, VL2,
-                                           stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt,
-                                           stride_sp, stride_sh, stride_st, D, G, P, BLOCK_N, INTERPRET, KBITS, VBITS,
+        acc, acc_m, m_i, l_i = _int2_inner(q, (acc, acc_m, m_i, l_i), history, tables, b, split,
+                                           NUM_SPLITS, h, qk_scale, D, G, P, BLOCK_N, INTERPRET, KBITS, VBITS,
                                            KLEV, VLEV)
     seen = l_i > 0
     o = (acc + acc_m[:, None]) / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
     live = rows < REP
-    tl.store(MidO + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + cols[None, :], o, mask=live[:, None])
-    tl.store(MidL + b * stride_lb + heads * stride_lh + split, lse, mask=live)
+    MidO, MidL, (sob, soh, sos), (slb, slh) = mid
+    tl.store(MidO + b * sob + heads[:, None] * soh + split * sos + cols[None, :], o, mask=live[:, None])
+    tl.store(MidL + b * slb + heads * slh + split, lse, mask=live)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -302,21 +309,14 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     int2 = kv.int2_k is not None
     assert dk == d and hq % h == 0 and d >= 16 and d & (d - 1) == 0, f"bad shapes q {tuple(q.shape)} pool {tuple(kv.bf16_k.shape)}"
     assert q.dtype in (torch.bfloat16, torch.float32) and q.stride(2) == 1, "q must be bf16/fp32 with contiguous head_dim"
-    assert kv.bf16_k.dtype == kv.bf16_v.dtype == torch.bfloat16 and kv.bf16_k.stride() == kv.bf16_v.stride()
-    assert kv.bf16_k.stride(3) == 1
-    for t in (tables.bf16_table, tables.bf16_lens, tables.int2_table, tables.int2_lens):
-        assert t.dtype == torch.int32 and t.shape[0] == bsz and t.stride(-1) == 1, "tables: int32 [B, ...], contiguous rows"
-    k2, v2 = kv.int2_k, kv.int2_v
+    assert all(t.shape[0] == bsz for t in (tables.bf16_table, tables.bf16_lens, tables.int2_table, tables.int2_lens))
+    window, history, tables_ = window_arg(kv), history_arg(kv), tables_arg(tables)
     if int2:
-        g = k2.group
-        assert k2.codes.dtype == v2.codes.dtype == torch.uint8 and k2.scale.dtype == k2.zero.dtype == torch.float16
-        for c in (k2, v2):
-            assert c.codes.shape[1:] == (h, p, d * c.bits // 8) and c.codes.stride(-1) == 1 and c.group == g >= 4
-        for a, b in ((k2.scale, v2.scale), (k2.scale, k2.zero), (k2.scale, v2.zero)):
-            assert a.stride() == b.stride() and a.stride(-1) == 1, "INT2 K/V scales and zeros must share strides"
+        g = kv.int2_k.group
+        for c in (kv.int2_k, kv.int2_v):
+            assert c.codes.shape[1:] == (h, p, d * c.bits // 8) and c.group == g >= 4
     else:
         g = d
-        k2 = v2 = type("Empty", (), {"codes": kv.bf16_k, "scale": kv.bf16_k, "zero": kv.bf16_k, "bits": 2})()
     raw = int2 and uses_raw_int2(d, g, p)
     cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device, bsz * h), **(config or {})}
     if raw:  # NOTE: its INT2 tiles must not straddle pages (decode_int2: full tiles only)
@@ -330,21 +330,11 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         kernel, extra = _int2_decode_kernel, dict(G=g, CONV=cfg["CONV"], CHUNK=cfg["CHUNK"])
     else:
         kernel, extra = _decode_kernel, dict(G=g, HAS_INT2=int2)
-    extra |= level_args(k2, v2) if int2 else {}
     kernel[(bsz * h, splits)](
-        q, kv.bf16_k, kv.bf16_v, k2.codes, k2.scale, k2.zero, v2.codes, v2.scale, v2.zero,
-        tables.bf16_table, tables.bf16_lens, tables.int2_table, tables.int2_lens, mid_o, mid_l,
-        scale * LOG2E, splits,
-        q.stride(0), q.stride(1),
-        kv.bf16_k.stride(0), kv.bf16_k.stride(1), kv.bf16_k.stride(2),
-        k2.codes.stride(0), k2.codes.stride(1), k2.codes.stride(2),
-        v2.codes.stride(0), v2.codes.stride(1), v2.codes.stride(2),
-        k2.scale.stride(0), k2.scale.stride(1), k2.scale.stride(2),
-        tables.bf16_table.stride(0), tables.int2_table.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
+        (q, q.stride(0), q.stride(1)), window, history, tables_,
+        (mid_o, mid_l, tuple(mid_o.stride()[:3]), tuple(mid_l.stride()[:2])), scale * LOG2E, splits,
         H=h, REP=rep, REP_PAD=cfg.get("REP_PAD", max(8 if raw else 16, triton.next_power_of_2(rep))), D=d, P=p, **extra,
-        KBITS=k2.bits, VBITS=v2.bits,
-        BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
+        **format_args(kv), BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
     merge_splits(mid_o, mid_l, out, cfg.get("REDUCE_WARPS", 4))
     return out

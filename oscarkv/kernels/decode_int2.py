@@ -77,6 +77,7 @@ import triton
 import triton.language as tl
 
 from oscarkv.kernels.levels import _level_slice, _lut_slice
+from oscarkv.kernels.pools import history_rows, tier_rows, window_rows
 from oscarkv.kernels.split_k import chunk_pages, pick_page, softmax_step_t, split_range, tile
 
 
@@ -103,9 +104,10 @@ def _slices(c, CONV: tl.constexpr):
 
 
 @triton.jit
-def _any_slices(c, L1, L2, CONV: tl.constexpr, LEV: tl.constexpr, DT: tl.constexpr):
-    """The four slices of ``c``: codes in units ``4^i · 2^-24`` (``_slices``), or with a level table (``LEV``)
-    levels in units ``4^i · 2^-6`` (``_level_slice``)."""
+def _any_slices(c, levels, CONV: tl.constexpr, LEV: tl.constexpr, DT: tl.constexpr):
+    """The four slices of ``c``: codes in units ``4^i · 2^-24`` (``_slices``), or with a level table (``LEV``,
+    ``levels = (l1, l2)``) levels in units ``4^i · 2^-6`` (``_level_slice``)."""
+    L1, L2 = levels
     if LEV and CONV == 0:
         return (_level_slice(c, L1, L2, 0, DT), _level_slice(c, L1, L2, 1, DT), _level_slice(c, L1, L2, 2, DT),
                 _level_slice(c, L1, L2, 3, DT))
@@ -116,10 +118,11 @@ def _any_slices(c, L1, L2, CONV: tl.constexpr, LEV: tl.constexpr, DT: tl.constex
 
 
 @triton.jit
-def _group_scores(ck, q0, q1, q2, q3, L1, L2, CONV: tl.constexpr, LEV: tl.constexpr):
-    """Σ_i c_i · q_i for one group: ``ck`` uint8 ``[N, LG]``, q_i ``[LG, R]`` pre-scaled by ``2^(3-2i)``
-    (``_group_q``) → fp32 ``[N, R]`` = ``(q · c) · 2^-21`` (``(q · L[c]) · 2^-3`` with a level table)."""
-    k0, k1, k2, k3 = _any_slices(ck, L1, L2, CONV, LEV, q0.dtype)
+def _group_scores(ck, qh, levels, CONV: tl.constexpr, LEV: tl.constexpr):
+    """Σ_i c_i · q_i for one group: ``ck`` uint8 ``[N, LG]``, ``qh`` the four q_i ``[LG, R]`` pre-scaled by
+    ``2^(3-2i)`` (``_group_q``) → fp32 ``[N, R]`` = ``(q · c) · 2^-21`` (``(q · L[c]) · 2^-3`` with a level table)."""
+    q0, q1, q2, q3 = qh
+    k0, k1, k2, k3 = _any_slices(ck, levels, CONV, LEV, q0.dtype)
     s = tl.dot(k0, q0)
     s = tl.dot(k1, q1, s)
     s = tl.dot(k2, q2, s)
@@ -127,11 +130,12 @@ def _group_scores(ck, q0, q1, q2, q3, L1, L2, CONV: tl.constexpr, LEV: tl.conste
 
 
 @triton.jit
-def _group_values(cvT, ps, a0, a1, a2, a3, alpha, L1, L2, CONV: tl.constexpr, LEV: tl.constexpr):
-    """Rescale the slice accumulators ``[LG, R]`` of one group and add ``c_i^T @ ps`` (``cvT`` uint8
+def _group_values(cvT, ps, acc, alpha, levels, CONV: tl.constexpr, LEV: tl.constexpr):
+    """Rescale the four slice accumulators ``acc`` ``[LG, R]`` of one group and add ``c_i^T @ ps`` (``cvT`` uint8
     ``[LG, N]``); slice i accumulates in units of ``4^i · 2^-24`` (``4^i · 2^-6`` with a level table;
     ``_store`` undoes it)."""
-    v0, v1, v2, v3 = _any_slices(cvT, L1, L2, CONV, LEV, ps.dtype)
+    a0, a1, a2, a3 = acc
+    v0, v1, v2, v3 = _any_slices(cvT, levels, CONV, LEV, ps.dtype)
     a0 = tl.dot(v0, ps, a0 * alpha[None, :])
     a1 = tl.dot(v1, ps, a1 * alpha[None, :])
     a2 = tl.dot(v2, ps, a2 * alpha[None, :])
@@ -140,8 +144,10 @@ def _group_values(cvT, ps, a0, a1, a2, a3, alpha, L1, L2, CONV: tl.constexpr, LE
 
 
 @triton.jit
-def _bf16_scores(K, rows, mk, b0, b1, b2, b3, LG: tl.constexpr, s):
-    """Add Σ_i k_i · q_i of one group's four slices (``rows [N, 1]`` already point at the group)."""
+def _bf16_scores(K, rows, mk, qb, LG: tl.constexpr, s):
+    """Add Σ_i k_i · q_i of one group's four slices (``qb``: q's bf16 slices; ``rows [N, 1]`` already point
+    at the group)."""
+    b0, b1, b2, b3 = qb
     cols = tl.arange(0, LG)[None, :]
     s = tl.dot(tl.load(K + rows + cols, mask=mk, other=0.0).to(b0.dtype), b0, s)
     s = tl.dot(tl.load(K + rows + LG + cols, mask=mk, other=0.0).to(b0.dtype), b1, s)
@@ -150,9 +156,10 @@ def _bf16_scores(K, rows, mk, b0, b1, b2, b3, LG: tl.constexpr, s):
 
 
 @triton.jit
-def _bf16_values(V, rowsT, mkT, p, a0, a1, a2, a3, alpha, LG: tl.constexpr, B16: tl.constexpr, VSHIFT: tl.constexpr):
-    """Rescale the four slice accumulators ``[LG, R]`` and add ``v_i^T @ (p · 4^i · 2^(VSHIFT-24))``
-    (``rowsT [1, N]``): the units of the INT2 slices (``_group_values``)."""
+def _bf16_values(V, rowsT, mkT, p, acc, alpha, LG: tl.constexpr, B16: tl.constexpr, VSHIFT: tl.constexpr):
+    """One group's accumulators ``acc = (slices, Σ p m)`` rescaled, the slices ``[LG, R]`` plus
+    ``v_i^T @ (p · 4^i · 2^(VSHIFT-24))`` (``rowsT [1, N]``): the units of the INT2 slices (``_group_values``)."""
+    (a0, a1, a2, a3), acc_m = acc
     cols = tl.arange(0, LG)[:, None]
     a0 = tl.dot(tl.load(V + rowsT + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**(VSHIFT - 24)).to(B16),
                 a0 * alpha[None, :])
@@ -162,7 +169,7 @@ def _bf16_values(V, rowsT, mkT, p, a0, a1, a2, a3, alpha, LG: tl.constexpr, B16:
                 a2 * alpha[None, :])
     a3 = tl.dot(tl.load(V + rowsT + 3 * LG + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**(VSHIFT - 18)).to(B16),
                 a3 * alpha[None, :])
-    return a0, a1, a2, a3
+    return (a0, a1, a2, a3), acc_m * alpha
 
 
 @triton.jit
@@ -176,29 +183,29 @@ def _load_q(qp, live, LG: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def _group_q(qp, live, LG: tl.constexpr, F16: tl.constexpr, B16: tl.constexpr):
-    """One group's q slices for the codes (fp16, slice i scaled by ``2^(3-2i)`` against the slice's
-    ``4^i · 2^-24`` code unit: ``_group_scores``) and the windows (bf16), and ``Σ q`` over the group's
-    channels per query row (the zero-point term of the scores)."""
+    """One group's q as ``(codes' slices, windows' slices, Σ q)``: fp16 slices for the codes (slice i scaled by
+    ``2^(3-2i)`` against the slice's ``4^i · 2^-24`` code unit: ``_group_scores``), bf16 slices for the windows,
+    and ``Σ q`` over the group's channels per query row (the zero-point term of the scores)."""
     h0, h1, h2, h3 = _load_q(qp, live, LG, F16)
-    b0, b1, b2, b3 = _load_q(qp, live, LG, B16)
+    qb = _load_q(qp, live, LG, B16)
     h0, h1, h2, h3 = h0.to(tl.float32), h1.to(tl.float32), h2.to(tl.float32), h3.to(tl.float32)
     qs = tl.sum(h0 + h1 + h2 + h3, 0)
-    return ((h0 * 8.0).to(F16), (h1 * 2.0).to(F16), (h2 * 0.5).to(F16), (h3 * 0.125).to(F16),
-            b0, b1, b2, b3, qs)
+    return ((h0 * 8.0).to(F16), (h1 * 2.0).to(F16), (h2 * 0.5).to(F16), (h3 * 0.125).to(F16)), qb, qs
 
 
 @triton.jit
 def _empty_state(LG: tl.constexpr, REP_PAD: tl.constexpr):
-    """The online softmax before any token: slice accumulators ``[LG, REP_PAD]`` of groups 0 and 1 (zeros),
-    ``acc_m``, ``acc_m1`` (Σ p·m per group), ``m_i = -inf``, ``l_i = 0``."""
+    """The online softmax before any token: ``(acc0, acc1, m_i, l_i)``, ``acc_g = (slice accumulators
+    [LG, REP_PAD] of group g, Σ p·m of group g [REP_PAD])`` at zero, ``m_i = -inf``, ``l_i = 0``."""
     z = tl.zeros([LG, REP_PAD], tl.float32)
     r = tl.zeros([REP_PAD], tl.float32)
-    return z, z, z, z, z, z, z, z, r, r, tl.full([REP_PAD], float("-inf"), tl.float32), r
+    return ((z, z, z, z), r), ((z, z, z, z), r), tl.full([REP_PAD], float("-inf"), tl.float32), r
 
 
 @triton.jit
-def _store(op, live, a0, a1, a2, a3, acc_m, inv, LG: tl.constexpr, VSHIFT: tl.constexpr):
+def _store(op, live, acc, inv, LG: tl.constexpr, VSHIFT: tl.constexpr):
     """Output of one group: (acc_i · 2^(24-VSHIFT) / 4^i + Σ p m) / l for its four slices ``[LG, R]``."""
+    (a0, a1, a2, a3), acc_m = acc
     cols = tl.arange(0, LG)[:, None]
     tl.store(op + cols, (a0 * 2.0**(24 - VSHIFT) + acc_m[None, :]) * inv[None, :], mask=live)
     tl.store(op + LG + cols, (a1 * 2.0**(22 - VSHIFT) + acc_m[None, :]) * inv[None, :], mask=live)
@@ -207,59 +214,55 @@ def _store(op, live, a0, a1, a2, a3, acc_m, inv, LG: tl.constexpr, VSHIFT: tl.co
 
 
 @triton.jit
-def _store_partial(op, lp, live, live_rows, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
-                   G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, VSHIFT: tl.constexpr):
+def _store_partial(op, lp, live, live_rows, state, G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr,
+                   VSHIFT: tl.constexpr):
     """The split's normalized output (``op [1, R]`` row pointers) and its log2-sum-exp (``lp [R]``) for
     the merge; a split that saw no token writes zeros and ``-inf``. ``live [1, R]`` and ``live_rows [R]``
     mark the real query rows."""
+    acc0, acc1, m_i, l_i = state
     seen = l_i > 0
     inv = 1.0 / tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    _store(op, live, a0, a1, a2, a3, acc_m, inv, LG, VSHIFT)
+    _store(op, live, acc0, inv, LG, VSHIFT)
     if NG == 2:
-        _store(op + G, live, e0, e1, e2, e3, acc_m1, inv, LG, VSHIFT)
+        _store(op + G, live, acc1, inv, LG, VSHIFT)
     tl.store(lp, lse, mask=live_rows)
 
 
 @triton.jit
-def _bf16_windows(Kb, Vb, table, length, split, NUM_SPLITS, h, qk_scale, stride_bp, stride_bh, stride_bt,
-                  b0, b1, b2, b3, c0, c1, c2, c3, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+def _bf16_windows(window, tier, split, NUM_SPLITS, h, qk_scale, q, state,
                   B16: tl.constexpr, G: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, P: tl.constexpr,
                   BLOCK_N: tl.constexpr, REP_PAD: tl.constexpr, VSHIFT: tl.constexpr):
-    """The split's share of the BF16 sink + recent tokens (masked tiles), for the online softmax: bf16 dots
-    with ``p`` in the INT2 slices' units (``_bf16_values``) so one set of accumulators serves both tiers."""
+    """The split's share of the BF16 sink + recent tokens (``tier``: page row and length; masked tiles), for the
+    online softmax ``state``: bf16 dots with ``p`` in the INT2 slices' units (``_bf16_values``) so one set of
+    accumulators serves both tiers. ``q = (group 0, group 1)`` as ``_group_q`` gives them."""
+    K, V, _ = window
+    table, length = tier
+    acc0, acc1, m_i, l_i = state
     n0, end = split_range(length, split, NUM_SPLITS, BLOCK_N)
     while n0 < end:
         page, off, ok = tile(table, n0, end, P, BLOCK_N)
-        r = page * stride_bp + h * stride_bh + off * stride_bt
-        s = _bf16_scores(Kb, r[:, None], ok[:, None], b0, b1, b2, b3, LG, tl.zeros([BLOCK_N, REP_PAD], tl.float32))
+        r = window_rows(window, page, h, off)
+        s = _bf16_scores(K, r[:, None], ok[:, None], q[0][1], LG, tl.zeros([BLOCK_N, REP_PAD], tl.float32))
         if NG == 2:
-            s = _bf16_scores(Kb + G, r[:, None], ok[:, None], c0, c1, c2, c3, LG, s)
+            s = _bf16_scores(K + G, r[:, None], ok[:, None], q[1][1], LG, s)
         s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
         p, alpha, m_i, l_i = softmax_step_t(s, m_i, l_i)
-        a0, a1, a2, a3 = _bf16_values(Vb, r[None, :], ok[None, :], p, a0, a1, a2, a3, alpha, LG, B16, VSHIFT)
-        acc_m = acc_m * alpha
+        acc0 = _bf16_values(V, r[None, :], ok[None, :], p, acc0, alpha, LG, B16, VSHIFT)
         if NG == 2:
-            e0, e1, e2, e3 = _bf16_values(Vb + G, r[None, :], ok[None, :], p, e0, e1, e2, e3, alpha, LG, B16, VSHIFT)
-            acc_m1 = acc_m1 * alpha
+            acc1 = _bf16_values(V + G, r[None, :], ok[None, :], p, acc1, alpha, LG, B16, VSHIFT)
         n0 += BLOCK_N
-    return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
+    return acc0, acc1, m_i, l_i
 
 
 @triton.jit
-def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, InLens, MidO, MidL,
-                        qk_scale, NUM_SPLITS,
-                        stride_qb, stride_qh,
-                        stride_bp, stride_bh, stride_bt,
-                        stride_cp, stride_ch, stride_ct,
-                        stride_vp, stride_vh, stride_vt,
-                        stride_sp, stride_sh, stride_st,
-                        stride_bfb, stride_inb,
-                        stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+def _int2_decode_kernel(Q, window, history, tables, mid, qk_scale, NUM_SPLITS,
                         H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
                         G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, CONV: tl.constexpr,
                         CHUNK: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
-                        KL1=0.0, KL2=0.0, VL1=0.0, VL2=0.0, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
+                        KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
+    """``Q = (q, stride_b, stride_h)``; ``window``, ``history``, ``tables``: the bundles of
+    :mod:`oscarkv.kernels.pools`; ``mid = (Mid_O, Mid_L, (its strides b, h, s), (Mid_L's b, h))``."""
     # NOTE: the interpreter's range() cannot take tensor bounds under numpy >= 2.4 and its
     # bf16/fp16 dots are wrong, so INTERPRET uses while loops and fp32 operands (see decode.py).
     VSHIFT: tl.constexpr = 18 if VLEV else 0  # value units 2^18 coarser with a level table (module docstring)
@@ -273,44 +276,32 @@ def _int2_decode_kernel(Q, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTa
     rows = tl.arange(0, REP_PAD)
     heads = h * REP + rows
     live = (rows < REP)[None, :]
-    qp = Q + b * stride_qb + heads[None, :] * stride_qh
-    # group 0 (and group 1 when NG == 2): q slices in fp16 (codes) and bf16 (windows)
-    h0, h1, h2, h3, b0, b1, b2, b3, qs0 = _group_q(qp, live, LG, F16, B16)
+    qp = Q[0] + b * Q[1] + heads[None, :] * Q[2]
+    q0 = _group_q(qp, live, LG, F16, B16)
     if NG == 2:
-        g0, g1, g2, g3, c0, c1, c2, c3, qs1 = _group_q(qp + G, live, LG, F16, B16)
-    else:  # unused placeholders (NG == 1)
-        g0, g1, g2, g3 = h0, h1, h2, h3
-        c0, c1, c2, c3 = b0, b1, b2, b3
-        qs1 = qs0
-    a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _empty_state(LG, REP_PAD)
-
+        q1 = _group_q(qp + G, live, LG, F16, B16)
+    else:  # an unused placeholder (NG == 1)
+        q1 = q0
+    state = _empty_state(LG, REP_PAD)
     # ---- the BF16 windows (sink + recent), then the INT2 history, one online softmax
-    a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _bf16_windows(
-        Kb, Vb, BfTable + b * stride_bfb, tl.load(BfLens + b), split, NUM_SPLITS, h, qk_scale,
-        stride_bp, stride_bh, stride_bt, b0, b1, b2, b3, c0, c1, c2, c3,
-        a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i, B16, G, LG, NG, P, BLOCK_N, REP_PAD, VSHIFT)
-
-    a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_history(
-        Kc, Ks, Kz, Vc, Vs, Vz, InTable + b * stride_inb, tl.load(InLens + b), split, NUM_SPLITS, h, qk_scale,
-        KL1, KL2, VL1, VL2, stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
-        h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
-        F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS, VBITS, KLEV, VLEV)
-
-    _store_partial(MidO + b * stride_ob + heads[None, :] * stride_oh + split * stride_os,
-                   MidL + b * stride_lb + heads * stride_lh + split, live, rows < REP,
-                   a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i, G, LG, NG, VSHIFT)
+    state = _bf16_windows(window, tier_rows(tables, b, False), split, NUM_SPLITS, h, qk_scale, (q0, q1), state,
+                          B16, G, LG, NG, P, BLOCK_N, REP_PAD, VSHIFT)
+    state = _int2_history(history, tier_rows(tables, b, True), split, NUM_SPLITS, h, qk_scale, (q0, q1), state,
+                          F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS, VBITS, KLEV, VLEV)
+    MidO, MidL, (sob, soh, sos), (slb, slh) = mid
+    _store_partial(MidO + b * sob + heads[None, :] * soh + split * sos, MidL + b * slb + heads * slh + split,
+                   live, rows < REP, state, G, LG, NG, VSHIFT)
 
 
 @triton.jit
-def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, qk_scale, KL1, KL2, VL1, VL2,
-                  stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
-                  h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+def _int2_history(history, tier, split, NUM_SPLITS, h, qk_scale, q, state,
                   F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr, P: tl.constexpr,
                   BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr,
                   VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
     """The split's share of the INT2 history in full tiles (INT2 lengths are multiples of ``P``,
     ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned); page ids read ``CHUNK`` tiles at a time
     ahead of the tile loop (module docstring, "Pipelining")."""
+    table, length = tier
     c0, end = split_range(length, split, NUM_SPLITS, BLOCK_N)
     while c0 < end:
         c_end = tl.minimum(end, c0 + CHUNK * BLOCK_N)
@@ -319,54 +310,63 @@ def _int2_history(Kc, Ks, Kz, Vc, Vs, Vz, table, length, split, NUM_SPLITS, h, q
             n0 = c0
             while n0 < c_end:
                 page, off = pick_page(pages, c0, n0, P, BLOCK_N, CHUNK)
-                a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
-                    page, off, h, qk_scale, KL1, KL2, VL1, VL2, Kc, Ks, Kz, Vc, Vs, Vz,
-                    stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
-                    h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
-                    m_i, l_i, F16, LG, NG, CONV, KBITS, VBITS, KLEV, VLEV)
+                state = _int2_step(page, off, h, qk_scale, history, q, state,
+                                   F16, LG, NG, CONV, KBITS, VBITS, KLEV, VLEV)
                 n0 += BLOCK_N
         else:
             for n0 in range(c0, c_end, BLOCK_N):
                 page, off = pick_page(pages, c0, n0, P, BLOCK_N, CHUNK)
-                a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i = _int2_step(
-                    page, off, h, qk_scale, KL1, KL2, VL1, VL2, Kc, Ks, Kz, Vc, Vs, Vz,
-                    stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
-                    h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1,
-                    m_i, l_i, F16, LG, NG, CONV, KBITS, VBITS, KLEV, VLEV)
+                state = _int2_step(page, off, h, qk_scale, history, q, state,
+                                   F16, LG, NG, CONV, KBITS, VBITS, KLEV, VLEV)
         c0 = c_end
-    return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
+    return state
 
 
 @triton.jit
-def _key_group(Kc, crow, jb, q0, q1, q2, q3, sk, L1, L2, PLANE: tl.constexpr, KBITS: tl.constexpr, CONV: tl.constexpr,
+def _next_group(kind, LG: tl.constexpr):
+    """A history kind's bundle (``pools``) moved to the token's next channel group: ``LG`` code bytes and one
+    scale/zero on."""
+    C, S, Z, strides, levels = kind
+    return C + LG, S + 1, Z + 1, strides, levels
+
+
+@triton.jit
+def _key_group(keys, crow, srow, jb, qg, PLANE: tl.constexpr, KBITS: tl.constexpr, CONV: tl.constexpr,
                LEV: tl.constexpr):
-    """``s · (q · c)`` of one key group over a tile (``crow [N]`` rows at the group's bytes, ``sk`` its scales
-    times ``2^21``); a 4-bit key adds its high plane (``PLANE`` bytes on) at scale ``4 s``."""
-    s = _group_scores(tl.load(Kc + crow[:, None] + jb[None, :]), q0, q1, q2, q3, L1, L2, CONV, LEV) * sk[:, None]  # [N, R]
+    """Scores ``s · (q · c) + m Σq`` of one key group over a tile (``crow [N]`` rows at the group's bytes,
+    ``srow`` its scale rows; ``qg`` as ``_group_q`` gives it); a 4-bit key adds its high plane (``PLANE``
+    bytes on) at scale ``4 s``."""
+    C, S, Z, _, levels = keys
+    qh, _, qs = qg
+    KSHIFT: tl.constexpr = 18 if LEV else 0  # key slices 2^18 coarser with a level table (module docstring)
+    sk = tl.load(S + srow).to(tl.float32) * 2.0**(21 - KSHIFT)
+    zk = tl.load(Z + srow).to(tl.float32)
+    s = _group_scores(tl.load(C + crow[:, None] + jb[None, :]), qh, levels, CONV, LEV) * sk[:, None]  # [N, R]
     if KBITS == 4:
-        s += _group_scores(tl.load(Kc + PLANE + crow[:, None] + jb[None, :]), q0, q1, q2, q3, L1, L2, CONV,
-                           LEV) * (4.0 * sk)[:, None]
-    return s
+        s += _group_scores(tl.load(C + PLANE + crow[:, None] + jb[None, :]), qh, levels, CONV, LEV) * (4.0 * sk)[:, None]
+    return s + zk[:, None] * qs[None, :]
 
 
 @triton.jit
-def _value_group(Vc, vrow, jb, p, sv, a0, a1, a2, a3, alpha, L1, L2, F16: tl.constexpr, PLANE: tl.constexpr,
+def _value_group(values, vrow, srow, jb, p, alpha, acc, F16: tl.constexpr, PLANE: tl.constexpr,
                  VBITS: tl.constexpr, CONV: tl.constexpr, LEV: tl.constexpr):
-    """Rescale one value group's slice accumulators and add ``c^T @ (p s)``; a 4-bit value adds its high
-    plane (``PLANE`` bytes on) with ``p · 4s``."""
-    a0, a1, a2, a3 = _group_values(tl.load(Vc + vrow[None, :] + jb[:, None]), (p * sv[:, None]).to(F16),  # [LG, N]
-                                   a0, a1, a2, a3, alpha, L1, L2, CONV, LEV)
+    """One value group's accumulators ``acc = (slices, Σ p m)`` rescaled, plus ``c^T @ (p s)`` and ``p · m``;
+    a 4-bit value adds its high plane (``PLANE`` bytes on) with ``p · 4s``."""
+    C, S, Z, _, levels = values
+    sl, acc_m = acc
+    sv = tl.load(S + srow).to(tl.float32)
+    zv = tl.load(Z + srow).to(tl.float32)
+    sl = _group_values(tl.load(C + vrow[None, :] + jb[:, None]), (p * sv[:, None]).to(F16),  # [LG, N]
+                       sl, alpha, levels, CONV, LEV)
     if VBITS == 4:
         one = tl.full(alpha.shape, 1.0, tl.float32)
-        a0, a1, a2, a3 = _group_values(tl.load(Vc + PLANE + vrow[None, :] + jb[:, None]),
-                                       (p * (4.0 * sv)[:, None]).to(F16), a0, a1, a2, a3, one, L1, L2, CONV, LEV)
-    return a0, a1, a2, a3
+        sl = _group_values(tl.load(C + PLANE + vrow[None, :] + jb[:, None]), (p * (4.0 * sv)[:, None]).to(F16),
+                           sl, one, levels, CONV, LEV)
+    return sl, acc_m * alpha + tl.sum(p * zv[:, None], 0)
 
 
 @triton.jit
-def _int2_step(page, off, h, qk_scale, KL1, KL2, VL1, VL2, Kc, Ks, Kz, Vc, Vs, Vz,
-               stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
-               h0, h1, h2, h3, g0, g1, g2, g3, qs0, qs1, a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i,
+def _int2_step(page, off, h, qk_scale, history, q, state,
                F16: tl.constexpr, LG: tl.constexpr, NG: tl.constexpr, CONV: tl.constexpr,
                KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
     """One full tile of INT2 tokens (page ``page``, in-page offsets ``off``) for the online softmax
@@ -374,27 +374,15 @@ def _int2_step(page, off, h, qk_scale, KL1, KL2, VL1, VL2, Kc, Ks, Kz, Vc, Vs, V
     (``KBITS``/``VBITS`` = 4) is two INT2 planes, the high one ``PLANE = d / 4`` bytes on, read as a second
     INT2 tile of the same channels with scale ``4s`` and zero 0 (``oscarkv.quant.int2``)."""
     PLANE: tl.constexpr = LG * NG
-    crow = page * stride_cp + h * stride_ch + off * stride_ct
-    vrow = page * stride_vp + h * stride_vh + off * stride_vt
-    srow = page * stride_sp + h * stride_sh + off * stride_st
+    keys, values, _ = history
+    acc0, acc1, m_i, l_i = state
+    crow, vrow, srow = history_rows(history, page, h, off)
     jb = tl.arange(0, LG)
-    KSHIFT: tl.constexpr = 18 if KLEV else 0  # key slices 2^18 coarser with a level table (module docstring)
-    sk = tl.load(Ks + srow).to(tl.float32) * 2.0**(21 - KSHIFT)
-    zk = tl.load(Kz + srow).to(tl.float32)
-    s = _key_group(Kc, crow, jb, h0, h1, h2, h3, sk, KL1, KL2, PLANE, KBITS, CONV, KLEV) + zk[:, None] * qs0[None, :]
+    s = _key_group(keys, crow, srow, jb, q[0], PLANE, KBITS, CONV, KLEV)
     if NG == 2:
-        sk1 = tl.load(Ks + 1 + srow).to(tl.float32) * 2.0**(21 - KSHIFT)
-        zk1 = tl.load(Kz + 1 + srow).to(tl.float32)
-        s += _key_group(Kc + LG, crow, jb, g0, g1, g2, g3, sk1, KL1, KL2, PLANE, KBITS, CONV, KLEV) + zk1[:, None] * qs1[None, :]
+        s += _key_group(_next_group(keys, LG), crow, srow, jb, q[1], PLANE, KBITS, CONV, KLEV)
     p, alpha, m_i, l_i = softmax_step_t(s * qk_scale, m_i, l_i)
-    sv = tl.load(Vs + srow).to(tl.float32)
-    zv = tl.load(Vz + srow).to(tl.float32)
-    a0, a1, a2, a3 = _value_group(Vc, vrow, jb, p, sv, a0, a1, a2, a3, alpha, VL1, VL2, F16, PLANE, VBITS, CONV, VLEV)
-    acc_m = acc_m * alpha + tl.sum(p * zv[:, None], 0)
+    acc0 = _value_group(values, vrow, srow, jb, p, alpha, acc0, F16, PLANE, VBITS, CONV, VLEV)
     if NG == 2:
-        sv1 = tl.load(Vs + 1 + srow).to(tl.float32)
-        zv1 = tl.load(Vz + 1 + srow).to(tl.float32)
-        e0, e1, e2, e3 = _value_group(Vc + LG, vrow, jb, p, sv1, e0, e1, e2, e3, alpha, VL1, VL2, F16, PLANE, VBITS, CONV,
-                                      VLEV)
-        acc_m1 = acc_m1 * alpha + tl.sum(p * zv1[:, None], 0)
-    return a0, a1, a2, a3, e0, e1, e2, e3, acc_m, acc_m1, m_i, l_i
+        acc1 = _value_group(_next_group(values, LG), vrow, srow, jb, p, alpha, acc1, F16, PLANE, VBITS, CONV, VLEV)
+    return acc0, acc1, m_i, l_i

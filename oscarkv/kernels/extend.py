@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
-from oscarkv.kernels.levels import _levels, level_args
+from oscarkv.kernels.levels import _levels
+from oscarkv.kernels.pools import format_args, history_arg, tables_arg, tier_rows, window_arg
 
 LOG2E = 1.4426950408889634
 
@@ -50,10 +51,11 @@ def _step(s, v, m_i, l_i, acc, DT: tl.constexpr):
 
 
 @triton.jit
-def _dequant(C, S, Z, crow, srow, ok, cols, L1, L2, G: tl.constexpr, BITS: tl.constexpr, LEV: tl.constexpr):
-    """Low-bit tile ``[N, D]`` in natural channel order: m + s·code (fp32); a 4-bit code is
-    ``lo + 4·hi`` from two INT2 planes, the high one ``D / 4`` bytes on (``oscarkv.quant.int2``);
-    ``LEV``: m + s·L[code] with the 2-bit table ``(0, L1, L2, 3)``."""
+def _dequant(kind, crow, srow, ok, cols, G: tl.constexpr, BITS: tl.constexpr, LEV: tl.constexpr):
+    """Low-bit tile ``[N, D]`` of one kind (``kind``: its ``pools`` bundle) in natural channel order: m + s·code
+    (fp32); a 4-bit code is ``lo + 4·hi`` from two INT2 planes, the high one ``D / 4`` bytes on
+    (``oscarkv.quant.int2``); ``LEV``: m + s·L[code] with the kind's 2-bit table ``(0, l1, l2, 3)``."""
+    C, S, Z, _, (L1, L2) = kind
     LG: tl.constexpr = G // 4
     D: tl.constexpr = cols.shape[0]
     within = cols % G
@@ -68,15 +70,19 @@ def _dequant(C, S, Z, crow, srow, ok, cols, L1, L2, G: tl.constexpr, BITS: tl.co
 
 
 @triton.jit
-def _bf16_cached(q, Kb, Vb, table, n, h, cols, qk_scale, stride_bp, stride_bh, stride_bt, m_i, l_i, acc,
-                 P: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr):
-    """The online softmax over the sequence's cached BF16 tokens (``table``: its page ids, ``n`` tokens)."""
+def _bf16_cached(q, window, tier, h, cols, qk_scale, state, P: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DT: tl.constexpr):
+    """The online softmax ``state = (m_i, l_i, acc)`` over the sequence's cached BF16 tokens (``tier``: its page
+    row and token count)."""
+    Kb, Vb, (sp, sh, st) = window
+    table, n = tier
+    m_i, l_i, acc = state
     n0 = 0
     while n0 < n:
         toks = n0 + tl.arange(0, BLOCK_N)
         ok = toks < n
         page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
-        rows = (page * stride_bp + h * stride_bh + (toks % P) * stride_bt)[:, None] + cols[None, :]
+        rows = (page * sp + h * sh + (toks % P) * st)[:, None] + cols[None, :]
         k = tl.load(Kb + rows, mask=ok[:, None], other=0.0).to(DT)
         s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
         m_i, l_i, acc = _step(s, tl.load(Vb + rows, mask=ok[:, None], other=0.0), m_i, l_i, acc, DT)
@@ -85,31 +91,37 @@ def _bf16_cached(q, Kb, Vb, table, n, h, cols, qk_scale, stride_bp, stride_bh, s
 
 
 @triton.jit
-def _int2_cached(q, Kc, Ks, Kz, Vc, Vs, Vz, table, n, h, cols, qk_scale, KL1, KL2, VL1, VL2,
-                 stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
-                 m_i, l_i, acc, G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, KBITS: tl.constexpr,
-                 VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr, DT: tl.constexpr):
-    """The online softmax over the sequence's INT2 (or 4-bit) history, dequantized tile by tile (``_dequant``)."""
+def _int2_cached(q, history, tier, h, cols, qk_scale, state, G: tl.constexpr, P: tl.constexpr,
+                 BLOCK_N: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr,
+                 VLEV: tl.constexpr, DT: tl.constexpr):
+    """The online softmax ``state`` over the sequence's INT2 (or 4-bit) history, dequantized tile by tile
+    (``_dequant``)."""
+    keys, values, (sp, sh, st) = history
+    (kp, kh, kt), (vp, vh, vt) = keys[3], values[3]
+    table, n = tier
+    m_i, l_i, acc = state
     n0 = 0
     while n0 < n:
         toks = n0 + tl.arange(0, BLOCK_N)
         ok = toks < n
         page = tl.load(table + toks // P, mask=ok, other=0).to(tl.int64)
-        crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
-        vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
-        srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-        k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, KL1, KL2, G, KBITS, KLEV).to(DT)
+        # NOTE: pools.history_rows written out, in the order that compiles best (benchmarks.compile_sm90)
+        crow = page * kp + h * kh + (toks % P) * kt
+        vrow = page * vp + h * vh + (toks % P) * vt
+        srow = page * sp + h * sh + (toks % P) * st
+        k = _dequant(keys, crow, srow, ok, cols, G, KBITS, KLEV).to(DT)
         s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-        m_i, l_i, acc = _step(s, _dequant(Vc, Vs, Vz, vrow, srow, ok, cols, VL1, VL2, G, VBITS, VLEV), m_i, l_i,
-                              acc, DT)
+        m_i, l_i, acc = _step(s, _dequant(values, vrow, srow, ok, cols, G, VBITS, VLEV), m_i, l_i, acc, DT)
         n0 += BLOCK_N
     return m_i, l_i, acc
 
 
 @triton.jit
-def _chunk_causal(q, Kn, Vn, lo, tok, hi, h, cols, qk_scale, stride_nt, stride_nh, m_i, l_i, acc,
-                  BLOCK_N: tl.constexpr, DT: tl.constexpr):
-    """The online softmax over the chunk's own tokens up to ``hi``, causal (row of query position ``tok``)."""
+def _chunk_causal(q, new, lo, tok, hi, h, cols, qk_scale, state, BLOCK_N: tl.constexpr, DT: tl.constexpr):
+    """The online softmax ``state`` over the chunk's own tokens (``new = (K, V, (stride_t, stride_h))``) up to
+    ``hi``, causal (row of query position ``tok``)."""
+    Kn, Vn, (stride_nt, stride_nh) = new
+    m_i, l_i, acc = state
     n0 = 0
     while n0 < hi:
         toks = n0 + tl.arange(0, BLOCK_N)
@@ -124,18 +136,12 @@ def _chunk_causal(q, Kn, Vn, lo, tok, hi, h, cols, qk_scale, stride_nt, stride_n
 
 
 @triton.jit
-def _extend_kernel(Q, Kn, Vn, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, InTable, InLens, CuSeq, Out,
-                   qk_scale,
-                   stride_qt, stride_qh, stride_nt, stride_nh,
-                   stride_bp, stride_bh, stride_bt,
-                   stride_cp, stride_ch, stride_ct,
-                   stride_vp, stride_vh, stride_vt,
-                   stride_sp, stride_sh, stride_st,
-                   stride_bfb, stride_inb, stride_ot, stride_oh,
+def _extend_kernel(Q, new, window, history, tables, CuSeq, Out, qk_scale,
                    REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, HAS_INT2: tl.constexpr, INTERPRET: tl.constexpr,
-                   KBITS: tl.constexpr, VBITS: tl.constexpr,
-                   KL1=0.0, KL2=0.0, VL1=0.0, VL2=0.0, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
+                   KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
+    """``Q``, ``Out`` = ``(tensor, stride_t, stride_h)``; ``new = (k_new, v_new, (stride_t, stride_h))``;
+    ``window``, ``history``, ``tables``: the bundles of :mod:`oscarkv.kernels.pools`."""
     # NOTE: INTERPRET: while loops and fp32 dots for Triton's CPU interpreter (see decode.py).
     DT: tl.constexpr = tl.float32 if INTERPRET else tl.bfloat16
     BLOCK_M: tl.constexpr = BLOCK_T * REP_PAD
@@ -150,23 +156,21 @@ def _extend_kernel(Q, Kn, Vn, Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, BfTable, BfLens, I
         head = h * REP + r % REP_PAD
         live = (tok < c) & (r % REP_PAD < REP)
         cols = tl.arange(0, D)
-        qp = Q + (lo + tok)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + cols[None, :]
+        qp = Q[0] + (lo + tok)[:, None].to(tl.int64) * Q[1] + head[:, None] * Q[2] + cols[None, :]
         q = tl.load(qp, mask=live[:, None], other=0.0).to(DT)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        m_i, l_i, acc = _bf16_cached(q, Kb, Vb, BfTable + b * stride_bfb, tl.load(BfLens + b), h, cols, qk_scale,
-                                     stride_bp, stride_bh, stride_bt, m_i, l_i, acc, P, BLOCK_N, DT)
+        state = _bf16_cached(q, window, tier_rows(tables, b, False), h, cols, qk_scale, (m_i, l_i, acc), P, BLOCK_N,
+                             DT)
         if HAS_INT2:
-            m_i, l_i, acc = _int2_cached(q, Kc, Ks, Kz, Vc, Vs, Vz, InTable + b * stride_inb, tl.load(InLens + b), h,
-                                         cols, qk_scale, KL1, KL2, VL1, VL2, stride_cp, stride_ch, stride_ct,
-                                         stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
-                                         m_i, l_i, acc, G, P, BLOCK_N, KBITS, VBITS, KLEV, VLEV, DT)
-        m_i, l_i, acc = _chunk_causal(q, Kn, Vn, lo, tok, tl.minimum(c, t0 + BLOCK_T), h, cols, qk_scale,
-                                      stride_nt, stride_nh, m_i, l_i, acc, BLOCK_N, DT)
+            state = _int2_cached(q, history, tier_rows(tables, b, True), h, cols, qk_scale, state, G, P, BLOCK_N,
+                                 KBITS, VBITS, KLEV, VLEV, DT)
+        m_i, l_i, acc = _chunk_causal(q, new, lo, tok, tl.minimum(c, t0 + BLOCK_T), h, cols, qk_scale, state,
+                                      BLOCK_N, DT)
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        op = Out + (lo + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + cols[None, :]
-        tl.store(op, o.to(Out.dtype.element_ty), mask=live[:, None])
+        op = Out[0] + (lo + tok)[:, None].to(tl.int64) * Out[1] + head[:, None] * Out[2] + cols[None, :]
+        tl.store(op, o.to(Out[0].dtype.element_ty), mask=live[:, None])
 
 
 def _config(device: torch.device, rep_pad: int) -> dict:
@@ -191,12 +195,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     assert q.stride(2) == 1 and kv.bf16_k.stride() == kv.bf16_v.stride() and kv.bf16_k.stride(3) == 1
     assert cu_seqlens.dtype == torch.int32 and tables.bf16_lens.shape[0] == bsz
     int2 = kv.int2_k is not None
-    empty = type("Empty", (), {"codes": kv.bf16_k, "scale": kv.bf16_k, "zero": kv.bf16_k, "bits": 2})()
-    k2, v2 = (kv.int2_k, kv.int2_v) if int2 else (empty, empty)
-    g = k2.group if int2 else d
-    if int2:
-        assert v2.group == g and k2.codes.stride(-1) == v2.codes.stride(-1) == 1
-        assert k2.scale.stride() == v2.scale.stride() == k2.zero.stride() == v2.zero.stride()
+    g = kv.int2_k.group if int2 else d
     rep = hq // h
     rep_pad = triton.next_power_of_2(rep)
     cfg = _config(q.device, rep_pad)
@@ -204,16 +203,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     out = torch.empty_like(q)
     grid = (bsz, h, triton.cdiv(max(max_chunk, 1), cfg["BLOCK_T"]))
     _extend_kernel[grid](
-        q, k_new, v_new, kv.bf16_k, kv.bf16_v, k2.codes, k2.scale, k2.zero, v2.codes, v2.scale, v2.zero,
-        tables.bf16_table, tables.bf16_lens, tables.int2_table, tables.int2_lens, cu_seqlens, out,
-        scale * LOG2E,
-        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
-        kv.bf16_k.stride(0), kv.bf16_k.stride(1), kv.bf16_k.stride(2),
-        k2.codes.stride(0), k2.codes.stride(1), k2.codes.stride(2),
-        v2.codes.stride(0), v2.codes.stride(1), v2.codes.stride(2),
-        k2.scale.stride(0), k2.scale.stride(1), k2.scale.stride(2),
-        tables.bf16_table.stride(0), tables.int2_table.stride(0), out.stride(0), out.stride(1),
+        (q, q.stride(0), q.stride(1)), (k_new, v_new, tuple(k_new.stride()[:2])), window_arg(kv), history_arg(kv),
+        tables_arg(tables), cu_seqlens, (out, out.stride(0), out.stride(1)), scale * LOG2E,
         REP=rep, REP_PAD=rep_pad, D=d, G=g, P=p, BLOCK_T=cfg["BLOCK_T"], BLOCK_N=cfg["BLOCK_N"], HAS_INT2=int2,
-        KBITS=k2.bits, VBITS=v2.bits, **(level_args(k2, v2) if int2 else {}),
-        INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        **format_args(kv), INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out

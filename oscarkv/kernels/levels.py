@@ -1,10 +1,10 @@
-"""Non-uniform 2-bit level tables in the kernels: the code → level maps and the launch arguments.
+"""Non-uniform 2-bit level tables in the kernels: the code → level maps (select form and prmt lookup).
 
 A 2-bit kind may carry a table ``(0, l1, l2, 3)`` (``Int2Pages.levels``; the spec is
 ``oscarkv.quant.int2``): its readers take code ``c`` as ``L[c]`` steps of the group's scale. Every
-reading kernel gets the table the same way (:func:`level_args`): two fp32 scalars per kind (``KL1, KL2``,
-``VL1, VL2``, the interior levels) and a ``constexpr`` flag (``KLEV``, ``VLEV``), so a pool without a table
-compiles to the uniform kernel, unchanged. The maps are two selects: codes 0 and 3 are their own levels.
+reading kernel gets the table the same way (:mod:`oscarkv.kernels.pools`): the interior levels ``(l1, l2)``
+as two fp32 scalars in the kind's pool bundle and a ``constexpr`` flag (``KLEV``, ``VLEV``), so a pool without a
+table compiles to the uniform kernel, unchanged. The maps are two selects: codes 0 and 3 are their own levels.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from oscarkv.cache.paged_layout import Int2Pages
 
 
 @triton.jit
@@ -77,14 +76,3 @@ def _lut_slice(c, L1, L2, I: tl.constexpr):
             "{ .reg .b32 y, s, t; shr.b32 y, $2, 6; and.b32 y, y, 0x03030303; mad.lo.u32 s, y, 34, 0x10101010; "
             "prmt.b32 $0, $3, $7, s; shr.b32 t, s, 16; prmt.b32 $1, $3, $7, t; }",
             "=r,=r,r,r,r,r,r,r,r,r,r", [c, lo, hi], dtype=tl.float16, is_pure=True, pack=4)
-
-
-def level_args(k2: Int2Pages, v2: Int2Pages) -> dict:
-    """The level-table arguments of the decode, extend and prefill kernels: ``KL1, KL2, VL1, VL2`` (fp32 scalars)
-    and the ``constexpr`` flags ``KLEV``/``VLEV``, for the kinds that carry a table (the others keep the defaults)."""
-    out = {}
-    for name, pool in (("K", k2), ("V", v2)):
-        if pool.levels is not None:
-            assert pool.bits == 2, "level tables are for 2-bit codes"
-            out |= {f"{name}L1": pool.levels[1], f"{name}L2": pool.levels[2], f"{name}LEV": True}
-    return out

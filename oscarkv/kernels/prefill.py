@@ -37,8 +37,8 @@ import triton.language as tl
 from torch.profiler import record_function
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
-from oscarkv.kernels.levels import level_args
 from oscarkv.kernels.extend import _dequant
+from oscarkv.kernels.pools import format_args, history_arg, window_arg
 
 SEGMENT_BYTES = 512 << 20
 """Workspace of the staged K and V of one segment (bf16)."""
@@ -50,14 +50,15 @@ kernel of :mod:`oscarkv.kernels.extend`, which reads the prefix once per ``64 / 
 
 
 @triton.jit
-def _gather_tile(Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
-                 stride_bp, stride_bh, stride_bt, stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt,
-                 stride_sp, stride_sh, stride_st, stride_oh, out0, KL1, KL2, VL1, VL2,
-                 D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, INT2: tl.constexpr, BLOCK: tl.constexpr,
-                 KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
-    """Tokens ``t0 + [i·BLOCK, (i+1)·BLOCK)`` of one tier of one sequence, KV head ``program_id(1)``,
-    as rows ``out0 + ...`` of ``OutK/OutV [H, s, D]`` (bf16; fp32 in the CPU interpreter, which truncates
-    fp32 → bf16 casts instead of rounding them)."""
+def _gather_tile(window, history, Table, out, span, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr,
+                 INT2: tl.constexpr, BLOCK: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
+                 KLEV: tl.constexpr, VLEV: tl.constexpr):
+    """Tokens ``t0 + [i·BLOCK, (i+1)·BLOCK)`` of one tier of one sequence (``span = (t0, count, out0)``), KV head
+    ``program_id(1)``, as rows ``out0 + ...`` of ``out = (OutK, OutV, head stride)``, ``[H, s, D]`` (bf16; fp32 in
+    the CPU interpreter, which truncates fp32 → bf16 casts instead of rounding them). ``window`` (BF16 tier) or
+    ``history`` (``INT2``): the bundles of :mod:`oscarkv.kernels.pools`; the other one is ``None``."""
+    OutK, OutV, stride_oh = out
+    t0, count, out0 = span
     h = tl.program_id(1)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < count
@@ -66,13 +67,17 @@ def _gather_tile(Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
     cols = tl.arange(0, D)
     dst = h * stride_oh + (out0 + i)[:, None].to(tl.int64) * D + cols[None, :]
     if INT2:
-        crow = page * stride_cp + h * stride_ch + (toks % P) * stride_ct
-        vrow = page * stride_vp + h * stride_vh + (toks % P) * stride_vt
-        srow = page * stride_sp + h * stride_sh + (toks % P) * stride_st
-        k = _dequant(Kc, Ks, Kz, crow, srow, ok, cols, KL1, KL2, G, KBITS, KLEV)
-        v = _dequant(Vc, Vs, Vz, vrow, srow, ok, cols, VL1, VL2, G, VBITS, VLEV)
+        keys, values, (sp, sh, st) = history
+        (kp, kh, kt), (vp, vh, vt) = keys[3], values[3]
+        # NOTE: pools.history_rows written out, in the order that compiles best (benchmarks.compile_sm90)
+        crow = page * kp + h * kh + (toks % P) * kt
+        vrow = page * vp + h * vh + (toks % P) * vt
+        srow = page * sp + h * sh + (toks % P) * st
+        k = _dequant(keys, crow, srow, ok, cols, G, KBITS, KLEV)
+        v = _dequant(values, vrow, srow, ok, cols, G, VBITS, VLEV)
     else:
-        rows = (page * stride_bp + h * stride_bh + (toks % P) * stride_bt)[:, None] + cols[None, :]
+        Kb, Vb, (bp, bh, bt) = window
+        rows = (page * bp + h * bh + (toks % P) * bt)[:, None] + cols[None, :]
         k = tl.load(Kb + rows, mask=ok[:, None], other=0.0)
         v = tl.load(Vb + rows, mask=ok[:, None], other=0.0)
     tl.store(OutK + dst, k.to(OutK.dtype.element_ty), mask=ok[:, None])
@@ -81,21 +86,15 @@ def _gather_tile(Kb, Vb, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
 
 # NOTE: two kernels (one per tier) so that a profile tells the staging of BF16 pages from the dequantization
 @triton.jit
-def _gather_bf16_kernel(Kb, Vb, Table, OutK, OutV, t0, count, stride_bp, stride_bh, stride_bt, stride_oh, out0,
-                        D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr):
-    _gather_tile(Kb, Vb, Kb, Kb, Kb, Kb, Kb, Kb, Table, OutK, OutV, t0, count, stride_bp, stride_bh, stride_bt,
-                 0, 0, 0, 0, 0, 0, 0, 0, 0, stride_oh, out0, 0.0, 0.0, 0.0, 0.0, D, D, P, False, BLOCK, 2, 2, False, False)
+def _gather_bf16_kernel(window, Table, out, span, D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr):
+    _gather_tile(window, None, Table, out, span, D, D, P, False, BLOCK, 2, 2, False, False)
 
 
 @triton.jit
-def _gather_int2_kernel(Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count,
-                        stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
-                        stride_oh, out0, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr,
-                        KBITS: tl.constexpr, VBITS: tl.constexpr,
-                        KL1=0.0, KL2=0.0, VL1=0.0, VL2=0.0, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
-    _gather_tile(Kc, Kc, Kc, Ks, Kz, Vc, Vs, Vz, Table, OutK, OutV, t0, count, 0, 0, 0,
-                 stride_cp, stride_ch, stride_ct, stride_vp, stride_vh, stride_vt, stride_sp, stride_sh, stride_st,
-                 stride_oh, out0, KL1, KL2, VL1, VL2, D, G, P, True, BLOCK, KBITS, VBITS, KLEV, VLEV)
+def _gather_int2_kernel(history, Table, out, span, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr,
+                        BLOCK: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
+                        KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
+    _gather_tile(None, history, Table, out, span, D, G, P, True, BLOCK, KBITS, VBITS, KLEV, VLEV)
 
 
 def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
@@ -105,15 +104,12 @@ def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
         return
     _, h, p, d = kv.bf16_k.shape
     grid = (triton.cdiv(count, BLOCK), h)
+    out, span = (out_k, out_v, out_k.stride(1)), (t0, count, out0)
     if not int2:
-        _gather_bf16_kernel[grid](kv.bf16_k, kv.bf16_v, table, out_k, out_v, t0, count, *kv.bf16_k.stride()[:3],
-                                  out_k.stride(1), out0, D=d, P=p, BLOCK=BLOCK)
-        return
-    k2, v2 = kv.int2_k, kv.int2_v
-    assert k2.group == v2.group and k2.scale.stride() == v2.scale.stride() == k2.zero.stride() == v2.zero.stride()
-    _gather_int2_kernel[grid](k2.codes, k2.scale, k2.zero, v2.codes, v2.scale, v2.zero, table, out_k, out_v, t0, count,
-                              *k2.codes.stride()[:3], *v2.codes.stride()[:3], *k2.scale.stride()[:3], out_k.stride(1),
-                              out0, D=d, G=k2.group, P=p, BLOCK=BLOCK, KBITS=k2.bits, VBITS=v2.bits, **level_args(k2, v2))
+        _gather_bf16_kernel[grid](window_arg(kv), table, out, span, D=d, P=p, BLOCK=BLOCK)
+    else:
+        _gather_int2_kernel[grid](history_arg(kv), table, out, span, D=d, G=kv.int2_k.group, P=p, BLOCK=BLOCK,
+                                  **format_args(kv))
 
 
 def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
