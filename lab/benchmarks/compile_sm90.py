@@ -29,7 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import MockTensor, create_function_from_signature
 
-from benchmarks import compile_sm90_args as kargs
+from lab.benchmarks import compile_sm90_args as kargs
 
 TARGET = GPUTarget("cuda", 90, 32)
 OPTIONS = ("num_warps", "num_stages", "maxnreg")
