@@ -36,6 +36,7 @@ import torch
 
 from oscarkv.bench import e2e
 from oscarkv.bench.configs import DecodeBench
+from oscarkv.engine.rank_profile import kernel_profile
 
 
 def write_path_us(engine) -> tuple[float, float]:
@@ -58,26 +59,6 @@ def write_path_us(engine) -> tuple[float, float]:
         return w, 0.0
     page = torch.zeros(1, dtype=torch.int32, device="cuda")
     return w, 1e6 * e2e.event_seconds(lambda: r.backend.demote_all(r.pools, r.storage, page, page))
-
-
-def kernel_profile(step, reps: int = 5, top: int = 14) -> list[dict]:
-    """Per-kernel GPU time of one call of ``step`` (a graph's ``replay``, or ``LLMEngine.step``; torch.profiler
-    over ``reps`` calls): name, µs per step and launches per step, the ``top`` most expensive names, then
-    the rest summed."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            step()
-        torch.cuda.synchronize()
-    rows = [dict(name=e.key[:90], us=getattr(e, "device_time_total", 0.0) / reps, count=e.count / reps)
-            for e in prof.key_averages() if getattr(e, "device_time_total", 0.0) > 0]
-    rows.sort(key=lambda r: -r["us"])
-    rest = rows[top:]
-    return rows[:top] + ([dict(name="(other kernels)", us=sum(r["us"] for r in rest),
-                               count=sum(r["count"] for r in rest))] if rest else [])
 
 
 def host_profile(engine, steps: int, top: int = 14) -> list[dict]:

@@ -3,11 +3,12 @@
 Role: :class:`PlanEncoder` (rank 0) turns the :class:`~oscarkv.cache.manager.WritePlan` s of a step into
 one ``int32`` numpy array; :class:`PlanDecoder` (every other rank) turns it back into plans equal to the
 ones the ranks read (``register`` and ``release`` are rank 0's bookkeeping and are not sent). The array
-then goes over the wire as a tensor (``oscarkv.engine.workers``): no pickling, one or two collectives.
+then goes over the gloo group as a tensor (:class:`Channel`, used by ``oscarkv.engine.workers``): no
+pickling, one broadcast of a fixed frame (a second for the rest of a long message).
 
 Layout (``int32``; all counts are elements)::
 
-    header [HEADER]:   kind, n_plans, total length, argument (a control message's, else 0)
+    header [HEADER]:   kind, n_plans, total length, 0 (reserved); a control message's arguments follow it
     records [n_plans, RECORD]:
         t0, t1, view_bf16_len, has_window, window.view_start, window.view_len,
         n_slots, n_demote, n_view_bf16, n_int2_kept, n_int2_new, n_window_slots, n_window_view
@@ -26,28 +27,59 @@ Values must fit in ``int32`` (page ids, slots and positions do; numpy raises ``O
 from __future__ import annotations
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
 from oscarkv.cache.manager import WritePlan
 from oscarkv.cache.window import WindowPlan
 
 HEADER = 4
-"""Header elements: kind, plan count, total length, argument."""
+"""Header elements: kind, plan count, total length, reserved."""
 RECORD = 13
 """Record elements per plan (see the module docstring)."""
-STEP, STOP, REPLAY = 1, 2, 3
-"""Message kinds: a step's plans; leave the worker loop; replay the decode graph of a bucket (``argument``:
-the bucket; a benchmark's timing of every rank's graph together)."""
+STEP, STOP, REPLAY, PROFILE = 1, 2, 3, 4
+"""Message kinds: a step's plans; leave the worker loop; replay the decode graph of a bucket (arguments: the
+bucket); profile replays of it (the bucket, the replays). The last two time every rank's graph together
+(a rank's graph holds all-reduces and replays only with the others')."""
+FRAME = 2048
+"""Elements of the first broadcast of every message (8 KB: a decode step of 32 sequences whose INT2
+views grew by a page, or a batch-1 step of up to ~1,900 new pages); the rest, if any, follows in a second."""
 
 
-def control(kind: int, argument: int = 0) -> np.ndarray:
-    """A message without plans (``STOP``, ``REPLAY``)."""
-    return np.array([kind, 0, HEADER, argument], dtype=np.int32)
+def control(kind: int, *args: int) -> np.ndarray:
+    """A message without plans (``STOP``, ``REPLAY``, ``PROFILE``): the header, then ``args``."""
+    return np.array([kind, 0, HEADER + len(args), 0, *args], dtype=np.int32)
 
 
 def header(msg: np.ndarray) -> tuple[int, int, int, int]:
-    """``(kind, n_plans, total length, argument)`` of a message (its first :data:`HEADER` elements suffice)."""
+    """``(kind, n_plans, total length, reserved)`` of a message (its first :data:`HEADER` elements suffice)."""
     kind, n, total, arg = (int(v) for v in msg[:HEADER])
     return kind, n, total, arg
+
+
+class Channel:
+    """Messages from rank 0 to every rank over a gloo group: a fixed :data:`FRAME`, then the rest if any.
+    NOTE: every rank must call ``send`` (rank 0) or ``receive`` (the others) for every message, in order."""
+
+    def __init__(self, group, src: int = 0) -> None:
+        self.group, self.src = group, src
+        self.frame = torch.zeros(FRAME, dtype=torch.int32)
+
+    def send(self, msg: np.ndarray) -> None:
+        k = min(len(msg), FRAME)
+        self.frame.numpy()[:k] = msg[:k]
+        dist.broadcast(self.frame, src=self.src, group=self.group)
+        if len(msg) > FRAME:
+            dist.broadcast(torch.from_numpy(msg[FRAME:]), src=self.src, group=self.group)
+
+    def receive(self) -> np.ndarray:
+        dist.broadcast(self.frame, src=self.src, group=self.group)
+        total = header(self.frame.numpy())[2]
+        if total <= FRAME:
+            return self.frame.numpy()[:total].copy()
+        rest = torch.empty(total - FRAME, dtype=torch.int32)
+        dist.broadcast(rest, src=self.src, group=self.group)
+        return np.concatenate([self.frame.numpy(), rest.numpy()])
 
 
 class PlanEncoder:

@@ -3,19 +3,22 @@
 Reference: the plans themselves with ``register`` and ``release`` cleared (``ParallelRunner`` never sent
 them). Sequences of random steps exercise the INT2-view delta: rows that grow by a page, keep their view,
 shrink (a preempted sequence's row taken by another), change order, or appear and vanish; empty steps,
-empty lists, windows on some plans only, and values at the ``int32`` limit.
+empty lists, windows on some plans only, and values at the ``int32`` limit. The channel carries messages
+of every length against its frame between two gloo processes.
 """
 
 import random
+from datetime import timedelta
 from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch.multiprocessing as mp
 
 from oscarkv.cache.manager import WritePlan
 from oscarkv.cache.window import WindowPlan
-from oscarkv.engine.step_plan_codec import (HEADER, REPLAY, STEP, STOP, PlanDecoder, PlanEncoder, control,
-                                            header)
+from oscarkv.engine.step_plan_codec import (FRAME, HEADER, PROFILE, REPLAY, STEP, STOP, Channel, PlanDecoder,
+                                            PlanEncoder, control, header)
 
 BIG = 2**31 - 1
 
@@ -82,14 +85,54 @@ def test_delta_sends_only_new_pages():
     assert dec.decode(second)[0].view_int2 == view + [7]
 
 
-def test_empty_and_control_messages():
+def test_empty_messages():
     enc, dec = PlanEncoder(), PlanDecoder()
     assert dec.decode(enc.encode([])) == []
     plan = WritePlan(5, 6, [BIG])  # every list empty but the slot, the largest slot an int32 holds
     assert dec.decode(enc.encode([plan])) == [plan]
-    for kind, arg in ((STOP, 0), (REPLAY, 32)):
-        msg = control(kind, arg)
-        assert len(msg) == HEADER and header(msg) == (kind, 0, HEADER, arg)
+
+
+def test_control_messages():
+    for kind, args in ((STOP, ()), (REPLAY, (32,)), (PROFILE, (8, 5))):
+        msg = control(kind, *args)
+        assert header(msg) == (kind, 0, HEADER + len(args), 0) and msg[HEADER:].tolist() == list(args)
+
+
+def _messages() -> list[np.ndarray]:
+    """Messages around the frame's size (shorter, exactly, one more, several frames), then ``STOP``."""
+    rng = np.random.default_rng(0)
+    out = [control(REPLAY, 3)]
+    for n in (5, FRAME, FRAME + 1, 3 * FRAME + 7):
+        m = rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
+        m[:HEADER] = (STEP, 0, n, 0)
+        out.append(m)
+    return out + [control(STOP)]
+
+
+def _channel_rank(rank: int, path: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    channel = Channel(dist.group.WORLD)
+    for m in _messages():
+        if rank == 0:
+            channel.send(m)
+        elif not np.array_equal(channel.receive(), m):
+            raise SystemExit(1)
+    dist.destroy_process_group()
+
+
+def test_channel_over_gloo(tmp_path):
+    """Two gloo ranks (this process sends, a spawned one checks): every message arrives whole, whatever its
+    length against the frame."""
+    child = mp.get_context("spawn").Process(target=_channel_rank, args=(1, str(tmp_path / "rdv")))
+    child.start()
+    try:
+        _channel_rank(0, str(tmp_path / "rdv"))
+    finally:
+        child.join(timeout=60)
+    assert child.exitcode == 0
 
 
 def test_overflow_raises():
