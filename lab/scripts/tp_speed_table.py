@@ -17,7 +17,7 @@ def rows_of(path: Path) -> list[dict]:
     rows = data["rows"]
     bf16 = {(r["shape"], r["context"]): r["step_us"] for r in rows if r["method"] == "bf16"}
     return [dict(file=path.name, device=data.get("device"), shape=r["shape"], context=r["context"],
-                 tp=r.get("tp", 1), all_reduce=r.get("all_reduce") or "-", method=r["method"],
+                 tp=r.get("tp", data["config"].get("tensor_parallel_size", 1)), all_reduce=r.get("all_reduce") or "-", method=r["method"],
                  step_ms=r["step_us"] / 1e3, graph_ms=(r.get("graph_us") or 0) / 1e3, floor_ms=r["floor_us"] / 1e3,
                  step_over_floor=r["step_us"] / r["floor_us"], graph_over_floor=(r.get("graph_us") or 0) / r["floor_us"],
                  over_bf16=bf16[(r["shape"], r["context"])] / r["step_us"] if (r["shape"], r["context"]) in bf16 else None)

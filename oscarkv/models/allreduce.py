@@ -82,7 +82,10 @@ def _symm_mem(kind: str):
         raise RuntimeError(f"all-reduce {kind!r}: torch {torch.__version__} has no torch.ops.symm_mem."
                            f"{SYMM_MEM_OPS[kind]}; use 'nccl'")
     if hasattr(symm, "set_backend"):
-        symm.set_backend("CUDA")  # NOTE: cuMem peer-to-peer buffers, not NVSHMEM
+        try:
+            symm.set_backend("CUDA")  # NOTE: cuMem peer-to-peer buffers, not NVSHMEM
+        except RuntimeError as e:  # set once per process already, or no such backend in this torch
+            log.warning("symmetric memory: keeping backend %s (%s)", symm.get_backend(torch.device("cuda")), e)
     return symm
 
 
@@ -95,6 +98,8 @@ def choose(kind: str, size: int, device: torch.device) -> str:
         return best if best == "nccl" or hasattr(torch.ops.symm_mem, SYMM_MEM_OPS[best]) else "nccl"
     if kind != "nccl" and device.type != "cuda":
         raise ValueError(f"all-reduce {kind!r} needs CUDA (symmetric memory); on {device.type} use 'nccl' or 'auto'")
+    if kind == "two_shot" and size not in (2, 4, 8):
+        raise ValueError(f"all-reduce 'two_shot' runs on 2, 4 or 8 ranks (torch's kernel), not {size}")
     return kind
 
 

@@ -28,6 +28,8 @@ def test_auto_follows_the_measured_table(monkeypatch):
     has_op = hasattr(torch.ops.symm_mem, allreduce.SYMM_MEM_OPS["one_shot"])
     assert choose("auto", 2, CUDA) == ("one_shot" if has_op else "nccl")  # NOTE: a CPU build of torch has none
     assert choose("auto", 4, CUDA) == "nccl" and choose("two_shot", 2, CUDA) == "two_shot"
+    with pytest.raises(ValueError, match="2, 4 or 8"):
+        choose("two_shot", 3, CUDA)
 
 
 def test_unknown_kind_is_refused():
