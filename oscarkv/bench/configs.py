@@ -87,7 +87,10 @@ class DecodeBench:
     """Sampling temperature of the timed requests (0: greedy); drawn tokens are chosen on the GPU too."""
     tensor_parallel_size: int = 1
     """GPUs the model is split over (``EngineConfig.tensor_parallel_size``): floors are rank 0's, and the
-    graph cannot replay alone (``oscarkv.bench.decode``)."""
+    graph column replays every rank's graph together (``oscarkv.bench.decode``)."""
+    all_reduce: str = "auto"
+    """The row-parallel all-reduce with ``tensor_parallel_size > 1`` (``EngineConfig.tensor_parallel_all_reduce``:
+    auto, nccl, one_shot, two_shot)."""
     profile: bool = False
     """Also profile the graph of each row at the longest context (torch.profiler; with tensor parallelism,
     whole engine steps). NOTE: CUPTI stays attached after a profile and slows later graph launches (seen

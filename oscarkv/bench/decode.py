@@ -14,11 +14,13 @@ logits, CUDA events); the host phases of a step (:func:`host_phases`); the floor
 the write path's share of a step = (36-layer K/V write of one token, as a CUDA graph +
 one page demotion per ``P`` steps, eager) / step time.
 
-Tensor parallelism (``--tensor-parallel-size``, one GPU per rank): the prompt's K/V is random on
-rank 0 and zeros on the other ranks (a decode step reads the same bytes); the floor is rank 0's
-(its weight shard, the replicated ``lm_head``, its KV heads); a rank's graph holds all-reduces and
-replays only with every rank's, so the graph-alone columns stay empty and ``--profile`` profiles
-whole engine steps (the NCCL kernels' rows: the all-reduce time per step, waits for the peers included).
+Tensor parallelism (``--tensor-parallel-size``, one GPU per rank; ``--all-reduce``: the row-parallel
+all-reduce, ``oscarkv.models.allreduce``): the prompt's K/V is random on rank 0 and zeros on the other
+ranks (a decode step reads the same bytes); the floor is rank 0's (its weight shard, the replicated
+``lm_head``, its KV heads); a rank's graph holds all-reduces and replays only with every rank's, so the
+graph column replays every rank's graph together (``ParallelRunner.replay``, timed on rank 0) and
+``--profile`` profiles those replays on every rank (rank 0's rows in the JSON; each worker prints its
+own as a JSON line tagged with its rank: the all-reduce kernels' rows include their waits for the peers).
 
 NOTE: reaches into the engine (``scheduler``, ``runner``, ``manager``, ``_launch``, ``_sample``,
 ``overlap``): it times a step's phases one by one, the CUDA graph replay alone and the write
@@ -36,6 +38,7 @@ import torch
 
 from oscarkv.bench import e2e
 from oscarkv.bench.configs import DecodeBench
+from oscarkv.engine.rank_profile import kernel_profile
 
 
 def write_path_us(engine) -> tuple[float, float]:
@@ -58,26 +61,6 @@ def write_path_us(engine) -> tuple[float, float]:
         return w, 0.0
     page = torch.zeros(1, dtype=torch.int32, device="cuda")
     return w, 1e6 * e2e.event_seconds(lambda: r.backend.demote_all(r.pools, r.storage, page, page))
-
-
-def kernel_profile(step, reps: int = 5, top: int = 14) -> list[dict]:
-    """Per-kernel GPU time of one call of ``step`` (a graph's ``replay``, or ``LLMEngine.step``; torch.profiler
-    over ``reps`` calls): name, µs per step and launches per step, the ``top`` most expensive names, then
-    the rest summed."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            step()
-        torch.cuda.synchronize()
-    rows = [dict(name=e.key[:90], us=getattr(e, "device_time_total", 0.0) / reps, count=e.count / reps)
-            for e in prof.key_averages() if getattr(e, "device_time_total", 0.0) > 0]
-    rows.sort(key=lambda r: -r["us"])
-    rest = rows[top:]
-    return rows[:top] + ([dict(name="(other kernels)", us=sum(r["us"] for r in rest),
-                               count=sum(r["count"] for r in rest))] if rest else [])
 
 
 def host_profile(engine, steps: int, top: int = 14) -> list[dict]:
@@ -172,22 +155,26 @@ def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -
             raise RuntimeError(f"decode bench: a request stopped early ({getattr(s, 'error', None)})")
     phases = host_phases(engine, cfg.steps)
     kv = e2e.kv_read_bytes(engine, seqs)
-    fwd_us, solo = None, engine.runner.tp.size == 1  # NOTE: a tensor-parallel rank's graph replays only with all ranks'
+    runner, solo = engine.runner, engine.runner.tp.size == 1
+    bucket = runner.graphs.bucket(cfg.batch)
+    graph = runner.graphs.graphs[bucket].graph
+    # NOTE: a tensor-parallel rank's graph holds all-reduces and replays only with every rank's: ParallelRunner.replay
+    replay = graph.replay if solo else (lambda: runner.replay(bucket))
+    fwd_us = 1e6 * e2e.event_seconds(replay)
     if solo:
-        graph = engine.runner.graphs.graphs[engine.runner.graphs.bucket(cfg.batch)].graph
-        fwd_us = 1e6 * e2e.event_seconds(graph.replay)
         phases["launch_us"] = launch_us(graph)
     if cfg.profile and ctx == max(cfg.contexts):
         phases["host"] = host_profile(engine, cfg.steps)
-        try:
-            phases["kernels"] = kernel_profile(graph.replay if solo else engine.step)
+        try:  # with tensor parallelism every rank profiles its graph and prints its rows (a JSON line per rank)
+            phases["kernels"] = kernel_profile(replay) if solo else runner.profile(bucket)
         except Exception as e:  # the profile is a diagnosis; the timings stand without it
             phases["kernels"] = [dict(name=f"profile failed: {e!r}"[:90], us=0.0, count=0)]
     tiers = list(engine.manager.tier_tokens(seq))
     for s in seqs:
         engine.abort(s.request_id)
     floor_us = (wbytes + kv) / copy_gbps / 1e3
-    return dict(context=ctx, batch=cfg.batch, step_us=step_us, sequential_step_us=sequential_us,
+    reduce = None if solo else getattr(runner.tp.reduce, "kind", "nccl")
+    return dict(context=ctx, batch=cfg.batch, tp=runner.tp.size, all_reduce=reduce, step_us=step_us, sequential_step_us=sequential_us,
                 tokens_per_s=cfg.batch * 1e6 / step_us, graph_us=fwd_us,
                 weight_bytes=wbytes, kv_bytes=kv, floor_us=floor_us, step_over_floor=step_us / floor_us,
                 tiers=tiers, **phases)
@@ -205,7 +192,7 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
             # NOTE: the step budget (chunk x seqs) sizes the BF16 pool; a batch uses bench capacity's small
             # INT2 chunk so that its sequences fit the KV budget
             engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), cfg.batch,
-                                      8192 if cfg.batch == 1 else 256, cfg.tensor_parallel_size)
+                                      8192 if cfg.batch == 1 else 256, cfg.tensor_parallel_size, cfg.all_reduce)
             wbytes = e2e.weight_bytes(engine.runner.model)  # rank 0's shard with tensor parallelism
             w_us, d_us = write_path_us(engine)
             for ctx in cfg.contexts:
@@ -236,9 +223,9 @@ def format_table(rows: list[dict], copy_gbps: float) -> str:
     for r in rows:
         peer = by.get((r["shape"], r["context"], "bf16"))
         speed = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer and r["method"] != "bf16" else ""
-        graph = ("— | —" if r["graph_us"] is None else  # tensor parallel: no graph replay alone
-                 f"{r['graph_us'] / 1e3:.2f} | {(r['step_us'] - r['graph_us']) / 1e3:.2f}")
-        lines.append(f"| {r['shape']} | {r['context']} | {r['method']} | {r['step_us'] / 1e3:.2f} | "
+        graph = f"{r['graph_us'] / 1e3:.2f} | {(r['step_us'] - r['graph_us']) / 1e3:.2f}"
+        model = r["shape"] + (f" tp{r['tp']} {r['all_reduce']}" if r.get("tp", 1) > 1 else "")
+        lines.append(f"| {model} | {r['context']} | {r['method']} | {r['step_us'] / 1e3:.2f} | "
                      f"{r['sequential_step_us'] / 1e3:.2f} | {r['tokens_per_s']:.1f} | {graph} | "
                      f"{r['runner_us']:.0f} | {r['outputs_us']:.0f} | {r['floor_us'] / 1e3:.2f} | "
                      f"{r['step_over_floor']:.2f} | {100 * r['write_share']:.1f}% | {speed} |")

@@ -81,14 +81,16 @@ def random_model(shape: str, tensor_parallel_size: int = 1) -> PagedLM:
 
 
 def build_engine(model: PagedLM, method: str, kv_bytes: int, max_num_seqs: int, chunk: int = 8192,
-                 tensor_parallel_size: int = 1) -> LLMEngine:
+                 tensor_parallel_size: int = 1, all_reduce: str = "auto") -> LLMEngine:
     """Engine over ``model`` (``bf16``, ``naive`` INT2, or ``oscar`` with :func:`random_artifact`) and a
     :class:`BenchRunner`, no prefix caching, default windows (64 + 256, P = 64); ``kv_bytes`` per GPU with
     tensor parallelism, whose ranks run on the GPUs whatever holds ``model`` (:func:`random_model` leaves it
-    on the host; on a CPU-only machine the ranks run on the CPU)."""
+    on the host; on a CPU-only machine the ranks run on the CPU) and sum through ``all_reduce``
+    (``EngineConfig.tensor_parallel_all_reduce``)."""
     cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk,  # all advance
-                       enable_prefix_caching=False, tensor_parallel_size=tensor_parallel_size)
+                       enable_prefix_caching=False, tensor_parallel_size=tensor_parallel_size,
+                       tensor_parallel_all_reduce=all_reduce)
     return bench_engine(model, cfg, random_artifact(model.config) if method == "oscar" else None)
 
 
@@ -211,6 +213,12 @@ class BenchRunner:
 
     def close(self) -> None:
         self.inner.close()
+
+    def replay(self, bucket: int) -> None:
+        self.inner.replay(bucket)
+
+    def profile(self, bucket: int, reps: int = 5) -> list[dict]:
+        return self.inner.profile(bucket, reps)
 
 
 @dataclass

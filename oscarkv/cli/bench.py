@@ -20,7 +20,7 @@ BENCHES = {
                    "levels"]),
     "decode": (DecodeBench, "GPU: end-to-end decode ms per step vs the byte floor, BF16 vs INT2 (random weights)",
                ["shapes", "contexts", "methods", "steps", "kv_gib", "batch", "temperature", "tensor_parallel_size",
-                "profile"]),
+                "all_reduce", "profile"]),
     "prefill": (PrefillBench, "GPU: time to first token of long prompts through the engine vs the floor, BF16 vs OSCAR",
                 ["shapes", "contexts", "methods", "chunks", "kv_gib", "profile_context"]),
     "jobs": (JobsBench, "GPU: whole jobs (real prefill, then decode) of many long requests in one KV budget, BF16 vs OSCAR",

@@ -137,6 +137,8 @@ format."""
 
 SPECULATIVE_METHODS = ("none", "ngram")
 """Speculative decoding methods of the paged engine: ``ngram`` drafts by prompt lookup (no draft model)."""
+TP_ALL_REDUCES = ("auto", "nccl", "one_shot", "two_shot")
+"""All-reduces of the row-parallel projections (``oscarkv.models.allreduce``)."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,11 @@ class EngineConfig:
     ranks 1 .. N-1 as worker processes of its own (``oscarkv.engine.workers``; CUDA: one GPU each from
     the model's, NCCL; CPU: gloo). Query and KV heads are split (a KV head is replicated when N exceeds
     their number); N must divide the query heads and the MLP width."""
+    tensor_parallel_all_reduce: str = "auto"
+    """The all-reduce of the row-parallel projections with ``tensor_parallel_size > 1``
+    (``oscarkv.models.allreduce``): ``nccl`` (gloo on the CPU); ``one_shot`` or ``two_shot`` over
+    peer-to-peer symmetric memory for decode-sized messages, NCCL above (CUDA); ``auto``: the kind measured
+    fastest for the number of GPUs (``allreduce.SYMM_MEM_WINS``), else NCCL."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     """Speculative decoding (off by default); it turns ``overlap`` off (a verify step's tokens are needed on
     the host before the next step is planned)."""
@@ -233,6 +240,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.kv_memory_bytes must be > 0, got {self.kv_memory_bytes}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"EngineConfig.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_all_reduce not in TP_ALL_REDUCES:
+            raise ValueError(f"EngineConfig.tensor_parallel_all_reduce must be one of {TP_ALL_REDUCES}, "
+                             f"got {self.tensor_parallel_all_reduce!r}")
 
 
 @dataclass(frozen=True)

@@ -197,6 +197,16 @@ class ModelRunner:
         """Why no more steps can run (``workers.ParallelRunner``: a rank died); ``None`` here."""
         return None
 
+    def replay(self, bucket: int) -> None:
+        """Replay the decode graph of ``bucket`` (captured by earlier steps; a benchmark's timing)."""
+        self.graphs.graphs[bucket].graph.replay()
+
+    def profile(self, bucket: int, reps: int = 5) -> list[dict]:
+        """The per-kernel GPU time of ``reps`` replays of the graph of ``bucket``."""
+        from oscarkv.engine.rank_profile import kernel_profile
+
+        return kernel_profile(lambda: self.replay(bucket), reps)
+
     @staticmethod
     def _prompt_hidden(chunks: list[ScheduledChunk], hidden: torch.Tensor, cu: list[int]) -> dict[int, torch.Tensor]:
         out = {}

@@ -72,6 +72,17 @@ class Runner(Protocol):
         """Release what outlives the object (worker processes, process groups); idempotent."""
         ...
 
+    def replay(self, bucket: int) -> None:
+        """Replay the decode CUDA graph of ``bucket`` (captured by earlier steps) on every rank: a
+        benchmark's timing of the forward alone. NOTE: a tensor-parallel rank's graph holds all-reduces
+        and replays only with every rank's."""
+        ...
+
+    def profile(self, bucket: int, reps: int = 5) -> list[dict]:
+        """Rank 0's per-kernel GPU time of ``reps`` replays of ``bucket``'s graph
+        (``oscarkv.engine.rank_profile.kernel_profile``), every rank replaying together."""
+        ...
+
 
 def one_token_step(chunks: list[ScheduledChunk]) -> bool:
     """Whether a step is a decode step by its shape: every chunk one token. (Whether the runner then

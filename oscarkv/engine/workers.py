@@ -13,10 +13,12 @@ so every rank has the same pages (checked at start-up); rank 0's
 
 Per step (:meth:`ParallelRunner.run`):
 
-1. rank 0 broadcasts the step's write plans (pickled page lists, slots and demotions) on the gloo group;
+1. rank 0 broadcasts the step's write plans on the gloo group as one ``int32`` tensor
+   (``oscarkv.engine.step_plan_codec``: no pickling; the INT2 views as deltas against the last step's);
 2. every rank builds the same tables from them, receives rank 0's input ids by a device broadcast
    (``ModelRunner._fill_ids``: tokens of a step launched ahead stay on the device) and runs its
-   shard: two all-reduces per layer (``RowParallelLinear``), inside the CUDA graph on CUDA;
+   shard: two all-reduces per layer (``RowParallelLinear`` through ``oscarkv.models.allreduce``, chosen by
+   ``EngineConfig.tensor_parallel_all_reduce``), inside the CUDA graph on CUDA;
 3. rank 0 alone forms logits and samples; the other ranks wait for the next plans.
 
 Failure: a rank that dies (or a step that fails on rank 0 after the plans went out, which leaves
@@ -25,7 +27,9 @@ rank and its exit code, and so does every later step, so the engine fails the re
 (``finish_reason == "error"``) instead of waiting. Gloo sees a dead peer's closed connection at
 once; on CUDA a watcher thread aborts the NCCL group when a worker process exits (untested here:
 no GPU), and collectives time out after :data:`STEP_TIMEOUT`. A worker whose rank 0 dies sees the connection close and exits.
-``close()`` sends an empty message (the workers leave their loop), joins them and tears the groups down.
+``close()`` sends a ``STOP`` message (the workers leave their loop), joins them and tears the groups down.
+:meth:`ParallelRunner.replay` and :meth:`ParallelRunner.profile` replay (or profile) a decode graph on every
+rank at once, for benchmarks: a rank's graph holds all-reduces and replays only with the others'.
 
 NOTE: one tensor-parallel engine per process: the group is torch.distributed's default group. The
 workers are spawned, so they import the main module: a script that builds a tensor-parallel engine
@@ -35,6 +39,7 @@ needs the ``if __name__ == "__main__":`` guard (``python -m oscarkv.cli`` needs 
 from __future__ import annotations
 
 import faulthandler
+import json
 import logging
 import multiprocessing.connection
 import shutil
@@ -53,7 +58,11 @@ import torch.multiprocessing as mp
 from oscarkv.attention.step import AttentionBackend
 from oscarkv.config import EngineConfig
 from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner
+from oscarkv.engine.rank_profile import kernel_profile
 from oscarkv.engine.scheduler import ScheduledChunk
+from oscarkv.engine.step_plan_codec import (HEADER, PROFILE, REPLAY, STEP, STOP, Channel, PlanDecoder, PlanEncoder,
+                                            control, header)
+from oscarkv.models.allreduce import make_all_reduce
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.parallel import TensorParallel, check_shardable, rank_tensors, shard_codecs, sharded_model
 from oscarkv.quant.codec import KVCodec
@@ -135,6 +144,15 @@ def _init_groups(rank: int, size: int, rendezvous: Path, device: torch.device) -
     return TensorParallel(rank, size, dist.group.WORLD), control
 
 
+def _with_all_reduce(tp: TensorParallel, spec: RankSpec, device: torch.device) -> TensorParallel:
+    """``tp`` with the all-reduce ``spec.cfg`` names (every rank at once: a symmetric buffer is a collective),
+    sized for a decode step's ``[B, D]`` at the largest graph bucket."""
+    rows = max(spec.graph_buckets, default=1)
+    reduce = make_all_reduce(spec.cfg.tensor_parallel_all_reduce, tp.group, device, spec.dtype,
+                             rows * spec.config.hidden_size)
+    return replace(tp, reduce=reduce)
+
+
 def _handshake(runner: ModelRunner, control, size: int) -> None:
     """Every rank's pool geometry, compared on rank 0 (the manager there decides pages for all)."""
     geos: list = [None] * size
@@ -147,17 +165,28 @@ def _worker_main(rank: int, size: int, rendezvous: Path, spec: RankSpec, device:
     """A worker process: receive the shard, then run every step rank 0 sends until it sends ``None``.
     NOTE: an exception ends the process (its traceback on stderr): rank 0 then sees a dead rank."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: a stuck worker's stacks on stderr
-    tp, control = _init_groups(rank, size, rendezvous, device)
-    runner = _receive_shard(spec, tp, device, control)
-    _handshake(runner, control, size)
+    tp, group = _init_groups(rank, size, rendezvous, device)
+    tp = _with_all_reduce(tp, spec, device)
+    runner = _receive_shard(spec, tp, device, group)
+    _handshake(runner, group, size)
+    channel, plans = Channel(group), PlanDecoder()
     with torch.inference_mode():
-        while True:
-            msg: list = [None]
-            dist.broadcast_object_list(msg, src=0, group=control)
-            if msg[0] is None:
-                break
-            runner.forward(msg[0], None)
+        while (kind := header(msg := channel.receive())[0]) != STOP:
+            if kind == STEP:
+                runner.forward(plans.decode(msg), None)
+            else:
+                _graph_work(runner, kind, msg[HEADER:].tolist(), rank)
     _leave(runner, device)
+
+
+def _graph_work(runner: ModelRunner, kind: int, args: list[int], rank: int) -> None:
+    """A worker's share of :meth:`ParallelRunner.replay` (args: the bucket) or :meth:`ParallelRunner.profile`
+    (the bucket, the replays: its kernel profile printed as one JSON line tagged with its rank)."""
+    graph = runner.graphs.graphs[args[0]].graph
+    if kind == REPLAY:
+        graph.replay()
+    elif kind == PROFILE:
+        print(json.dumps(dict(rank=rank, bucket=args[0], kernels=kernel_profile(graph.replay, args[1]))), flush=True)
 
 
 def _leave(runner: ModelRunner | None, device: torch.device) -> None:
@@ -211,6 +240,8 @@ class ParallelRunner:
         self._closing, self._closed = threading.Event(), False
         try:
             self.tp, self.control = _init_groups(0, size, rendezvous, device)
+            self.tp = _with_all_reduce(self.tp, spec, device)
+            self.channel, self.encoder = Channel(self.control), PlanEncoder()
             with torch.no_grad():
                 for r in range(1, size):
                     _send_shard(model, codec, TensorParallel(r, size), self.control, device)
@@ -228,12 +259,24 @@ class ParallelRunner:
     def run(self, chunks: list[ScheduledChunk], pending: PendingIds | None = None) -> RunnerOutput:
         """Send the step's plans to every rank, then run rank 0's shard; raises :class:`WorkerDied` once the group is gone."""
         self._check()
-        plans = [replace(c.plan, register=[], release=[]) for c in chunks]  # what the ranks read, no more
         try:
-            dist.broadcast_object_list([plans], src=0, group=self.control)
+            self.channel.send(self.encoder.encode([c.plan for c in chunks]))
             return self.local.run(chunks, pending)
         except Exception as e:
             raise self._fail(e) from e
+
+    def replay(self, bucket: int) -> None:
+        """Replay the decode graph of ``bucket`` on every rank (captured by earlier steps; a benchmark's timing)."""
+        self._check()
+        self.channel.send(control(REPLAY, bucket))
+        self.local.graphs.graphs[bucket].graph.replay()
+
+    def profile(self, bucket: int, reps: int = 5) -> list[dict]:
+        """Rank 0's kernel profile of ``reps`` replays of the graph of ``bucket``, every rank replaying (and
+        profiling, each printing its own rows as a JSON line) together."""
+        self._check()
+        self.channel.send(control(PROFILE, bucket, reps))
+        return kernel_profile(self.local.graphs.graphs[bucket].graph.replay, reps)
 
     def failure(self) -> str | None:
         """Why the group can run no more steps (a rank died, or the ranks fell out of step); ``None`` while
@@ -285,7 +328,7 @@ class ParallelRunner:
         alive = self._failure is None and not self._dead()
         if alive:
             try:
-                dist.broadcast_object_list([None], src=0, group=self.control)
+                self.channel.send(control(STOP))
             except RuntimeError:
                 log.warning("a tensor-parallel worker left before close()")
         self._closing.set()

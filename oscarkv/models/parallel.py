@@ -26,7 +26,7 @@ and ``o_proj`` and its pools store only its heads.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,11 +41,13 @@ from oscarkv.quant.codec import LayerCodec, TensorCodec
 @dataclass(frozen=True)
 class TensorParallel:
     """Rank ``rank`` of ``size``; ``group``: the torch.distributed process group of the device
-    collectives (NCCL on CUDA, gloo on the CPU), ``None`` when ``size == 1``."""
+    collectives (NCCL on CUDA, gloo on the CPU), ``None`` when ``size == 1``; ``reduce``: the all-reduce of
+    the row-parallel projections (``oscarkv.models.allreduce``; ``None``: the group's backend)."""
 
     rank: int = 0
     size: int = 1
     group: Any = None
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def q_heads(self, num_heads: int) -> slice:
         """This rank's query heads."""
@@ -61,9 +63,13 @@ class TensorParallel:
         return slice(h, h + 1)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum ``x`` over the ranks in place (nothing with one rank)."""
-        if self.size > 1:
-            dist.all_reduce(x, group=self.group)
+        """The sum of ``x`` over the ranks (``x`` itself with one rank; in place, or a new tensor for a
+        symmetric-memory ``reduce``)."""
+        if self.size == 1:
+            return x
+        if self.reduce is not None:
+            return self.reduce(x)
+        dist.all_reduce(x, group=self.group)
         return x
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.llm import LLM
+from oscarkv.models.allreduce import SYMM_MEM_OPS
 from oscarkv.models.loader import LoadedModel
 from tests.engine.conftest import engine_config, make_artifact, prompts, run, tiny_model
 from tests.engine.test_gpu_engine import _compare_prefix
@@ -35,13 +36,14 @@ NEAR_TIE = 0.25
 logit near 10, as ``test_gpu_engine``)."""
 
 
-def _engines(method: str):
+def _engines(method: str, all_reduce: str = "auto"):
     model = tiny_model().to("cuda:0", torch.bfloat16)
     art = make_artifact(model.config) if method == "oscar" else None
     cfg = engine_config(method, **{**TIGHT, **MEMORY[method]}, overlap=True)
     one = LLMEngine.from_hf(model, cfg, art)
     two = LLM(LoadedModel(model, None, "tiny"), method, artifact=art,
-              tensor_parallel_size=2, config=replace(cfg, kv_memory_bytes=cfg.kv_memory_bytes // 2)).engine
+              tensor_parallel_size=2, config=replace(cfg, kv_memory_bytes=cfg.kv_memory_bytes // 2,
+                                                     tensor_parallel_all_reduce=all_reduce)).engine
     return one, two
 
 
@@ -58,6 +60,24 @@ def test_tp2_equals_tp1_gpu(method):
         assert two.num_ahead_steps > 0  # overlap: pending ids broadcast on the device
         ranks = {p.device for p in two.runner.model.parameters()}
         assert ranks == {torch.device("cuda", 0)}  # rank 0's shard; rank 1 runs on cuda:1
+    finally:
+        two.close()
+
+
+@pytest.mark.parametrize("kind", ["one_shot", "two_shot"])
+def test_tp2_symm_mem_all_reduce_gpu(kind):
+    """The scenario with a symmetric-memory all-reduce (``oscarkv.models.allreduce``; decode messages through
+    it, inside the graphs; prefill chunks through NCCL): tp=1's tokens up to a near-tie, as NCCL's."""
+    if not hasattr(torch.ops.symm_mem, SYMM_MEM_OPS[kind]):
+        pytest.skip(f"torch {torch.__version__} has no torch.ops.symm_mem.{SYMM_MEM_OPS[kind]}")
+    one, two = _engines("oscar", kind)
+    try:
+        assert two.runner.tp.reduce.kind == kind
+        ref, counters = scenario(one)
+        got, counters2 = scenario(two)
+        assert got.keys() == ref.keys() and counters2 == counters
+        _compare_prefix([got[k] for k in ref if got[k].token_ids], [ref[k] for k in ref if ref[k].token_ids], NEAR_TIE)
+        assert two.runner.graphs.graphs, "decode steps were meant to replay CUDA graphs"
     finally:
         two.close()
 
