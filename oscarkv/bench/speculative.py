@@ -61,9 +61,9 @@ def task_prompts(tokenizer, n: int) -> dict[str, list[int]]:
     """Token ids of each task: the document, then the task's request, as one chat turn."""
     doc, out = document(tokenizer, n), {}
     for name, ask in TASKS.items():
-        msg = [{"role": "user", "content": f"{doc}\n{ask}"}]
-        out[name] = tokenizer.apply_chat_template(msg, tokenize=True, add_generation_prompt=True)
-        out[name] = list(out[name]["input_ids"] if isinstance(out[name], dict) else out[name])
+        text = tokenizer.apply_chat_template([{"role": "user", "content": f"{doc}\n{ask}"}], tokenize=False,
+                                             add_generation_prompt=True)
+        out[name] = tokenizer.encode(text, add_special_tokens=False)
     return out
 
 
@@ -87,6 +87,8 @@ def serve_one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> d
             e2e.sync()
             first, n_first = time.perf_counter(), len(out.token_ids)
     e2e.sync()
+    if first is None or out.finish_reason == "error":
+        raise RuntimeError(f"bench speculative: request {rid} failed (finish reason {out and out.finish_reason})")
     decode_s = time.perf_counter() - first
     st = _delta(engine.stats().speculative, before)
     return dict(tokens=out.token_ids, decode_steps=steps, ms_per_token=1e3 * decode_s / (len(out.token_ids) - n_first),
