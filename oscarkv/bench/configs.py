@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oscarkv.config import ENGINE_METHODS
+from oscarkv.config import ENGINE_METHODS, SPECULATIVE_METHODS
 
 
 def _check_positive(bench, *names: str) -> None:
@@ -227,3 +227,60 @@ class ServeBench:
     def __post_init__(self) -> None:
         _check_methods(self, "kv")
         _check_positive(self, "concurrency", "max_tokens")
+
+
+@dataclass(frozen=True)
+class FollowupBench:
+    """What ``oscarkv bench followup`` measures: the first engine step of a request whose long prefix is cached
+    (a follow-up turn on a cached document), beside a decode step at the same context."""
+
+    shapes: tuple[str, ...] = ("qwen3-4b",)
+    """Model shapes (oscarkv.models.shapes; random weights)."""
+    contexts: tuple[int, ...] = (32768, 102400)
+    """Cached prefix tokens (multiples of the page size)."""
+    new_tokens: tuple[int, ...] = (1, 8, 64, 512)
+    """New tokens of the follow-up request (k), computed in its first step over the cached prefix."""
+    methods: tuple[str, ...] = ("bf16", "oscar")
+    """KV methods (bf16, naive, oscar: a random artifact)."""
+    repeats: int = 2
+    """Follow-up requests per k (each with fresh new tokens); the last is reported, all are in the JSON."""
+    steps: int = 16
+    """Timed decode steps at the same context."""
+    kv_gib: float = 24.0
+    """KV pool budget in GiB."""
+
+    def __post_init__(self) -> None:
+        _check_methods(self)
+        _check_positive(self, "contexts", "new_tokens", "repeats", "steps")
+
+
+@dataclass(frozen=True)
+class SpeculativeBench:
+    """What ``oscarkv bench speculative`` measures: batch-1 speculative decoding, with and without drafts —
+    acceptance and speed on a real model (a copy-heavy task and one that does not copy), and on a GPU the cost
+    of a verify step of K drafts against a decode step at real shapes (random weights)."""
+
+    methods: tuple[str, ...] = ("bf16", "oscar")
+    """KV methods (oscar: the model's artifact on the real model, a random one at the shapes)."""
+    speculative: str = "ngram"
+    """The drafting method compared with none (``SpeculativeConfig.method``)."""
+    num_speculative_tokens: tuple[int, ...] = (2, 4)
+    """Drafts per verify step (K), each compared with K = 0 (no speculation)."""
+    document_tokens: int = 1024
+    """Tokens of the document both real-model tasks start with (cut at a line end; at most the model's context)."""
+    max_tokens: int = 64
+    """Greedy tokens generated per task."""
+    shapes: tuple[str, ...] = ()
+    """Model shapes for the verify-step cost (CUDA only; e.g. qwen3-4b); empty: the real model only."""
+    contexts: tuple[int, ...] = (32768, 102400)
+    """Contexts of the verify-step cost at the shapes."""
+    steps: int = 16
+    """Timed engine steps per verify-cost row."""
+    kv_gib: float = 24.0
+    """KV pool budget in GiB at the shapes."""
+
+    def __post_init__(self) -> None:
+        _check_methods(self)
+        if self.speculative not in SPECULATIVE_METHODS or self.speculative == "none":
+            raise ValueError(f"SpeculativeBench.speculative must be one of {SPECULATIVE_METHODS[1:]}, got {self.speculative!r}")
+        _check_positive(self, "num_speculative_tokens", "document_tokens", "max_tokens", "contexts", "steps")

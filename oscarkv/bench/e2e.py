@@ -183,6 +183,7 @@ class Launch:
     decode: bool  # every chunk one token (the step's shape: ``engine.runner.one_token_step``)
     batch: int  # chunks run through the model
     filled: int = 0  # chunks filled instead (:func:`fill`)
+    tokens: int = 0  # tokens run through the model (a verify step: its 1 + k rows)
 
 
 class BenchRunner:
@@ -203,7 +204,7 @@ class BenchRunner:
         if filled:
             fill(self, filled)
             chunks = [c for c in chunks if c.samples]
-        self.launches.append(Launch(decode, len(chunks), len(filled)))
+        self.launches.append(Launch(decode, len(chunks), len(filled), sum(c.plan.t1 - c.plan.t0 for c in chunks)))
         if not chunks:
             return RunnerOutput(torch.zeros(0, self.model.config.vocab_size, device=self.device), {})
         return self.inner.run(chunks, pending)

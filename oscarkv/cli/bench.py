@@ -1,7 +1,9 @@
-"""``oscarkv bench {attention, decode, prefill, jobs, capacity, engine, serve}``: each prints a table and writes JSON.
+"""``oscarkv bench {attention, decode, prefill, followup, jobs, capacity, engine, serve, speculative}``: each prints a
+table and writes JSON.
 
-``attention``, ``decode``, ``prefill``, ``jobs`` and ``capacity`` need a GPU (random weights at real model shapes);
-``engine`` runs the engine on the CPU with a real model; ``serve`` drives a loopback server.
+``attention``, ``decode``, ``prefill``, ``followup``, ``jobs`` and ``capacity`` need a GPU (random weights at real model
+shapes); ``engine`` runs the engine on the CPU with a real model; ``serve`` drives a loopback server; ``speculative``
+runs a real model on any device (and, with ``--shapes``, random weights at real shapes on a GPU).
 Flags derive from the dataclasses of :mod:`oscarkv.bench.configs`.
 """
 
@@ -10,9 +12,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from oscarkv.bench.configs import (AttentionBench, CapacityBench, DecodeBench, EngineBench, JobsBench, PrefillBench,
-                                   ServeBench)
-from oscarkv.cli.flags import UserError, add_fields, config_from, load
+from oscarkv.bench.configs import (AttentionBench, CapacityBench, DecodeBench, EngineBench, FollowupBench, JobsBench,
+                                   PrefillBench, ServeBench, SpeculativeBench)
+from oscarkv.cli.flags import UserError, add_fields, config_from, load, model_args
 
 BENCHES = {
     "attention": (AttentionBench, "GPU: decode attention time and bandwidth, BF16 vs INT2 vs PyTorch SDPA",
@@ -23,6 +25,9 @@ BENCHES = {
                 "all_reduce", "profile"]),
     "prefill": (PrefillBench, "GPU: time to first token of long prompts through the engine vs the floor, BF16 vs OSCAR",
                 ["shapes", "contexts", "methods", "chunks", "kv_gib", "profile_context"]),
+    "followup": (FollowupBench, "GPU: the first step of a follow-up request on a cached long prefix (k new tokens) "
+                 "beside a decode step, BF16 vs OSCAR (random weights)",
+                 ["shapes", "contexts", "new_tokens", "methods", "repeats", "steps", "kv_gib"]),
     "jobs": (JobsBench, "GPU: whole jobs (real prefill, then decode) of many long requests in one KV budget, BF16 vs OSCAR",
              ["shape", "kv_gib", "context", "requests", "new_tokens", "methods", "tensor_parallel_size"]),
     "capacity": (CapacityBench, "GPU: tokens in one KV budget and the job throughput of many long requests",
@@ -31,6 +36,10 @@ BENCHES = {
                ["methods", "batches", "prompt_len", "new_tokens", "tensor_parallel_size"]),
     "serve": (ServeBench, "loopback server: requests/s, TTFT and TPOT per concurrency and KV method (openai client)",
               ["kv", "concurrency", "requests", "max_tokens"]),
+    "speculative": (SpeculativeBench, "batch-1 speculative decoding with and without: acceptance, tokens per step and "
+                    "ms per token on a real model (copy and no-copy tasks); GPU: verify-step cost at real shapes",
+                    ["methods", "speculative", "num_speculative_tokens", "document_tokens", "max_tokens", "shapes",
+                     "contexts", "steps", "kv_gib"]),
 }
 
 
@@ -40,8 +49,11 @@ def setup(p: argparse.ArgumentParser) -> None:
     for name, (cls, doc, names) in BENCHES.items():
         b = sub.add_parser(name, help=doc, description=doc)
         add_fields(b, cls, names)
-        if name in ("engine", "serve"):
+        if name == "speculative":
+            model_args(b)
+        elif name in ("engine", "serve"):
             b.add_argument("--model", default="default", help="model spec (default: default)")
+        if name in ("engine", "serve", "speculative"):
             b.add_argument("--rotations", type=Path, default=None,
                            help="artifact for oscar (default: the default model's artifact, shipped with oscarkv)")
         out = None if name in ("engine", "serve") else Path(f"bench_{name}.json")  # CPU benches: a table only
@@ -65,11 +77,27 @@ def run(args: argparse.Namespace) -> int:
 
         print(serve.run(cfg, args.model, args.rotations, args.out))
         return 0
-    from oscarkv.bench import attention, capacity, decode, jobs, prefill
+    if args.bench == "speculative":
+        return _speculative(cfg, args)
+    from oscarkv.bench import attention, capacity, decode, followup, jobs, prefill
 
     try:
-        mod = {"attention": attention, "decode": decode, "capacity": capacity, "prefill": prefill, "jobs": jobs}
+        mod = {"attention": attention, "decode": decode, "capacity": capacity, "prefill": prefill, "jobs": jobs,
+               "followup": followup}
         print(mod[args.bench].run(cfg, args.out))
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    return 0
+
+
+def _speculative(cfg: SpeculativeBench, args: argparse.Namespace) -> int:
+    from oscarkv.bench import speculative
+    from oscarkv.calibrate.default import artifact_for
+
+    loaded = load(args.model, args.dtype, args.device)
+    try:
+        art = artifact_for(loaded, "oscar", args.rotations) if "oscar" in cfg.methods else None
+        print(speculative.run(cfg, loaded, art, args.out))
     except ValueError as e:
         raise UserError(str(e)) from e
     return 0

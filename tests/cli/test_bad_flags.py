@@ -36,6 +36,8 @@ CASES = [  # (argv, what the error line must say); TMP: a fresh empty folder
     (["bench", "capacity", "--methods", "naive"], "--methods must include 'bf16'"),
     (["bench", "engine", "--batches", "1,0"], "--batches must be >= 1, got (1, 0)"),
     (["bench", "serve", "--kv", "kivi"], f"--kv must be methods of {ENGINE_METHODS}, got ('kivi',)"),
+    (["bench", "followup", "--new-tokens", "8,0"], "--new-tokens must be >= 1, got (8, 0)"),
+    (["bench", "speculative", "--speculative", "none"], "--speculative must be one of ('ngram',), got 'none'"),
 ]
 
 

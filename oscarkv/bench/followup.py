@@ -1,0 +1,148 @@
+"""``oscarkv bench followup``: a follow-up turn on a cached document — the first engine step of a request whose
+long prefix is in the prefix cache, beside a decode step at the same context, BF16 vs OSCAR.
+
+For each model shape (random bf16 weights, :mod:`oscarkv.bench.e2e`), KV method and context, one engine with
+prefix caching on (prefill chunk = the largest k, rounded up to a page) first caches a ``context``-token prefix:
+a request of that prompt, its chunks filled through the write path (``e2e.drive``) except the last, which runs
+the model and samples one token; it finishes and its pages stay cached. Then, per k of ``new_tokens``, follow-up
+requests of the same prefix plus k fresh random tokens (``max_tokens = 1``): the prefix cache serves the
+``context`` tokens and the request's first step computes the k new tokens over the cached prefix and samples —
+what a user waits for. Its wall time is timed, synchronized, from the step's call to the finished output
+(scheduling, the prefix match, the step, sampling; ``repeats`` requests per k, the last reported: the first of a
+shape builds kernels and plans). Each timed request is checked: the prefix-cache hit is exactly ``context``
+tokens and one model launch computed exactly k tokens. Last, a request of the prefix plus one token decodes
+``steps`` timed steps at the same context (``oscarkv.bench.decode.timed_steps``): the decode step beside it.
+
+Runs on the CPU at tiny shapes too (:func:`followup_rows` takes any :class:`~oscarkv.models.llama.PagedLM`; the
+tests check the hits and the computed tokens there).
+
+NOTE: reaches into the engine (``manager.hit_tokens``, the :class:`~oscarkv.bench.e2e.BenchRunner`'s launches)
+to check that the timed step is the cached-prefix step it claims to be.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from oscarkv.bench import e2e
+from oscarkv.bench.configs import FollowupBench
+from oscarkv.config import EngineConfig, KVConfig
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.request import SamplingParams
+from oscarkv.models.llama import PagedLM
+
+
+def followup_engine(model: PagedLM, method: str, kv_bytes: int, max_new: int) -> LLMEngine:
+    """An engine with prefix caching whose prefill chunk holds ``max_new`` tokens (one chunk per follow-up)."""
+    page = KVConfig(method).page_size
+    chunk = -(-max_new // page) * page
+    cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=1,
+                       max_num_batched_tokens=chunk + 1, prefill_chunk=chunk, enable_prefix_caching=True)
+    art = e2e.random_artifact(model.config) if method == "oscar" else None
+    return e2e.bench_engine(model, cfg, art)
+
+
+def _ids(engine: LLMEngine, n: int, seed: int) -> list[int]:
+    return torch.randint(0, engine.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def cache_prefix(engine: LLMEngine, prefix: list[int]) -> None:
+    """Serve ``prefix`` once (``max_tokens = 1``), its chunks filled but the last: its pages stay cached."""
+    engine.add_request(f"prefix-{len(prefix)}", prefix, SamplingParams(max_tokens=1, ignore_eos=True))
+    e2e.drive(engine)
+
+
+def followup_step(engine: LLMEngine, prefix: list[int], k: int, seed: int) -> dict:
+    """One follow-up request (``prefix`` + k fresh tokens, ``max_tokens = 1``), timed from its first step to its
+    output, synchronized; raises unless the prefix cache served all of ``prefix`` and one launch computed k tokens."""
+    runner, hits = engine.runner, engine.manager.hit_tokens
+    engine.add_request(f"f{len(prefix)}-{k}-{seed}", prefix + _ids(engine, k, seed),
+                       SamplingParams(max_tokens=1, ignore_eos=True))
+    n = len(runner.launches)
+    e2e.sync()
+    t, steps = time.perf_counter(), 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    e2e.sync()
+    wall = time.perf_counter() - t
+    hit, launched = engine.manager.hit_tokens - hits, [launch.tokens for launch in runner.launches[n:]]
+    if hit != len(prefix) or launched != [k]:
+        raise RuntimeError(f"bench followup: prefix hit {hit} of {len(prefix)} tokens, model launches of {launched} "
+                           f"tokens (expected one of {k})")
+    return dict(step_s=wall, engine_steps=steps, hit_tokens=hit, computed_tokens=launched[0])
+
+
+def decode_step(engine: LLMEngine, prefix: list[int], steps: int) -> float:
+    """Seconds per decode step of one request at ``len(prefix) + 1`` tokens (its prefix cached)."""
+    from oscarkv.bench.decode import timed_steps
+
+    engine.add_request(f"d{len(prefix)}", prefix + _ids(engine, 1, 99),
+                       SamplingParams(max_tokens=2 * steps + 8, ignore_eos=True))
+    for _ in range(4):  # the first token, then graph capture
+        engine.step()
+    us = timed_steps(engine, steps)
+    for seq in list(engine.scheduler.running):
+        engine.abort(seq.request_id)
+    engine.drain()
+    return us / 1e6
+
+
+def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[dict]:
+    """Every (method, context, k) row for one model: the follow-up steps and the decode step beside them."""
+    rows = []
+    for method in cfg.methods:
+        engine = followup_engine(model, method, int(cfg.kv_gib * 2**30), max(cfg.new_tokens))
+        try:
+            for ctx in cfg.contexts:
+                prefix = _ids(engine, ctx, ctx)
+                cache_prefix(engine, prefix)
+                runs = {k: [followup_step(engine, prefix, k, seed) for seed in range(cfg.repeats)]
+                        for k in cfg.new_tokens}
+                decode_s = decode_step(engine, prefix, cfg.steps)
+                for k, got in runs.items():
+                    rows.append(dict(shape=shape, method=method, context=ctx, new_tokens=k, decode_s=decode_s,
+                                     **got[-1], all_step_s=[g["step_s"] for g in got]))
+                    print(json.dumps(rows[-1]), flush=True)
+        finally:
+            engine.close()
+            del engine
+            e2e.release()
+    return rows
+
+
+def run(cfg: FollowupBench, out: Path | None) -> str:
+    if not torch.cuda.is_available():
+        raise ValueError("bench followup needs a CUDA device (its tests run the same code at tiny shapes on the CPU)")
+    rows = []
+    for shape in cfg.shapes:
+        model = e2e.random_model(shape)
+        rows += followup_rows(model, cfg, shape)
+        del model
+        e2e.release()
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg), "rows": rows},
+                                  indent=1))
+    return format_table(rows)
+
+
+def format_table(rows: list[dict]) -> str:
+    """ms per (shape, context, method): the decode step, then the first step of each k; step / decode."""
+    ks = list(dict.fromkeys(r["new_tokens"] for r in rows))
+    by = {(r["shape"], r["context"], r["method"], r["new_tokens"]): r for r in rows}
+    lines = ["| shape | context | kv | decode step ms | " + " | ".join(f"k = {k} ms" for k in ks)
+             + " | " + " | ".join(f"k = {k} / decode" for k in ks) + " |",
+             "|---|---:|---|---:|" + "---:|" * (2 * len(ks))]
+    for s, n, m in dict.fromkeys((r["shape"], r["context"], r["method"]) for r in rows):
+        got = [by.get((s, n, m, k)) for k in ks]
+        dec = next(g for g in got if g)["decode_s"]
+        lines.append(f"| {s} | {n} | {m} | {1e3 * dec:.2f} | "
+                     + " | ".join(f"{1e3 * g['step_s']:.1f}" if g else "-" for g in got) + " | "
+                     + " | ".join(f"{g['step_s'] / dec:.1f}x" if g else "-" for g in got) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,277 @@
+"""``oscarkv bench speculative``: batch-1 speculative decoding (n-gram drafts), with and without.
+
+Two measurements, combined in a third table — each table says which it is:
+
+1. **Real model** (``--model``, any device; the default model unless named): two greedy tasks that start with the
+   same document (``document_tokens`` of ``oscarkv/data/gazetteer.txt``, cut at a line end): ``copy`` asks for
+   the document repeated word for word (prompt-lookup drafts find what the model copies), ``no-copy`` for a story
+   unrelated to it (drafts found in the document are mostly rejected). Per KV method and K (0 = no speculation,
+   then each ``num_speculative_tokens``) one engine serves one untimed warm-up request, then each task: acceptance
+   rate and tokens per decode step (the engine's :class:`~oscarkv.engine.speculative.SpecStats`, this task's
+   share), ms per output token over the decode phase (first token to the last, wall), and whether the tokens
+   equal those of K = 0. Each engine as served: overlap on CUDA without speculation, off with it.
+2. **Verify-step cost at real shapes** (``--shapes``, CUDA; random weights, :mod:`oscarkv.bench.e2e`): random
+   weights give no meaningful acceptance, so this times steps only. One ``context``-token request is filled fast,
+   then ``steps`` engine steps are timed: a plain engine's decode steps (overlap on, as served, and off), and on an
+   engine with speculation a drafter that proposes K random tokens every step (all rejected: each step verifies
+   ``1 + K`` rows — fewer where ``KVCacheManager.draft_end`` stops before a demotion; the mean rows per step are
+   reported).
+3. **Projection** (both present): a task's ms per token at a shape = (verify steps × the verify-step cost at K +
+   other decode steps × the sequential decode step) / decode steps / tokens per step — the step costs of (2),
+   the acceptance counts of (1). It is a projection, not a measurement: the two come from different models.
+
+NOTE: (2) replaces the engine's drafter (``scheduler.drafter``) to force K drafts per step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+
+import torch
+
+from oscarkv.bench import e2e
+from oscarkv.bench.configs import SpeculativeBench
+from oscarkv.config import EngineConfig, KVConfig, SpeculativeConfig
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.request import SamplingParams
+from oscarkv.engine.speculative import SpecStats
+
+TASKS = {"copy": "Repeat the text above exactly, word for word, from its first line.",
+         "no-copy": "Now, without quoting the text above, write a short story about a fox who learns to play the violin."}
+"""The request after the document, per task."""
+
+
+def document(tokenizer, n: int) -> str:
+    """The first lines of the gazetteer holding at most ``n`` tokens."""
+    from oscarkv.data import read_text
+
+    lines, used = [], 0
+    for line in read_text("gazetteer.txt").splitlines(keepends=True):
+        used += len(tokenizer.encode(line, add_special_tokens=False))
+        if used > n:
+            break
+        lines.append(line)
+    return "".join(lines)
+
+
+def task_prompts(tokenizer, n: int) -> dict[str, list[int]]:
+    """Token ids of each task: the document, then the task's request, as one chat turn."""
+    doc, out = document(tokenizer, n), {}
+    for name, ask in TASKS.items():
+        text = tokenizer.apply_chat_template([{"role": "user", "content": f"{doc}\n{ask}"}], tokenize=False,
+                                             add_generation_prompt=True)
+        out[name] = tokenizer.encode(text, add_special_tokens=False)
+    return out
+
+
+def _delta(after: SpecStats | None, before: SpecStats | None) -> SpecStats:
+    if after is None:
+        return SpecStats()
+    return SpecStats(**{f.name: getattr(after, f.name) - getattr(before, f.name) for f in fields(SpecStats)})
+
+
+def serve_one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> dict:
+    """One greedy request to completion: its tokens, the decode phase's wall time and steps, its speculative
+    counters (``SpecStats`` of this request: zeros without speculation)."""
+    before = engine.stats().speculative
+    engine.add_request(rid, ids, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    first, steps, out = None, 0, None
+    while engine.has_unfinished():
+        for o in engine.step():
+            out = o
+        steps += first is not None
+        if first is None and out is not None and out.token_ids:
+            e2e.sync()
+            first, n_first = time.perf_counter(), len(out.token_ids)
+    e2e.sync()
+    if first is None or out.finish_reason == "error":
+        raise RuntimeError(f"bench speculative: request {rid} failed (finish reason {out and out.finish_reason})")
+    decode_s = time.perf_counter() - first
+    st = _delta(engine.stats().speculative, before)
+    return dict(tokens=out.token_ids, decode_steps=steps, ms_per_token=1e3 * decode_s / (len(out.token_ids) - n_first),
+                acceptance_rate=st.acceptance_rate, tokens_per_step=st.tokens_per_step or 1.0,
+                spec=asdict(st))
+
+
+def task_rows(make_engine, prompts: dict[str, list[int]], method: str, ks: tuple[int, ...],
+              max_tokens: int) -> list[dict]:
+    """Rows of one KV method: each task at K = 0 and each K (``make_engine(method, K)``: K = 0 without
+    speculation), with ``tokens_equal`` against K = 0."""
+    rows, ref = [], {}
+    for k in (0, *ks):
+        engine = make_engine(method, k)
+        try:
+            serve_one(engine, "warm-up", prompts["copy"], min(16, max_tokens))
+            for task, ids in prompts.items():
+                r = serve_one(engine, f"{task}-{k}", ids, max_tokens)
+                ref.setdefault(task, r["tokens"])
+                rows.append(dict(part="model", method=method, task=task, k=k, prompt_tokens=len(ids),
+                                 tokens_equal=r.pop("tokens") == ref[task], **r))
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            engine.close()
+    return rows
+
+
+def model_engine_factory(loaded, artifact, kv_bytes: int = 1 << 28):
+    """``make_engine(method, K)`` for :func:`task_rows` on a loaded real model (ngram drafts when K > 0)."""
+    def make(method: str, k: int) -> LLMEngine:
+        spec = SpeculativeConfig("ngram", num_speculative_tokens=k) if k else SpeculativeConfig()
+        cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=4, speculative=spec)
+        return LLMEngine.from_hf(loaded.model, cfg, artifact if method == "oscar" else None, loaded.tokenizer)
+    return make
+
+
+class ForcedDrafter:
+    """A drafter proposing ``k`` random tokens every step (random weights reject them): verify steps of 1 + k rows."""
+
+    def __init__(self, k: int, vocab: int) -> None:
+        self.k, self.vocab, self.g = k, vocab, torch.Generator().manual_seed(k)
+
+    def __call__(self, seq, limit: int) -> list[int]:
+        return torch.randint(0, self.vocab, (min(self.k, limit),), generator=self.g).tolist()
+
+
+def timed_rows(engine: LLMEngine, steps: int) -> tuple[float, float]:
+    """(µs per engine step over ``steps`` steps, mean tokens run per model launch in them)."""
+    from oscarkv.bench.decode import timed_steps
+
+    n = len(engine.runner.launches)
+    us = timed_steps(engine, steps)
+    launched = [launch.tokens for launch in engine.runner.launches[n:] if launch.batch]
+    return us, sum(launched) / max(len(launched), 1)
+
+
+def verify_cost(engine: LLMEngine, ctx: int, ks: tuple[int, ...], steps: int) -> list[dict]:
+    """On an engine with speculation: one ``ctx``-token request; sequential decode steps (no drafts), then the
+    steps of each K (:class:`ForcedDrafter`)."""
+    e2e.add_prompts(engine, 1, ctx, 8 + (2 + len(ks)) * (steps + 2), seed=ctx)
+    e2e.drive(engine, max_steps=4)  # fill and first tokens
+    drafter, out = engine.scheduler.drafter, []
+    try:
+        for k in (0, *ks):
+            engine.scheduler.drafter = ForcedDrafter(k, engine.vocab_size) if k else None
+            us, rows = timed_rows(engine, steps)
+            out.append(dict(k=k, step_us=us, rows_per_step=rows))
+    finally:
+        engine.scheduler.drafter = drafter
+        for seq in list(engine.scheduler.running):
+            engine.abort(seq.request_id)
+        engine.drain()
+    return out
+
+
+def shape_rows(model, cfg: SpeculativeBench, shape: str = "") -> list[dict]:
+    """Verify-step cost rows of one model (any device; random weights at real shapes on a GPU)."""
+    rows, kv = [], int(cfg.kv_gib * 2**30)
+    for method in cfg.methods:
+        plain = e2e.build_engine(model, method, kv, 1, 8192)
+        spec = e2e.bench_engine(model, replace(plain.cfg, speculative=SpeculativeConfig(
+            cfg.speculative, num_speculative_tokens=max(cfg.num_speculative_tokens))),
+            e2e.random_artifact(model.config) if method == "oscar" else None)
+        try:
+            for ctx in cfg.contexts:
+                e2e.add_prompts(plain, 1, ctx, 2 * cfg.steps + 16, seed=ctx)
+                e2e.drive(plain, max_steps=4)
+                overlap_us, _ = timed_rows(plain, cfg.steps)
+                for seq in list(plain.scheduler.running):
+                    plain.abort(seq.request_id)
+                plain.drain()
+                for r in verify_cost(spec, ctx, cfg.num_speculative_tokens, cfg.steps):
+                    rows.append(dict(part="shape", shape=shape, method=method, context=ctx,
+                                     decode_overlap_us=overlap_us, **r))
+                    print(json.dumps(rows[-1]), flush=True)
+        finally:
+            plain.close(), spec.close()
+            del plain, spec
+            e2e.release()
+    return rows
+
+
+def projection(model_rows: list[dict], shape_rows_: list[dict]) -> list[dict]:
+    """Per (shape, context, method, task, K): the projected ms per token (module docstring) and its speed-up over
+    the plain engine's decode step (overlap on) at the same shape and context."""
+    out = []
+    cost = {(r["shape"], r["context"], r["method"], r["k"]): r for r in shape_rows_}
+    for r in (r for r in model_rows if r["k"]):
+        for (shape, ctx, method, k), c in cost.items():
+            if (method, k) != (r["method"], r["k"]):
+                continue
+            dec, st = cost[shape, ctx, method, 0], r["spec"]
+            other = st["decode_steps"] - st["verify_steps"]
+            step_us = (st["verify_steps"] * c["step_us"] + other * dec["step_us"]) / max(st["decode_steps"], 1)
+            ms = step_us / 1e3 / r["tokens_per_step"]
+            out.append(dict(shape=shape, context=ctx, method=method, task=r["task"], k=k, ms_per_token=ms,
+                            plain_ms=dec["decode_overlap_us"] / 1e3, speedup=dec["decode_overlap_us"] / 1e3 / ms))
+    return out
+
+
+def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None) -> str:
+    """Both parts (the shapes only on CUDA), their tables and the projection; JSON to ``out``."""
+    prompts = task_prompts(loaded.tokenizer, cfg.document_tokens)
+    rows = [r for m in cfg.methods for r in task_rows(model_engine_factory(loaded, artifact), prompts, m,
+                                                       cfg.num_speculative_tokens, cfg.max_tokens)]
+    if cfg.shapes and not torch.cuda.is_available():
+        raise ValueError("bench speculative --shapes needs a CUDA device")
+    for shape in cfg.shapes:
+        model = e2e.random_model(shape)
+        rows += shape_rows(model, cfg, shape)
+        del model
+        e2e.release()
+    proj = projection([r for r in rows if r["part"] == "model"], [r for r in rows if r["part"] == "shape"])
+    if out is not None:
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"device": device, "config": asdict(cfg), "rows": rows, "projection": proj},
+                                  indent=1))
+    return format_tables(rows, proj)
+
+
+def format_tables(rows: list[dict], proj: list[dict]) -> str:
+    """The real model's table; with shapes, the verify-step costs and the projection."""
+    parts = [model_table([r for r in rows if r["part"] == "model"])]
+    shaped = [r for r in rows if r["part"] == "shape"]
+    if shaped:
+        parts += [shape_table(shaped), projection_table(proj)]
+    return "\n\n".join(parts)
+
+
+def model_table(rows: list[dict]) -> str:
+    """Measured on the real model: acceptance, tokens per step, ms per output token and the speed-up over K = 0."""
+    base = {(r["method"], r["task"]): r["ms_per_token"] for r in rows if r["k"] == 0}
+    lines = ["measured, real model, batch 1 (greedy):",
+             "| kv | task | K | acceptance | tokens/step | decode steps | ms/token | speed-up vs K = 0 | tokens equal |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        acc = f"{r['acceptance_rate']:.2f}" if r["k"] else "-"
+        lines.append(f"| {r['method']} | {r['task']} | {r['k']} | {acc} | {r['tokens_per_step']:.2f} | "
+                     f"{r['decode_steps']} | {r['ms_per_token']:.2f} | "
+                     f"{base[r['method'], r['task']] / r['ms_per_token']:.2f}x | {r['tokens_equal']} |")
+    return "\n".join(lines)
+
+
+def shape_table(rows: list[dict]) -> str:
+    """Measured at real shapes (random weights): a verify step of K drafts against a decode step."""
+    dec = {(r["shape"], r["context"], r["method"]): r["step_us"] for r in rows if r["k"] == 0}
+    lines = ["measured, random weights at real shapes, batch 1: engine step ms",
+             "| shape | context | kv | K | rows/step | step ms | / decode step (sequential) | decode ms, overlap on |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        d = dec[r["shape"], r["context"], r["method"]]
+        lines.append(f"| {r['shape']} | {r['context']} | {r['method']} | {r['k']} | {r['rows_per_step']:.2f} | "
+                     f"{r['step_us'] / 1e3:.2f} | {r['step_us'] / d:.2f}x | {r['decode_overlap_us'] / 1e3:.2f} |")
+    return "\n".join(lines)
+
+
+def projection_table(proj: list[dict]) -> str:
+    """Projected: step costs at the shapes × the real model's acceptance counts (module docstring)."""
+    lines = ["projected (step cost at the shape x the real model's acceptance; not a measurement):",
+             "| shape | context | kv | task | K | ms/token | plain decode ms/token (overlap) | speed-up |",
+             "|---|---:|---|---|---:|---:|---:|---:|"]
+    for p in proj:
+        lines.append(f"| {p['shape']} | {p['context']} | {p['method']} | {p['task']} | {p['k']} | "
+                     f"{p['ms_per_token']:.2f} | {p['plain_ms']:.2f} | {p['speedup']:.2f}x |")
+    return "\n".join(lines)

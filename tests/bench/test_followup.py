@@ -1,0 +1,40 @@
+"""``oscarkv bench followup`` at tiny shapes on the CPU: the timed step is the cached-prefix step it claims to be."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import Qwen3Config
+
+from oscarkv.bench import followup
+from oscarkv.bench.configs import FollowupBench
+from oscarkv.models.llama import PagedLM
+
+CONFIG = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=32, vocab_size=128, max_position_embeddings=4096,
+                     architectures=["Qwen3ForCausalLM"])
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_followup_hits_the_whole_prefix_and_computes_k_tokens(method):
+    """Contexts past the windows (INT2 history for oscar): every follow-up request is served the whole prefix
+    from the cache and one launch computes exactly its k tokens (``followup_step`` raises otherwise; the rows
+    say so too); repeats are separate requests; the decode step is timed at the same context."""
+    cfg = FollowupBench(contexts=(640, 1024), new_tokens=(1, 8, 64), methods=(method,), repeats=2, steps=3,
+                        kv_gib=1 / 64)
+    rows = followup.followup_rows(PagedLM.random(CONFIG), cfg, "tiny")
+    assert [(r["context"], r["new_tokens"]) for r in rows] == [(n, k) for n in (640, 1024) for k in (1, 8, 64)]
+    for r in rows:
+        assert r["hit_tokens"] == r["context"] and r["computed_tokens"] == r["new_tokens"]
+        assert len(r["all_step_s"]) == 2 and r["step_s"] == r["all_step_s"][-1] > 0 and r["decode_s"] > 0
+    table = followup.format_table(rows)
+    assert table.count(f"| tiny | 1024 | {method} |") == 1 and "k = 64 / decode" in table
+
+
+def test_a_followup_that_misses_the_cache_is_refused():
+    """A follow-up whose prefix is not cached raises instead of timing a cold prefill."""
+    engine = followup.followup_engine(PagedLM.random(CONFIG), "bf16", 1 << 22, 8)
+    try:
+        with pytest.raises(RuntimeError, match="prefix hit 0 of 128"):
+            followup.followup_step(engine, list(range(128)), 8, seed=0)
+    finally:
+        engine.close()

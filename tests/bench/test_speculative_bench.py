@@ -1,0 +1,66 @@
+"""``oscarkv bench speculative`` on the CPU: the real-model part on a tiny model (counts that add up, tokens equal
+to no speculation), the verify-step cost at a tiny shape (each step verifies 1 + K rows), and the projection."""
+
+from __future__ import annotations
+
+import pytest
+
+from oscarkv.bench import speculative as sb
+from oscarkv.bench.configs import SpeculativeBench
+from oscarkv.config import SpeculativeConfig
+from oscarkv.models.llama import PagedLM
+from tests.bench.test_followup import CONFIG
+from tests.engine.conftest import make_artifact, make_engine, prompts, tiny_model
+
+
+@pytest.fixture(scope="module")
+def rows():
+    llama = tiny_model()
+    artifact = make_artifact(llama.config)
+    a, b = prompts(2, 10, seed=5)
+    tasks = {"copy": a * 4 + b[:3], "no-copy": prompts(1, 45, seed=6)[0]}
+
+    def make(method, k):
+        spec = SpeculativeConfig("ngram", num_speculative_tokens=k, prompt_lookup_max=3) if k else SpeculativeConfig()
+        return make_engine(llama, method, artifact, speculative=spec)
+    return sb.task_rows(make, tasks, "oscar", (2, 4), max_tokens=20)
+
+
+def test_model_rows_count_what_was_generated(rows):
+    """Every K gives the tokens of K = 0; tokens after the first = decode steps + accepted drafts; at batch 1
+    each engine step after the first token is one decode step of the request; the copy task accepts drafts."""
+    assert [(r["task"], r["k"]) for r in rows] == [(t, k) for k in (0, 2, 4) for t in ("copy", "no-copy")]
+    for r in rows:
+        st = r["spec"]
+        assert r["tokens_equal"] and r["ms_per_token"] > 0
+        if r["k"] == 0:
+            assert st["drafted"] == 0 and r["tokens_per_step"] == 1.0 and r["decode_steps"] == 19
+            continue
+        assert st["decode_steps"] + st["accepted"] == 19 and r["decode_steps"] == st["decode_steps"]
+        assert st["accepted"] <= st["drafted"] <= r["k"] * st["verify_steps"]
+        assert r["tokens_per_step"] == pytest.approx(19 / st["decode_steps"])
+    copy4 = next(r for r in rows if r["task"] == "copy" and r["k"] == 4)
+    assert copy4["acceptance_rate"] > 0 and copy4["tokens_per_step"] > 1
+    assert "| oscar | copy | 4 |" in sb.model_table(rows)
+
+
+def test_verify_cost_steps_verify_k_drafts():
+    """At a tiny shape on the CPU: K = 0 steps run one row, K steps 1 + K rows but near a demotion (``draft_end``)."""
+    cfg = SpeculativeBench(methods=("oscar",), num_speculative_tokens=(3,), contexts=(700,), steps=6, kv_gib=1 / 64)
+    got = sb.shape_rows(PagedLM.random(CONFIG), cfg, "tiny")
+    assert [r["k"] for r in got] == [0, 3]
+    assert got[0]["rows_per_step"] == 1.0 and 3.0 <= got[1]["rows_per_step"] <= 4.0
+    assert all(r["step_us"] > 0 and r["decode_overlap_us"] > 0 for r in got)
+    assert "| tiny | 700 | oscar | 3 |" in sb.shape_table(got)
+
+
+def test_projection_weighs_verify_and_plain_steps():
+    """All steps verify and accept one draft each: half a verify step per token; no verify step: a decode step."""
+    cost = [dict(shape="s", context=8, method="oscar", k=k, step_us=us, decode_overlap_us=900.0)
+            for k, us in ((0, 1000.0), (4, 3000.0))]
+    spec = dict(decode_steps=10, verify_steps=10, drafted=40, accepted=10)
+    model = [dict(method="oscar", task="copy", k=4, tokens_per_step=2.0, spec=spec),
+             dict(method="oscar", task="no-copy", k=4, tokens_per_step=1.0, spec={**spec, "verify_steps": 0})]
+    got = {p["task"]: p for p in sb.projection(model, cost)}
+    assert got["copy"]["ms_per_token"] == pytest.approx(1.5) and got["copy"]["speedup"] == pytest.approx(0.6)
+    assert got["no-copy"]["ms_per_token"] == pytest.approx(1.0)
