@@ -149,15 +149,15 @@ def prefers_splitk(chunk: int, prefix: int) -> bool:
 def _config(device: torch.device, rows: int) -> dict:
     """Tiles and launch options keyed by the query rows per program ``R = BLOCK_T · REP_PAD``.
 
-    NOTE: ``R <= 8`` is the decode kernel's shape (one warp, 12 programs per SM, ``decode._config``);
-    wider ``R`` holds ``4 · d/G`` accumulators ``[G/4, R]``, spread over more warps. Not yet timed on a GPU."""
+    ``PER_SM``: resident programs per SM at the registers the sm_90 compile gives (``lab.benchmarks.compile_sm90
+    --table OUT.json SASS_DIR chunk``, Qwen3 shape, G = 128): ``R = 8`` one warp at 254 registers (capped at 168
+    as the decode kernel is, the chunk's own loop spills 128 bytes), 16 two warps at 246, 32 four warps at 255
+    (24 bytes of spills), 64 eight warps at 255 (no spills; 4 warps spilled 96 bytes). NOTE: not yet timed on a
+    GPU (``lab/scripts/gpu_chunk.sh``)."""
     if device.type != "cuda":
         return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0, CHUNK=4, PER_SM=2)
-    if rows <= 8:
-        return dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, CHUNK=32, PER_SM=12, maxnreg=168)
-    if rows <= 16:
-        return dict(BLOCK_N=64, num_warps=2, num_stages=3, CONV=2, CHUNK=32, PER_SM=6)
-    return dict(BLOCK_N=64, num_warps=4, num_stages=2, CONV=2, CHUNK=32, PER_SM=3)
+    warps, per_sm = {8: (1, 8), 16: (2, 4), 32: (4, 2)}.get(rows, (8, 1))
+    return dict(BLOCK_N=64, num_warps=warps, num_stages=3 if rows <= 16 else 2, CONV=2, CHUNK=32, PER_SM=per_sm)
 
 
 def _rows(device: torch.device, max_chunk: int, rep_pad: int) -> int:
@@ -173,7 +173,8 @@ def chunk_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
 
     ``q [T, Hq, d]``, ``k_new/v_new [T, H, d]`` rotated and centered, ``cu_seqlens int32 [B + 1]``, ``max_chunk``
     the longest chunk → ``[T, Hq, d]`` in ``q``'s dtype; the oracle is ``reference.extend_attention_ref``.
-    ``num_splits`` / ``config`` override the splits and the tile table (tests and benchmarks)."""
+    ``num_splits`` / ``config`` override the splits and the tile table (``ROWS``: query rows per program, a power
+    of two >= 8 and >= the padded GQA group; tests and benchmarks)."""
     t, hq, d = q.shape
     _, h, p, dk = kv.bf16_k.shape
     bsz = cu_seqlens.numel() - 1
@@ -185,7 +186,7 @@ def chunk_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     int2 = kv.int2_k is not None
     rep = hq // h
     rep_pad = triton.next_power_of_2(rep)
-    rows = _rows(q.device, max_chunk, rep_pad)
+    rows = (config or {}).get("ROWS") or _rows(q.device, max_chunk, rep_pad)
     cfg = {**_config(q.device, rows), **(config or {})}
     cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)  # NOTE: INT2 tiles must not straddle pages (decode_int2)
     grid_t = triton.cdiv(max_chunk, rows // rep_pad)
