@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 
 from oscarkv.kernels.decode import _decode_kernel
+from oscarkv.kernels.chunk_splitk import _chunk_kernel
+from oscarkv.kernels.chunk_splitk import _config as chunk_config
 from oscarkv.kernels.decode_int2 import _int2_decode_kernel
 from oscarkv.kernels.extend import _extend_kernel
 from oscarkv.kernels.prefill import _gather_bf16_kernel, _gather_int2_kernel
@@ -97,6 +99,20 @@ def extend(o: dict):
     return _extend_kernel, args, c | flags, dict(num_warps=4, num_stages=2)
 
 
+def chunk(o: dict):
+    """The split-K chunk kernel; ``BLOCK_T · REP_PAD`` query rows per program pick the launch (``chunk_splitk._config``)."""
+    c = _const(dict(H=H, REP=4, REP_PAD=4, D=D, G=128, P=P, BLOCK_T=2, BLOCK_N=64, CONV=2, CHUNK=32, HAS_INT2=True,
+                    INTERPRET=False, KBITS=2, VBITS=2), o)
+    c["HAS_INT2"] = bool(c["HAS_INT2"])
+    if not c["HAS_INT2"]:
+        c["G"] = D
+    pairs, flags = _levels(c)
+    cfg = chunk_config(torch.device("cuda"), c["BLOCK_T"] * c["REP_PAD"])
+    args = [(BF, HQ * D, D), (BF, BF, (H * D, D)), WINDOW, _history(c, pairs, c["HAS_INT2"]), TABLES, I32,
+            _decode_args(c, pairs, True)[4], QK_SCALE, SPLITS]
+    return _chunk_kernel, args, c | flags, {k: cfg[k] for k in ("num_warps", "num_stages", "maxnreg") if k in cfg}
+
+
 SPAN = (4096, 8192, 64)  # t0, count, out0
 OUT = (BF, BF, 131072 * D)
 
@@ -112,5 +128,5 @@ def gather_bf16(o: dict):
     return _gather_bf16_kernel, [WINDOW, I32, OUT, SPAN], c, dict(num_warps=4, num_stages=3)
 
 
-KERNELS = dict(decode_int2=decode_int2, decode=decode, extend=extend, gather_int2=gather_int2,
+KERNELS = dict(decode_int2=decode_int2, decode=decode, extend=extend, chunk=chunk, gather_int2=gather_int2,
                gather_bf16=gather_bf16)

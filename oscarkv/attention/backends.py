@@ -119,29 +119,34 @@ class TritonAttention(AttentionBackend):
                                 (*maps, st.key.mean))
 
     def extend(self, q, k_new, v_new, kv, tables: PageTables, cu_seqlens, scale, cu_host=None):
+        from oscarkv.kernels import chunk_splitk
         from oscarkv.kernels.extend import extend_attention
-        from oscarkv.kernels.prefill import MIN_CHUNK, prefill_attention
+        from oscarkv.kernels.prefill import prefill_attention
 
         cu = cu_host or tuple(cu_seqlens.tolist())
         spans = [(cu[b], cu[b + 1]) for b in range(len(cu) - 1)]
-        long = [b for b, (lo, hi) in enumerate(spans) if hi - lo >= MIN_CHUNK]
-        if not long:
-            return extend_attention(q.contiguous(), k_new.contiguous(), v_new.contiguous(), kv, tables, cu_seqlens,
-                                    scale, max_chunk=max(hi - lo for lo, hi in spans))
-        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         lens = tables.lens()
-        for b in long:  # NOTE: one sequence at a time: the staged prefix workspace is per sequence
-            lo, hi = spans[b]
-            out[lo:hi] = prefill_attention(q[lo:hi], k_new[lo:hi], v_new[lo:hi], kv, tables, b,
-                                           (lens[0][b], lens[1][b]), scale)
-        short = [b for b, (lo, hi) in enumerate(spans) if 0 < hi - lo < MIN_CHUNK]
-        if short:  # the other chunks (decode rows of a mixed step): the tile kernel over their rows
-            rows = device_tensor([r for b in short for r in range(*spans[b])], q.device, torch.long)
-            sub = [0]
-            for b in short:
-                sub.append(sub[-1] + spans[b][1] - spans[b][0])
-            out[rows] = extend_attention(q[rows], k_new[rows], v_new[rows], kv, tables.select(short),
-                                         device_tensor(sub, q.device), scale, max_chunk=MIN_CHUNK).float()
+        route = _routes(spans, lens, chunk_splitk.serves(kv))
+        if len(set(route) - {"empty"}) == 1 and "staged" not in route:  # one kernel for the whole step
+            kernel = chunk_splitk.chunk_attention if "splitk" in route else extend_attention
+            return kernel(q.contiguous(), k_new.contiguous(), v_new.contiguous(), kv, tables, cu_seqlens, scale,
+                          max_chunk=max(hi - lo for lo, hi in spans))
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        for b, how in enumerate(route):  # NOTE: one sequence at a time: the staged prefix workspace is per sequence
+            if how == "staged":
+                lo, hi = spans[b]
+                out[lo:hi] = prefill_attention(q[lo:hi], k_new[lo:hi], v_new[lo:hi], kv, tables, b,
+                                               (lens[0][b], lens[1][b]), scale)
+        for how, kernel in (("splitk", chunk_splitk.chunk_attention), ("tile", extend_attention)):
+            seqs = [b for b, r in enumerate(route) if r == how]
+            if seqs:  # the other chunks (e.g. the decode rows of a mixed step): one kernel over their rows
+                rows = device_tensor([r for b in seqs for r in range(*spans[b])], q.device, torch.long)
+                sub = [0]
+                for b in seqs:
+                    sub.append(sub[-1] + spans[b][1] - spans[b][0])
+                out[rows] = kernel(q[rows], k_new[rows], v_new[rows], kv, tables.select(seqs),
+                                   device_tensor(sub, q.device), scale,
+                                   max_chunk=max(spans[b][1] - spans[b][0] for b in seqs)).float()
         return out
 
     def decode(self, q, kv, tables: PageTables, scale, out_dtype=None):
@@ -156,3 +161,20 @@ class TritonAttention(AttentionBackend):
 def default_backend(device: torch.device) -> AttentionBackend:
     """Triton kernels on CUDA, the PyTorch oracles anywhere else."""
     return TritonAttention() if torch.device(device).type == "cuda" else TorchAttention()
+
+
+def _routes(spans: list[tuple[int, int]], lens: tuple[tuple[int, ...], tuple[int, ...]], splitk: bool) -> list[str]:
+    """The path of each chunk of an extend step, by shape: ``"splitk"`` (:mod:`oscarkv.kernels.chunk_splitk`, where
+    its table ``prefers_splitk`` says so and the layout ``serves``), ``"staged"`` (:mod:`oscarkv.kernels.prefill`,
+    chunks of at least ``MIN_CHUNK`` tokens), ``"tile"`` (:mod:`oscarkv.kernels.extend`), ``"empty"``."""
+    from oscarkv.kernels.chunk_splitk import prefers_splitk
+    from oscarkv.kernels.prefill import MIN_CHUNK
+
+    def route(b: int, c: int) -> str:
+        if c == 0:
+            return "empty"
+        if splitk and prefers_splitk(c, lens[0][b] + lens[1][b]):
+            return "splitk"
+        return "staged" if c >= MIN_CHUNK else "tile"
+
+    return [route(b, hi - lo) for b, (lo, hi) in enumerate(spans)]

@@ -1,0 +1,205 @@
+"""Short chunks over long caches: split-K attention of up to a few hundred new tokens over the cached prefix.
+
+A follow-up question on a cached document (or a speculative verify step) is ``c`` = 1..512 new tokens over
+``n`` = 32K-100K cached ones. The tile kernel of :mod:`oscarkv.kernels.extend` gives each (sequence, KV head,
+query block) one program that walks the whole prefix: ``H · cdiv(c · rep, 64)`` programs (8 for one token on
+8 KV heads) cannot fill a GPU, and the staged path of :mod:`oscarkv.kernels.prefill` spends a cuDNN launch
+with as few CTAs. Here the keys are split across the GPU as in decode:
+
+    grid = (B * H, NUM_SPLITS, cdiv(max chunk, BLOCK_T))
+    rows = BLOCK_T chunk tokens × the REP query heads of KV head h   (row r: token t0 + r // REP_PAD,
+           head h·REP + r % REP_PAD; R = BLOCK_T · REP_PAD rows on the N side of every product)
+    for the split's share of the BF16 sink + recent tokens:    bf16 dots             } one online softmax,
+    for the split's share of the INT2 history, full tiles:     raw codes, fp16 dots  } every row sharing
+    the last split (the shortest share) adds the chunk's own K/V, causal            } each tile
+    write (acc / l, log2-sum-exp) of the split to Mid_O [T, Hq, S, d], Mid_L [T, Hq, S]
+    split_k.merge_splits over each (token, query head)
+
+The tile work is the decode kernel's (:mod:`oscarkv.kernels.decode_int2`, reused function for function):
+codes go raw into the tensor cores, scale and zero applied after the dots, every precision rung (K2/K4
+keys, V2/V4 values, 2-bit level tables), page ids read ahead, unmasked history tiles. The only change is
+the N side of each product: the decode kernel's query heads of one token become (chunk token, query head)
+pairs, so one dequantized tile serves ``R`` query rows instead of ``REP``. The numeric function is the
+extend kernel's: every cached token visible to every chunk query, the chunk's own K/V (as the caller
+gives them) rounded to bf16 for the products; the oracle is ``reference.extend_attention_ref``.
+
+Serves INT2 caches whose groups the decode kernel reads raw (:func:`decode.uses_raw_int2`) and BF16-only
+caches (``HAS_INT2`` off, slices of ``min(d, 128)`` channels); :func:`serves` says which.
+:func:`prefers_splitk` is the table by shape against the staged and tile paths (``TritonAttention.extend``).
+
+Memory layout (strides explicit, innermost dimension contiguous):
+    q            [T, Hq, d]     bf16 or fp32 (fp16/bf16 for the products on the GPU)
+    k_new/v_new  [T, H, d]      the chunk's rotated, centered K/V (bf16 or fp32)
+    cu_seqlens   [B + 1] int32  chunk b is rows cu_seqlens[b]:cu_seqlens[b + 1]
+    pools, tables               the bundles of :mod:`oscarkv.kernels.pools`
+    out          [T, Hq, d]     q's dtype
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from oscarkv.cache.paged_layout import LayerKV, PageTables
+from oscarkv.kernels.decode import _num_sms, uses_raw_int2
+from oscarkv.kernels.decode_int2 import (_bf16_scores, _bf16_values, _bf16_windows, _empty_state, _group_q,
+                                         _int2_history, _store_partial)
+from oscarkv.kernels.pools import format_args, history_arg, tables_arg, tier_rows, window_arg
+from oscarkv.kernels.split_k import merge_splits, softmax_step_t
+
+LOG2E = 1.4426950408889634
+MAX_CHUNK = 512
+"""The longest chunk this kernel is meant for (beyond, the staged path's tensor-core attention wins)."""
+SPLITK_SHAPES = ((64, 1024), (MAX_CHUNK, 16384))
+"""``(longest chunk, shortest cached prefix)`` pairs: a chunk at most the first over a prefix at least the
+second takes this kernel. NOTE: first guesses, to be set from ``bash lab/scripts/gpu_chunk.sh`` on an H100
+(split-K vs the tile and staged paths at 32K/100K × 1..512 tokens)."""
+
+
+@triton.jit
+def _chunk_causal(new, lo, tok, hi, h, qk_scale, q, state, B16: tl.constexpr, G: tl.constexpr,
+                  LG: tl.constexpr, NG: tl.constexpr, BLOCK_N: tl.constexpr, R: tl.constexpr,
+                  VSHIFT: tl.constexpr):
+    """The chunk's own keys ``[0, hi)`` (``new = (K, V, (stride_t, stride_h))``, rows from ``lo``) for the online
+    softmax ``state``, causal: row ``r`` (chunk token ``tok[r]``) sees keys ``<= tok[r]``. Every row sees key 0,
+    so no row is all ``-inf`` after the first tile."""
+    Kn, Vn, (stride_t, stride_h) = new
+    acc0, acc1, m_i, l_i = state
+    n0 = 0
+    while n0 < hi:
+        toks = n0 + tl.arange(0, BLOCK_N)
+        ok = toks < hi
+        rows = (lo + toks).to(tl.int64) * stride_t + h * stride_h
+        s = _bf16_scores(Kn, rows[:, None], ok[:, None], q[0][1], LG, tl.zeros([BLOCK_N, R], tl.float32))
+        if NG == 2:
+            s = _bf16_scores(Kn + G, rows[:, None], ok[:, None], q[1][1], LG, s)
+        vis = ok[:, None] & (toks[:, None] <= tok[None, :])
+        p, alpha, m_i, l_i = softmax_step_t(tl.where(vis, s * qk_scale, float("-inf")), m_i, l_i)
+        acc0 = _bf16_values(Vn, rows[None, :], ok[None, :], p, acc0, alpha, LG, B16, VSHIFT)
+        if NG == 2:
+            acc1 = _bf16_values(Vn + G, rows[None, :], ok[None, :], p, acc1, alpha, LG, B16, VSHIFT)
+        n0 += BLOCK_N
+    return acc0, acc1, m_i, l_i
+
+
+@triton.jit
+def _chunk_kernel(Q, new, window, history, tables, CuSeq, mid, qk_scale, NUM_SPLITS,
+                  H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                  P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, CONV: tl.constexpr,
+                  CHUNK: tl.constexpr, HAS_INT2: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr,
+                  VBITS: tl.constexpr, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
+    """``Q = (q, stride_t, stride_h)``; ``new = (k_new, v_new, (stride_t, stride_h))``; ``window``, ``history``,
+    ``tables``: the bundles of :mod:`oscarkv.kernels.pools`; ``mid = (Mid_O, Mid_L, (its strides t, h, s),
+    (Mid_L's t, h))``."""
+    # NOTE: INTERPRET: while loops and fp32 operands for Triton's CPU interpreter (see decode.py).
+    R: tl.constexpr = BLOCK_T * REP_PAD
+    VSHIFT: tl.constexpr = 18 if VLEV else 0  # value units with a level table (decode_int2's docstring)
+    LG: tl.constexpr = G // 4
+    NG: tl.constexpr = D // G
+    F16: tl.constexpr = tl.float32 if INTERPRET else tl.float16
+    B16: tl.constexpr = tl.float32 if INTERPRET else tl.bfloat16
+    b = tl.program_id(0) // H
+    h = tl.program_id(0) % H
+    split = tl.program_id(1)
+    t0 = tl.program_id(2) * BLOCK_T
+    lo = tl.load(CuSeq + b)
+    c = tl.load(CuSeq + b + 1) - lo
+    if t0 < c:
+        r = tl.arange(0, R)
+        tok = t0 + r // REP_PAD  # chunk-relative position of row r
+        head = h * REP + r % REP_PAD
+        live_rows = (tok < c) & (r % REP_PAD < REP)
+        live = live_rows[None, :]
+        qp = Q[0] + (lo + tok)[None, :].to(tl.int64) * Q[1] + head[None, :] * Q[2]  # [1, R]
+        q0 = _group_q(qp, live, LG, F16, B16)
+        if NG == 2:
+            q1 = _group_q(qp + G, live, LG, F16, B16)
+        else:  # an unused placeholder (NG == 1)
+            q1 = q0
+        state = _bf16_windows(window, tier_rows(tables, b, False), split, NUM_SPLITS, h, qk_scale, (q0, q1),
+                              _empty_state(LG, R), B16, G, LG, NG, P, BLOCK_N, R, VSHIFT)
+        if HAS_INT2:
+            state = _int2_history(history, tier_rows(tables, b, True), split, NUM_SPLITS, h, qk_scale, (q0, q1),
+                                  state, F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS, VBITS, KLEV, VLEV)
+        # the chunk itself rides on the last split (split_k.split_range gives it the shortest share)
+        hi = tl.where(split == NUM_SPLITS - 1, tl.minimum(c, t0 + BLOCK_T), 0)
+        state = _chunk_causal(new, lo, tok, hi, h, qk_scale, (q0, q1), state, B16, G, LG, NG, BLOCK_N, R, VSHIFT)
+        MidO, MidL, (sot, soh, sos), (slt, slh) = mid
+        rows = (lo + tok).to(tl.int64)
+        _store_partial(MidO + rows[None, :] * sot + head[None, :] * soh + split * sos,
+                       MidL + rows * slt + head * slh + split, live, live_rows, state, G, LG, NG, VSHIFT)
+
+
+def serves(kv: LayerKV) -> bool:
+    """Whether this kernel reads ``kv``'s layout: BF16-only pools, or INT2 groups the raw-code tiles take."""
+    _, _, p, d = kv.bf16_k.shape
+    if kv.int2_k is None:
+        return d >= 64 and p % 16 == 0
+    return uses_raw_int2(d, kv.int2_k.group, p)
+
+
+def prefers_splitk(chunk: int, prefix: int) -> bool:
+    """Whether a chunk of ``chunk`` tokens over ``prefix`` cached ones takes this kernel (``SPLITK_SHAPES``)."""
+    return any(chunk <= c and prefix >= n for c, n in SPLITK_SHAPES)
+
+
+def _config(device: torch.device, rows: int) -> dict:
+    """Tiles and launch options keyed by the query rows per program ``R = BLOCK_T · REP_PAD``.
+
+    ``PER_SM``: resident programs per SM at the registers the sm_90 compile gives (``lab.benchmarks.compile_sm90
+    --table OUT.json SASS_DIR chunk``, Qwen3 shape, G = 128): ``R = 8`` one warp at 254 registers (capped at 168
+    as the decode kernel is, the chunk's own loop spills 128 bytes), 16 two warps at 246, 32 four warps at 255
+    (24 bytes of spills), 64 eight warps at 255 (no spills; 4 warps spilled 96 bytes). NOTE: not yet timed on a
+    GPU (``lab/scripts/gpu_chunk.sh``)."""
+    if device.type != "cuda":
+        return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0, CHUNK=4, PER_SM=2)
+    warps, per_sm = {8: (1, 8), 16: (2, 4), 32: (4, 2)}.get(rows, (8, 1))
+    return dict(BLOCK_N=64, num_warps=warps, num_stages=3 if rows <= 16 else 2, CONV=2, CHUNK=32, PER_SM=per_sm)
+
+
+def _rows(device: torch.device, max_chunk: int, rep_pad: int) -> int:
+    """Query rows per program: the whole chunk's rows up to 64 (16 in the interpreter), at least the mma's 8."""
+    cap = 64 if device.type == "cuda" else 16
+    return max(8, min(cap, triton.next_power_of_2(max_chunk) * rep_pad), rep_pad)
+
+
+def chunk_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV, tables: PageTables,
+                    cu_seqlens: torch.Tensor, scale: float, max_chunk: int, *, num_splits: int | None = None,
+                    config: dict | None = None) -> torch.Tensor:
+    """Attention of each chunk's queries over its cached prefix (all visible) and itself (causal), split-K.
+
+    ``q [T, Hq, d]``, ``k_new/v_new [T, H, d]`` rotated and centered, ``cu_seqlens int32 [B + 1]``, ``max_chunk``
+    the longest chunk → ``[T, Hq, d]`` in ``q``'s dtype; the oracle is ``reference.extend_attention_ref``.
+    ``num_splits`` / ``config`` override the splits and the tile table (``ROWS``: query rows per program, a power
+    of two >= 8 and >= the padded GQA group; tests and benchmarks)."""
+    t, hq, d = q.shape
+    _, h, p, dk = kv.bf16_k.shape
+    bsz = cu_seqlens.numel() - 1
+    assert serves(kv), "chunk_attention: a layout the raw-code tiles do not read (see serves)"
+    assert dk == d and hq % h == 0 and d & (d - 1) == 0, f"bad shapes q {tuple(q.shape)} pool {tuple(kv.bf16_k.shape)}"
+    assert q.dtype in (torch.bfloat16, torch.float32) and q.stride(2) == 1, "q: bf16/fp32, contiguous head_dim"
+    assert k_new.shape == v_new.shape == (t, h, d) and k_new.stride() == v_new.stride() and k_new.stride(2) == 1
+    assert cu_seqlens.dtype == torch.int32 and tables.bf16_lens.shape[0] == bsz and 0 < max_chunk
+    int2 = kv.int2_k is not None
+    rep = hq // h
+    rep_pad = triton.next_power_of_2(rep)
+    rows = (config or {}).get("ROWS") or _rows(q.device, max_chunk, rep_pad)
+    cfg = {**_config(q.device, rows), **(config or {})}
+    cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)  # NOTE: INT2 tiles must not straddle pages (decode_int2)
+    grid_t = triton.cdiv(max_chunk, rows // rep_pad)
+    splits = num_splits or max(1, min(256, cfg["PER_SM"] * _num_sms(q.device) // (bsz * h * grid_t)))
+    mid_o = torch.empty(t, hq, splits, d, dtype=torch.float32, device=q.device)
+    mid_l = torch.empty(t, hq, splits, dtype=torch.float32, device=q.device)
+    out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
+    _chunk_kernel[(bsz * h, splits, grid_t)](
+        (q, q.stride(0), q.stride(1)), (k_new, v_new, tuple(k_new.stride()[:2])), window_arg(kv), history_arg(kv),
+        tables_arg(tables), cu_seqlens, (mid_o, mid_l, tuple(mid_o.stride()[:3]), tuple(mid_l.stride()[:2])),
+        scale * LOG2E, splits, H=h, REP=rep, REP_PAD=rep_pad, D=d, G=kv.int2_k.group if int2 else min(d, 128), P=p,
+        BLOCK_T=rows // rep_pad, BLOCK_N=cfg["BLOCK_N"], CONV=cfg["CONV"], CHUNK=cfg["CHUNK"], HAS_INT2=int2,
+        **format_args(kv), INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
+    merge_splits(mid_o, mid_l, out)
+    return out

@@ -1,0 +1,120 @@
+"""Split-K chunk attention (``oscarkv.kernels.chunk_splitk``) vs the fp32 oracle: odd chunk lengths and one-token
+chunks in one batch, GQA 1/4/6, head_dim 64/128 with one or two groups per token, BF16-only caches, an empty
+cache, prefixes that split unevenly (more splits than tiles), every precision rung (K4/V4, level tables); and
+``TritonAttention.extend`` routing a step by shape. CPU interpreter at small shapes, GPU at real ones."""
+
+import pytest
+import torch
+
+from oscarkv.attention.backends import TritonAttention
+from oscarkv.kernels.chunk_splitk import chunk_attention, prefers_splitk, serves
+from oscarkv.kernels.reference import extend_attention_ref
+from oscarkv.kernels.synthetic import random_cache
+from tests.kernels.test_extend import _bf16_error, _rel
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+LM = (0.0, 0.8125, 2.1875, 3.0)  # a Lloyd-Max-like 2-bit table (fp16 values)
+
+
+def _check(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, splits=None, seed=0,
+           bits=(2, 2), levels=(None, None)):
+    kv, tables = random_cache(cached, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
+                              device=DEV, seed=seed, bits=bits, levels=levels)
+    assert serves(kv)
+    gen = torch.Generator(device=DEV).manual_seed(seed + 5)
+    t = sum(chunks)
+    q, k_new, v_new = (torch.randn(t, n, d, generator=gen, device=DEV).bfloat16() for n in (hq, h, h))
+    cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    # NOTE: fp32 (bf16 values) in the interpreter, which truncates fp32 → bf16 casts
+    cast = (lambda x: x) if CUDA else (lambda x: x.float())
+    out = chunk_attention(cast(q), cast(k_new), cast(v_new), kv, tables, cu, d**-0.5, max(chunks), num_splits=splits)
+    ref = extend_attention_ref(q.float(), k_new, v_new, kv, tables, cu, d**-0.5)
+    assert out.shape == ref.shape and torch.isfinite(out).all()
+    tol = max(2 * _bf16_error(q, k_new, v_new, kv, tables, cu, d**-0.5, ref), 1e-3)
+    assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+
+
+CPU_CASES = [  # (cached lens, chunk lens, Hq, H, d, group, int2, splits)
+    ([300, 45], [7, 1], 8, 2, 64, None, True, 3),  # windows + history; an odd chunk next to a one-token one
+    ([200], [5], 6, 1, 64, None, True, 2),  # GQA 6 (REP_PAD 8): dead head rows
+    ([150, 0], [3, 9], 8, 2, 128, 64, True, 2),  # two groups per token; an empty cache (the chunk only)
+    ([99], [11], 4, 4, 64, None, False, 3),  # BF16-only cache, GQA 1
+    ([130], [13], 8, 2, 64, None, True, 9),  # more splits than tiles: empty splits, -inf in the merge
+    ([403], [21], 8, 2, 64, None, True, 2),  # several row blocks (BLOCK_T = 4) and several page-id chunks
+]
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+@pytest.mark.parametrize("cached,chunks,hq,h,d,group,int2,splits", CPU_CASES)
+def test_chunk_matches_oracle_cpu(cached, chunks, hq, h, d, group, int2, splits):
+    _check(cached, chunks, hq, h, d, group=group, int2=int2, splits=splits, seed=sum(cached) + d)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+@pytest.mark.parametrize("bits,levels", [((4, 2), (None, None)), ((2, 4), (None, None)), ((4, 4), (None, None)),
+                                         ((2, 2), (LM, LM)), ((2, 2), (None, LM))],
+                         ids=["k4v2", "k2v4", "int4", "levels", "value-levels"])
+def test_chunk_rungs_cpu(bits, levels):
+    _check([230, 17], [6, 2], 8, 2, 64, splits=3, seed=bits[0] + 3 * bits[1], bits=bits, levels=levels)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+def test_chunk_rung_two_groups_cpu():
+    """4-bit values and a key level table with two groups per token (each group's high plane and table)."""
+    _check([150], [5], 8, 2, 128, group=64, splits=2, seed=9, bits=(2, 4), levels=(LM, None))
+
+
+def test_shape_table():
+    """Short chunks over long prefixes take the kernel; long chunks and short prefixes do not."""
+    assert prefers_splitk(1, 100_000) and prefers_splitk(512, 100_000)
+    assert not prefers_splitk(513, 100_000) and not prefers_splitk(8, 0)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+def test_triton_backend_routes_by_shape(monkeypatch):
+    """One step, three paths: a short chunk over a long prefix to split-K, a long chunk to the staged path, a
+    short chunk over a short prefix to the tile kernel; the whole step matches the oracle."""
+    from oscarkv.kernels import chunk_splitk, prefill
+
+    monkeypatch.setattr(chunk_splitk, "SPLITK_SHAPES", ((16, 200),))
+    monkeypatch.setattr(prefill, "MIN_CHUNK", 24)
+    chunks, cached = [9, 30, 4], [260, 100, 50]
+    kv, tables = random_cache(cached, 2, 64, page=16, sink=32, recent=64, seed=4)
+    gen = torch.Generator().manual_seed(4)
+    q, k_new, v_new = (torch.randn(sum(chunks), n, 64, generator=gen).bfloat16().float() for n in (8, 2, 2))
+    cu = torch.tensor([0, 9, 39, 43], dtype=torch.int32)
+    calls = []
+    monkeypatch.setattr(chunk_splitk, "chunk_attention", _spy(chunk_splitk.chunk_attention, calls, "splitk"))
+    out = TritonAttention().extend(q, k_new, v_new, kv, tables, cu, 0.125)
+    ref = extend_attention_ref(q, k_new, v_new, kv, tables, cu, 0.125)
+    assert calls == [("splitk", 9)]
+    assert _rel(out, ref) <= max(2 * _bf16_error(q, k_new, v_new, kv, tables, cu, 0.125, ref), 1e-3)
+
+
+def _spy(fn, calls, name):
+    def wrapped(q, *args, **kwargs):
+        calls.append((name, q.shape[0]))
+        return fn(q, *args, **kwargs)
+    return wrapped
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("chunks", [[1], [8], [512], [3, 1, 17]], ids=str)
+@pytest.mark.parametrize("kind", ["int2", "bf16", "k4v2", "levels"])
+def test_chunk_real_shape_gpu(chunks, kind):
+    """Qwen3-4B/8B attention shape (32 query heads, 8 KV heads, d = 128, page 64) over prefixes of up to 20K
+    tokens that split unevenly, one to three sequences."""
+    cached = [20011, 9000, 300][: len(chunks)]
+    opts = dict(int2=kind != "bf16", bits=(4, 2) if kind == "k4v2" else (2, 2),
+                levels=(LM, LM) if kind == "levels" else (None, None))
+    _check(cached, chunks, 32, 8, 128, group=128, page=64, sink=64, recent=256, seed=len(chunks), **opts)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_chunk_gqa_gpu():
+    """GQA 5 (Qwen3-14B: 40 query heads, REP_PAD 8) and GQA 1, 64-channel groups (two per token)."""
+    _check([30001], [37], 40, 8, 128, group=128, page=64, sink=64, recent=256, seed=1)
+    _check([12345], [9], 8, 8, 128, group=64, page=64, sink=64, recent=256, seed=2)
