@@ -19,7 +19,7 @@ from dataclasses import MISSING, asdict, fields
 from functools import cache
 from pathlib import Path
 
-from oscarkv.config import DEVICES, DTYPES, ENGINE_METHODS, EngineConfig, KVConfig
+from oscarkv.config import DEVICES, DTYPES, ENGINE_METHODS, DistributedConfig, EngineConfig, KVConfig
 
 
 class UserError(Exception):
@@ -157,7 +157,7 @@ def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
         k: given.get(k, getattr(base, k)) for k in ("sink", "recent", "key_bits", "value_bits")}))
     if args.sink is None and args.recent is None:  # the recipe's windows and bits; bits the flags set win
         kv = config_from(KVConfig, argparse.Namespace(**{**asdict(apply_recipe(kv, artifact)), **given}))
-    return config_from(EngineConfig, args, kv=kv)
+    return config_from(EngineConfig, args, kv=kv, distributed=config_from(DistributedConfig, args))  # flags: serve's
 
 
 def say_windows(cfg: EngineConfig, artifact) -> None:

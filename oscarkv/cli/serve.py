@@ -19,18 +19,20 @@ import argparse
 import os
 
 from oscarkv.cli.flags import UserError, add_fields, config_from, engine_args, engine_config
-from oscarkv.config import ServerConfig
+from oscarkv.config import DistributedConfig, ServerConfig
 
 SERVER_FIELDS = ["host", "port", "served_model_name", "max_model_len", "default_max_tokens", "max_request_bytes",
                  "shutdown_grace", "api_key", "protect_metrics"]
 API_KEY_ENV = "OSCARKV_API_KEY"
 """Environment variable holding the API key when ``--api-key`` is not given (as vLLM's ``VLLM_API_KEY``)."""
+NODE_FIELDS = ["nnodes", "node_rank", "master_addr", "master_port", "rendezvous_timeout"]
 SERVE_EXTRA = ("fastapi", "starlette", "uvicorn", "prometheus_client", "pydantic")
 
 
 def setup(p: argparse.ArgumentParser) -> None:
     """Serve the OpenAI API (chat, completions, SSE streaming, /metrics) over the paged INT2 engine."""
     engine_args(p)
+    add_fields(p, DistributedConfig, NODE_FIELDS)
     add_fields(p, ServerConfig, SERVER_FIELDS)
 
 
@@ -67,7 +69,22 @@ def build(args: argparse.Namespace):
         raise UserError(str(e)) from e
 
 
+def run_node(args: argparse.Namespace) -> int:
+    """``--node-rank N > 0``: host this node's tensor-parallel ranks for node 0's server (no model load, no port)."""
+    from oscarkv.engine.workers import run_node as node_main
+    from oscarkv.models.loader import ModelLoadError, resolve_device
+
+    cfg = engine_config(args)
+    try:
+        device = resolve_device(args.device)
+    except ModelLoadError as e:
+        raise UserError(str(e)) from e
+    return node_main(cfg, device)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.node_rank > 0:
+        return run_node(args)
     launch = launch_module()
     cfg = server_config(args)
     engine_config(args)  # bad engine flags are reported before the port is taken

@@ -136,6 +136,35 @@ format."""
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Where the tensor-parallel ranks of one engine run: one host (the default) or several, joined by
+    torch.distributed's TCP rendezvous (``oscarkv.engine.workers``). Node ``n`` of ``nnodes`` hosts ranks
+    ``[n k, (n + 1) k)``, ``k = tensor_parallel_size / nnodes``; node 0 runs the engine (rank 0 schedules),
+    the others only their ranks' shards, which they receive from rank 0."""
+
+    nnodes: int = 1
+    """Hosts the ranks are spread over; they must divide ``tensor_parallel_size``."""
+    node_rank: int = 0
+    """This host's index in ``[0, nnodes)``: 0 serves (and sends every rank its weights), the others wait for it."""
+    master_addr: str = "127.0.0.1"
+    """Address of node 0, which every node can reach (node 0 listens there for the rendezvous)."""
+    master_port: int = 29500
+    """TCP port of the rendezvous on node 0 (torch.distributed's usual one)."""
+    rendezvous_timeout: float = 300.0
+    """Seconds the nodes wait for one another at start-up; a node that has not arrived by then fails the
+    start with an error naming the address (a node that dies later fails the running steps at once)."""
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"DistributedConfig: node_rank must lie in [0, nnodes), got node_rank={self.node_rank}, "
+                             f"nnodes={self.nnodes}")
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"DistributedConfig.master_port must lie in [1, 65535], got {self.master_port}")
+        if not self.rendezvous_timeout > 0:
+            raise ValueError(f"DistributedConfig.rendezvous_timeout must be > 0 seconds, got {self.rendezvous_timeout}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """The paged serving engine (``oscarkv.engine``): pools, scheduling and prefix caching."""
 
@@ -170,6 +199,8 @@ class EngineConfig:
     ranks 1 .. N-1 as worker processes of its own (``oscarkv.engine.workers``; CUDA: one GPU each from
     the model's, NCCL; CPU: gloo). Query and KV heads are split (a KV head is replicated when N exceeds
     their number); N must divide the query heads and the MLP width."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Hosts the ranks run on (one by default)."""
 
     def __post_init__(self) -> None:
         kv, p = self.kv, self.kv.page_size
@@ -194,6 +225,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.kv_memory_bytes must be > 0, got {self.kv_memory_bytes}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"EngineConfig.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size % self.distributed.nnodes:
+            raise ValueError(f"EngineConfig.tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of "
+                             f"DistributedConfig.nnodes ({self.distributed.nnodes}): every node hosts as many ranks")
 
 
 @dataclass(frozen=True)
