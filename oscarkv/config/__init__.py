@@ -13,7 +13,8 @@ imports nothing heavy (the command line's ``--help`` reads it without torch).
 from __future__ import annotations
 
 from oscarkv.config.serving import (CACHE_DIR, DEVICES, DTYPES, ENGINE_METHODS, FIXED_BITS, LADDER_METHODS,
-                                    LEVEL_KINDS, METHODS, RUNGS, DistributedConfig, EngineConfig, KVConfig, ServerConfig)
+                                    LEVEL_KINDS, METHODS, RUNGS, DistributedConfig, EngineConfig, KVConfig, ReplicaConfig,
+                                    ROUTER_POLICIES, ServerConfig)
 from oscarkv.config.studies import (CENTER_MODES, CLIP_MODES, DEV_PROTOCOLS, HAYSTACKS, QUERY_WEIGHTINGS, TASKS,
                                     CalibrationConfig, EvalConfig, RecipeSearchConfig, ReferenceRecipe)
 
@@ -21,6 +22,6 @@ __version__ = "0.1.0"
 """The package version (recorded in every artifact manifest)."""
 
 __all__ = ["CACHE_DIR", "DEVICES", "DTYPES", "ENGINE_METHODS", "FIXED_BITS", "LADDER_METHODS", "LEVEL_KINDS", "METHODS", "RUNGS",
-           "DistributedConfig", "EngineConfig", "KVConfig", "ServerConfig", "CENTER_MODES", "CLIP_MODES", "DEV_PROTOCOLS", "HAYSTACKS",
+           "DistributedConfig", "EngineConfig", "KVConfig", "ReplicaConfig", "ROUTER_POLICIES", "ServerConfig", "CENTER_MODES", "CLIP_MODES", "DEV_PROTOCOLS", "HAYSTACKS",
            "QUERY_WEIGHTINGS", "TASKS", "CalibrationConfig", "EvalConfig", "RecipeSearchConfig", "ReferenceRecipe",
            "__version__"]

@@ -259,6 +259,9 @@ class ServerConfig:
     process listings."""
     protect_metrics: bool = False
     """Ask for the API key on ``/metrics`` too (``/health`` is always open)."""
+    kv_events_endpoint: str = ""
+    """ZMQ endpoint to publish prefix-cache events on, in vLLM's KV-event format (``tcp://*:5557``), for
+    routers that follow each replica's cache (``oscarkv.server.kv_events``); empty: none."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -273,3 +276,31 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
         if self.protect_metrics and not self.api_key:
             raise ValueError("ServerConfig.protect_metrics needs an api_key (--api-key or OSCARKV_API_KEY)")
+
+
+ROUTER_POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "random")
+"""Policies of vllm-router that ``oscarkv serve --data-parallel-size N`` can start it with: ``cache_aware``
+(a radix tree of the prompts each replica served), ``kv_aware`` (the replicas' prefix-cache events),
+``round_robin``, ``power_of_two`` (the less loaded of two), ``random``."""
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """Data parallelism as users deploy it: ``oscarkv serve`` replicas behind vllm-router
+    (``oscarkv.server.replicas``)."""
+
+    data_parallel_size: int = 1
+    """Replicas of the engine to start (each with its own tensor-parallel ranks); above 1, the router listens
+    on ``--host``/``--port`` and the replicas on free loopback ports (printed)."""
+    router_policy: str = "cache_aware"
+    """How the router picks a replica (:data:`ROUTER_POLICIES`)."""
+    replica_startup_timeout: float = 600.0
+    """Seconds to wait for every replica (and then the router) to answer ``/health``."""
+
+    def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError(f"ReplicaConfig.data_parallel_size must be >= 1, got {self.data_parallel_size}")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ValueError(f"ReplicaConfig.router_policy must be one of {ROUTER_POLICIES}, got {self.router_policy!r}")
+        if not self.replica_startup_timeout > 0:
+            raise ValueError(f"ReplicaConfig.replica_startup_timeout must be > 0 seconds, got {self.replica_startup_timeout}")
