@@ -27,7 +27,8 @@ from oscarkv.config import ReplicaConfig
 HEALTH_POLL_S = 0.25
 ROUTER_HEALTH_CHECK_S = 5
 """Seconds between the router's health checks of each replica (vllm-router's default, 60, leaves a dead
-replica in rotation for a minute; its retries cover the requests in between)."""
+replica in rotation for a minute). One failed health check, or one failed request (the circuit breaker),
+takes a replica out of rotation: a replica that stops answering is dead far more often than slow."""
 STOP_GRACE_S = 30.0
 """Seconds a replica gets to drain after SIGTERM before it is killed."""
 
@@ -85,7 +86,8 @@ def _wait_healthy(procs: list[subprocess.Popen], urls: list[str], names: list[st
 def router_command(cfg: ReplicaConfig, fleet: Fleet, host: str, port: int, block_size: int) -> list[str]:
     cmd = [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port),
            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(fleet.metrics_port),
-           "--health-check-interval-secs", str(ROUTER_HEALTH_CHECK_S), "--policy", cfg.router_policy,
+           "--health-check-interval-secs", str(ROUTER_HEALTH_CHECK_S), "--health-failure-threshold", "1",
+           "--cb-failure-threshold", "1", "--policy", cfg.router_policy,
            "--worker-urls", *fleet.urls]
     if cfg.router_policy == "kv_aware":
         for url, ev in zip(fleet.urls, fleet.events):
@@ -98,6 +100,7 @@ def start(cfg: ReplicaConfig, replica_argv: list[str], host: str, port: int, blo
     """Start the replicas (``oscarkv serve`` with ``replica_argv``) and the router; stop them all on failure."""
     n = cfg.data_parallel_size
     ports = free_ports(2 * n + 1)  # HTTP and ZMQ of each replica, the router's Prometheus exporter
+    port = port or free_ports(1, "127.0.0.1" if host in ("0.0.0.0", "::") else host)[0]  # --port 0: any free one
     http, zmq = ports[:n], ports[n:2 * n]
     fleet = Fleet([f"http://127.0.0.1:{p}" for p in http], [f"tcp://127.0.0.1:{p}" for p in zmq], [], metrics_port=ports[-1])
     try:
