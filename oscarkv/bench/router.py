@@ -114,16 +114,21 @@ def hit_rate(router: str, replicas: list[str], prompts: list[str], max_tokens: i
 
 
 def failover(fleet: Fleet, prompt: str, long_tokens: int, after: list[str], max_tokens: int) -> dict:
-    """Kill the replica running a long request; how that request ended, and the requests sent after."""
-    result: dict = {}
+    """Kill the replica streaming a long request; how that stream ended, and the requests sent after.
+    NOTE: streamed, because vllm-router retries a non-streamed request on another replica (from scratch)."""
+    result: dict = {"events": 0}
 
     def long_request() -> None:
         t = time.monotonic()
+        body = {"model": "default", "prompt": prompt, "max_tokens": long_tokens, "temperature": 0, "stream": True}
         try:
-            r = complete(fleet.router, prompt, long_tokens)
-            result.update(status=r.status_code, body=r.text[:300])
+            with httpx.stream("POST", f"{fleet.router}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S) as r:
+                result["status"] = r.status_code
+                for line in r.iter_lines():
+                    result["events"] += line.startswith("data:")
+                    result["last"] = line[:300]
         except httpx.HTTPError as e:
-            result.update(status=None, body=f"{type(e).__name__}: {e}")
+            result["error"] = f"{type(e).__name__}: {e}"
         result["seconds"] = time.monotonic() - t
     thread = threading.Thread(target=long_request, daemon=True)
     thread.start()
@@ -194,9 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in rows.items():
         print(f"{name:12s} prefix-cache hit rate {r['hit_rate']:.3f}  prompt tokens per replica {r['queries_per_replica']}")
     f = fail["in_flight"]
-    print(f"failover: replica {fail['killed']} killed mid-request -> that request: HTTP {f['status']} after "
-          f"{f['seconds']:.1f} s ({f['body'][:120]!r}); hung: {f['hung']}; next {len(fail['after'])} requests: "
-          f"{[s for s, _ in fail['after']]} in {fail['after_seconds']:.1f} s")
+    print(f"failover: replica {fail['killed']} killed mid-stream -> that stream: HTTP {f.get('status')}, "
+          f"{f['events']} events, ended after {f['seconds']:.1f} s with {f.get('error') or f.get('last')!r}; "
+          f"hung: {f['hung']}; next {len(fail['after'])} requests: {[s for s, _ in fail['after']]} "
+          f"in {fail['after_seconds']:.1f} s")
     if args.json:
         args.json.write_text(json.dumps({"policies": {k: {x: v[x] for x in ("hit_rate", "queries_per_replica")}
                                                       for k, v in rows.items()}, "failover": fail}, indent=1))
