@@ -113,7 +113,8 @@ def run_replicas(args: argparse.Namespace) -> int:
         raise UserError("--data-parallel-size with an API key is not supported: the router would pass clients "
                         "through unchecked; put the router behind your gateway, or start replicas and router yourself")
     try:
-        return replicas.run(cfg, replica_argv(args), args.host, args.port, args.page_size)
+        return replicas.run(cfg, replica_argv(args), (args.host, args.port),
+                            (args.page_size, args.served_model_name or args.model))
     except replicas.LaunchError as e:
         raise UserError(str(e)) from None
 

@@ -6,11 +6,14 @@ sends them every :data:`FLUSH_S` as one batch on a ZMQ PUB socket bound to
 ``ServerConfig.kv_events_endpoint`` (``tcp://*:5557``), so routers (vllm-router's ``kv_aware`` policy
 with ``--kv-event-source``, llm-d, Dynamo) subscribe as they do to vLLM.
 
-Wire format (vLLM's ``vllm/distributed/kv_events.py``, msgpack, structs as arrays): each message is
-three frames ``(topic, seq, payload)``: the topic (empty), an 8-byte big-endian sequence number from 0,
-and ``payload = [ts, events, data_parallel_rank]`` where an event is
-``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name]``,
-``["BlockRemoved", block_hashes, medium]`` or ``["AllBlocksCleared"]``. A block is one page
+Wire format (vLLM's ``vllm/distributed/kv_events.py``, msgpack; the batch an array, each event a map
+tagged by ``type``, as vllm-router's ``kv_aware`` decodes them): each message is three frames
+``(topic, seq, payload)``: the topic (empty), an 8-byte big-endian sequence number from 0, and
+``payload = [ts, events, data_parallel_rank]`` where an event is
+``{type: "BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+lora_name}``, ``{type: "BlockRemoved", block_hashes, medium}`` or ``{type: "AllBlocksCleared"}``
+(vllm-router refuses an event array, "KV event must be a tagged map", and a batch map, "KV event batch
+must be an array"). A block is one page
 (``block_size`` = ``KVConfig.page_size`` tokens); its hash is oscarkv's page key (32 bytes: it chains
 the previous page's key, the tokens and how they were chunked), so a consumer that hashes tokens itself
 uses ``token_ids``. ``medium`` is ``"GPU"`` for a page held in either tier (BF16 or INT2). NOTE: no
@@ -35,15 +38,16 @@ MEDIUM = "GPU"
 """The medium vLLM names device memory with; both KV tiers live there."""
 
 
-def stored(keys: list[bytes], parent: bytes | None, tokens: Sequence[int], block_size: int) -> list:
-    return ["BlockStored", keys, parent, list(tokens), block_size, None, MEDIUM, None]
+def stored(keys: list[bytes], parent: bytes | None, tokens: Sequence[int], block_size: int) -> dict:
+    return {"type": "BlockStored", "block_hashes": keys, "parent_block_hash": parent, "token_ids": list(tokens),
+            "block_size": block_size, "lora_id": None, "medium": MEDIUM, "lora_name": None}
 
 
-def removed(keys: list[bytes]) -> list:
-    return ["BlockRemoved", keys, MEDIUM]
+def removed(keys: list[bytes]) -> dict:
+    return {"type": "BlockRemoved", "block_hashes": keys, "medium": MEDIUM}
 
 
-def batch(events: list[list], dp_rank: int = 0) -> bytes:
+def batch(events: list[dict], dp_rank: int = 0) -> bytes:
     """One batch's payload: ``[ts, events, data_parallel_rank]``, msgpack."""
     return msgpack.packb([time.time(), events, dp_rank], use_bin_type=True)
 
@@ -57,7 +61,7 @@ class KVEventPublisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.bind(endpoint)  # NOTE: zmq.ZMQError when the port is taken: the server does not start
-        self._pending: list[list] = []
+        self._pending: list[dict] = []
         self._lock, self._stop, self._seq = threading.Lock(), threading.Event(), 0
         self._thread = threading.Thread(target=self._run, name="oscarkv-kv-events", daemon=True)
         self._thread.start()
@@ -69,9 +73,9 @@ class KVEventPublisher:
         self._add(removed([key]))
 
     def cleared(self) -> None:
-        self._add(["AllBlocksCleared"])
+        self._add({"type": "AllBlocksCleared"})
 
-    def _add(self, event: list) -> None:
+    def _add(self, event: dict) -> None:
         with self._lock:
             self._pending.append(event)
 

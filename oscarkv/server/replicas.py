@@ -83,7 +83,10 @@ def _wait_healthy(procs: list[subprocess.Popen], urls: list[str], names: list[st
         time.sleep(HEALTH_POLL_S if waiting else 0)
 
 
-def router_command(cfg: ReplicaConfig, fleet: Fleet, host: str, port: int, block_size: int) -> list[str]:
+def router_command(cfg: ReplicaConfig, fleet: Fleet, where: tuple[str, int], block: tuple[int, str]) -> list[str]:
+    """vllm-router's command line; ``where``: its host and port; ``block``: the replicas' page size and
+    served model name (what ``kv_aware`` keys the cache events by)."""
+    (host, port), (block_size, model) = where, block
     cmd = [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port),
            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(fleet.metrics_port),
            "--health-check-interval-secs", str(ROUTER_HEALTH_CHECK_S), "--health-failure-threshold", "1",
@@ -92,12 +95,14 @@ def router_command(cfg: ReplicaConfig, fleet: Fleet, host: str, port: int, block
     if cfg.router_policy == "kv_aware":
         for url, ev in zip(fleet.urls, fleet.events):
             cmd += ["--kv-event-source", f"{url}={ev}"]
-        cmd += ["--kv-event-block-size", str(block_size)]
+        cmd += ["--kv-event-block-size", str(block_size), "--kv-event-model", model]
     return cmd
 
 
-def start(cfg: ReplicaConfig, replica_argv: list[str], host: str, port: int, block_size: int) -> Fleet:
-    """Start the replicas (``oscarkv serve`` with ``replica_argv``) and the router; stop them all on failure."""
+def start(cfg: ReplicaConfig, replica_argv: list[str], where: tuple[str, int], block: tuple[int, str]) -> Fleet:
+    """Start the replicas (``oscarkv serve`` with ``replica_argv``) and the router (see :func:`router_command`);
+    stop them all on failure."""
+    host, port = where
     n = cfg.data_parallel_size
     ports = free_ports(2 * n + 1)  # HTTP and ZMQ of each replica, the router's Prometheus exporter
     port = port or free_ports(1, "127.0.0.1" if host in ("0.0.0.0", "::") else host)[0]  # --port 0: any free one
@@ -110,7 +115,7 @@ def start(cfg: ReplicaConfig, replica_argv: list[str], host: str, port: int, blo
         names = [f"replica {i} ({u})" for i, u in enumerate(fleet.urls)]
         _wait_healthy(fleet.replicas, fleet.urls, names, cfg.replica_startup_timeout)
         fleet.router_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-        fleet.router = subprocess.Popen(router_command(cfg, fleet, host, port, block_size))
+        fleet.router = subprocess.Popen(router_command(cfg, fleet, (host, port), block))
         _wait_healthy([fleet.router], [fleet.router_url], [f"vllm-router ({fleet.router_url})"], cfg.replica_startup_timeout)
     except BaseException:
         stop(fleet)
@@ -141,9 +146,9 @@ def stop(fleet: Fleet) -> None:
             p.wait()
 
 
-def run(cfg: ReplicaConfig, replica_argv: list[str], host: str, port: int, block_size: int) -> int:
+def run(cfg: ReplicaConfig, replica_argv: list[str], where: tuple[str, int], block: tuple[int, str]) -> int:
     """Start, print where everything listens, wait for SIGTERM/SIGINT or the router's exit, stop everything."""
-    fleet = start(cfg, replica_argv, host, port, block_size)
+    fleet = start(cfg, replica_argv, where, block)
     print(describe(fleet, cfg.router_policy), file=sys.stderr, flush=True)
     stopping = []
 

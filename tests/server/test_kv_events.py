@@ -59,16 +59,18 @@ def test_events_follow_the_pools():
     for _, (ts, events, dp_rank) in msgs:
         assert isinstance(ts, float) and dp_rank == 0
         for e in events:
-            if e[0] == "BlockStored":
-                _, hashes, parent, tokens, block_size, lora_id, medium, lora_name = e
-                assert len(tokens) == block_size == cfg.kv.page_size and medium == "GPU"
-                assert parent is None or parent in seen_stored
-                assert not held & set(hashes)
-                held |= set(hashes)
-                seen_stored |= set(hashes)
+            hashes = set(e["block_hashes"])
+            if e["type"] == "BlockStored":
+                assert e.keys() == {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                                    "medium", "lora_name"}
+                assert len(e["token_ids"]) == e["block_size"] == cfg.kv.page_size and e["medium"] == "GPU"
+                assert e["parent_block_hash"] is None or e["parent_block_hash"] in seen_stored
+                assert not held & hashes
+                held |= hashes
+                seen_stored |= hashes
             else:
-                assert e[0] == "BlockRemoved" and set(e[1]) <= held
-                held -= set(e[1])
+                assert e["type"] == "BlockRemoved" and hashes <= held
+                held -= hashes
                 removed += 1
     assert removed > 0, "the pools should have been small enough to evict"
     assert held == held_keys(engine) and held
