@@ -106,6 +106,9 @@ def run_replicas(args: argparse.Namespace) -> int:
 
     cfg = config_from(ReplicaConfig, args)
     server_config(args), engine_config(args)  # bad flags are reported before anything starts
+    if args.nnodes > 1:
+        raise UserError("--data-parallel-size starts its replicas on this host; for replicas spread over several "
+                        "hosts start each one (--nnodes ...) and vllm-router --worker-urls yourself")
     if not replicas.router_available():
         raise UserError("--data-parallel-size needs vllm-router (module 'vllm_router' is missing): "
                         "pip install 'oscarkv[router]'")

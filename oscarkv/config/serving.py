@@ -198,7 +198,8 @@ class EngineConfig:
     """Devices the model is split over, Megatron style (``oscarkv.models.parallel``): the engine starts
     ranks 1 .. N-1 as worker processes of its own (``oscarkv.engine.workers``; CUDA: one GPU each from
     the model's, NCCL; CPU: gloo). Query and KV heads are split (a KV head is replicated when N exceeds
-    their number); N must divide the query heads and the MLP width."""
+    their number); N must divide the query heads and the MLP width. On several hosts (``distributed``) node 0
+    starts its share of the ranks and the other nodes theirs."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """Hosts the ranks run on (one by default)."""
 

@@ -76,8 +76,8 @@ class WorkerDied(RuntimeError):
 
 @dataclass
 class RankSpec:
-    """What every rank builds its runner from, besides its weights and codecs (pickled to the workers at
-    their start: no tensors)."""
+    """What every rank builds its runner from, besides its weights and codecs (no tensors; rank 0 sends it over
+    the gloo group once the ranks have joined, so that a rank on another node needs nothing else)."""
 
     config: Any  # the whole model's transformers config
     cfg: EngineConfig
