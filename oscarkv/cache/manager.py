@@ -21,6 +21,9 @@ tokens with chunk tokens; chunks start on page boundaries except decode steps, f
 ``EngineConfig`` requires ``recent >= 1`` (or ``P = 1``), and explicit chunk schedules are
 checked by :meth:`KVCacheManager.check_schedule`.
 
+Prefix-cache events (``oscarkv.cache.events``): :meth:`KVCacheManager.watch` adds an observer told
+when a page key is first held by the BF16 or INT2 pool and when its last copy is evicted.
+
 Sliding-window layers (Gemma 3): the pools above serve only the global layers; the sliding
 layers' bounded BF16 windows are the manager's :class:`~oscarkv.cache.window.WindowCache`
 (``window``), planned, committed, freed and matched in the same calls (``WritePlan.window``).
@@ -31,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from oscarkv.cache.events import BlockTracker, CacheObserver
 from oscarkv.cache.page_pool import PagePool
 from oscarkv.cache.seq_kv import ChunkSchedule, SeqKV
 from oscarkv.cache.window import WindowCache, WindowPlan
@@ -72,6 +76,16 @@ class KVCacheManager:
         self.prefix_caching = prefix_caching
         self.P = kv.page_size
         self.hit_tokens = 0  # prompt tokens served from the prefix cache (a statistic)
+        self.blocks: BlockTracker | None = None  # the keys held, once an observer watches
+
+    def watch(self, observer: CacheObserver) -> None:
+        """Tell ``observer`` of every page key that becomes held or stops being held from now on."""
+        if self.blocks is None:
+            self.blocks = BlockTracker()
+            for pool in (self.bf16, self.int2):
+                if pool is not None:
+                    pool.on_evict.append(self.blocks.evicted)
+        self.blocks.observers.append(observer)
 
     @property
     def quantized(self) -> bool:
@@ -224,7 +238,11 @@ class KVCacheManager:
         """After the step ran: key the pages that became full, release demoted BF16 pages."""
         if self.prefix_caching:
             for pool, page, index in plan.register:
-                (self.bf16 if pool == "bf16" else self.int2).register(page, self._key(seq, index))
+                key = self._key(seq, index)
+                if (self.bf16 if pool == "bf16" else self.int2).register(page, key) and self.blocks is not None:
+                    P = self.P
+                    parent = self._key(seq, index - 1) if index else None
+                    self.blocks.added(key, parent, seq.token_ids[index * P:(index + 1) * P])
         for page in plan.release:
             self.bf16.release(page)
         if plan.window:

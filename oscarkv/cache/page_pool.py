@@ -35,6 +35,7 @@ class PagePool:
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._key_of: dict[int, bytes] = {}
         self._page_of: dict[bytes, int] = {}
+        self.on_evict: list = []  # callables told each key an allocation evicts (oscarkv.cache.events)
 
     @property
     def num_available(self) -> int:
@@ -59,7 +60,10 @@ class PagePool:
             page = self._free.popleft()
         elif self._evictable:
             page, _ = self._evictable.popitem(last=False)
-            del self._page_of[self._key_of.pop(page)]
+            key = self._key_of.pop(page)
+            del self._page_of[key]
+            for tell in self.on_evict:
+                tell(key)
         else:
             raise PoolExhausted(f"all {self.num_pages - 1} pages are in use")
         self._ref[page] = 1
@@ -79,12 +83,14 @@ class PagePool:
         self._ref[page] += 1
         return page
 
-    def register(self, page: int, key: bytes) -> None:
-        """Record that used ``page`` holds content ``key`` (ignored if the key or page is known)."""
+    def register(self, page: int, key: bytes) -> bool:
+        """Record that used ``page`` holds content ``key`` (ignored if the key or page is known); whether it did."""
         assert self._ref[page] > 0, f"register on unused page {page}"
-        if key not in self._page_of and page not in self._key_of:
-            self._page_of[key] = page
-            self._key_of[page] = key
+        if key in self._page_of or page in self._key_of:
+            return False
+        self._page_of[key] = page
+        self._key_of[page] = key
+        return True
 
     def release(self, page: int) -> None:
         """Drop one reference; at zero a keyed page becomes cached, an unkeyed one free."""

@@ -21,8 +21,8 @@ from dataclasses import MISSING, asdict, fields
 from functools import cache
 from pathlib import Path
 
-from oscarkv.config import (CACHE_DIR, DEVICES, DTYPES, ENGINE_METHODS, SPECULATIVE_METHODS, EngineConfig, KVConfig,
-                            SpeculativeConfig)
+from oscarkv.config import (CACHE_DIR, DEVICES, DTYPES, ENGINE_METHODS, SPECULATIVE_METHODS, DistributedConfig,
+                            EngineConfig, KVConfig, SpeculativeConfig)
 
 
 class UserError(Exception):
@@ -199,7 +199,8 @@ def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
         kv = config_from(KVConfig, argparse.Namespace(**{**asdict(apply_recipe(kv, artifact)), **given}))
     spec = config_from(SpeculativeConfig, argparse.Namespace(method=args.speculative, **{
         k: getattr(args, k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")}))
-    return config_from(EngineConfig, args, kv=kv, speculative=spec)
+    return config_from(EngineConfig, args, kv=kv, speculative=spec,
+                       distributed=config_from(DistributedConfig, args))  # distributed flags: serve's
 
 
 def say_windows(cfg: EngineConfig, artifact) -> None:

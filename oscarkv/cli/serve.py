@@ -20,18 +20,24 @@ import argparse
 import os
 
 from oscarkv.cli.flags import UserError, add_fields, config_from, engine_args, engine_config
-from oscarkv.config import ServerConfig
+from oscarkv.config import DistributedConfig, ReplicaConfig, ServerConfig
 
 SERVER_FIELDS = ["host", "port", "served_model_name", "max_model_len", "default_max_tokens", "max_request_bytes",
-                 "shutdown_grace", "api_key", "protect_metrics"]
+                 "shutdown_grace", "api_key", "protect_metrics", "kv_events_endpoint"]
 API_KEY_ENV = "OSCARKV_API_KEY"
 """Environment variable holding the API key when ``--api-key`` is not given (as vLLM's ``VLLM_API_KEY``)."""
+REPLICA_FIELDS = ["data_parallel_size", "router_policy", "replica_startup_timeout"]
+NOT_FORWARDED = {"command", "verbose", "host", "port", "api_key", "kv_events_endpoint", *REPLICA_FIELDS}
+"""Flags a replica of ``--data-parallel-size`` does not inherit: the launcher sets them (or refuses them)."""
+NODE_FIELDS = ["nnodes", "node_rank", "master_addr", "master_port", "rendezvous_timeout"]
 SERVE_EXTRA = ("fastapi", "starlette", "uvicorn", "prometheus_client", "pydantic")
 
 
 def setup(p: argparse.ArgumentParser) -> None:
     """Serve the OpenAI API (chat, completions, SSE streaming, /metrics) over the paged INT2 engine."""
     engine_args(p)
+    add_fields(p, DistributedConfig, NODE_FIELDS)
+    add_fields(p, ReplicaConfig, REPLICA_FIELDS)
     add_fields(p, ServerConfig, SERVER_FIELDS)
 
 
@@ -68,7 +74,60 @@ def build(args: argparse.Namespace):
         raise UserError(str(e)) from e
 
 
+def run_node(args: argparse.Namespace) -> int:
+    """``--node-rank N > 0``: host this node's tensor-parallel ranks for node 0's server (no model load, no port)."""
+    from oscarkv.engine.workers import run_node as node_main
+    from oscarkv.models.loader import ModelLoadError, resolve_device
+
+    cfg = engine_config(args)
+    try:
+        device = resolve_device(args.device)
+    except ModelLoadError as e:
+        raise UserError(str(e)) from e
+    return node_main(cfg, device)
+
+
+def replica_argv(args: argparse.Namespace) -> list[str]:
+    """The flags of ``args`` that every replica gets, as they would be typed (unset ones left out)."""
+    out = []
+    for name, value in vars(args).items():
+        flag = "--" + name.replace("_", "-")
+        if name in NOT_FORWARDED or value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        else:
+            out += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+    return out
+
+
+def run_replicas(args: argparse.Namespace) -> int:
+    """``--data-parallel-size N > 1``: N replicas behind vllm-router (``oscarkv.server.replicas``)."""
+    from oscarkv.server import replicas
+
+    cfg = config_from(ReplicaConfig, args)
+    server_config(args), engine_config(args)  # bad flags are reported before anything starts
+    if args.nnodes > 1:
+        raise UserError("--data-parallel-size starts its replicas on this host; for replicas spread over several "
+                        "hosts start each one (--nnodes ...) and vllm-router --worker-urls yourself")
+    if not replicas.router_available():
+        raise UserError("--data-parallel-size needs vllm-router (module 'vllm_router' is missing): "
+                        "pip install 'oscarkv[router]'")
+    if args.api_key or os.environ.get(API_KEY_ENV):
+        raise UserError("--data-parallel-size with an API key is not supported: the router would pass clients "
+                        "through unchecked; put the router behind your gateway, or start replicas and router yourself")
+    try:
+        return replicas.run(cfg, replica_argv(args), (args.host, args.port),
+                            (args.page_size, args.served_model_name or args.model))
+    except replicas.LaunchError as e:
+        raise UserError(str(e)) from None
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.node_rank > 0:
+        return run_node(args)
+    if args.data_parallel_size > 1:
+        return run_replicas(args)
     launch = launch_module()
     cfg = server_config(args)
     engine_config(args)  # bad engine flags are reported before the port is taken

@@ -13,8 +13,8 @@ imports nothing heavy (the command line's ``--help`` reads it without torch).
 from __future__ import annotations
 
 from oscarkv.config.serving import (CACHE_DIR, DEVICES, DTYPES, ENGINE_METHODS, FIXED_BITS, LADDER_METHODS,
-                                    LEVEL_KINDS, METHODS, RUNGS, SPECULATIVE_METHODS, EngineConfig, KVConfig, ServerConfig,
-                                    SpeculativeConfig)
+                                    LEVEL_KINDS, METHODS, RUNGS, ROUTER_POLICIES, SPECULATIVE_METHODS, DistributedConfig,
+                                    EngineConfig, KVConfig, ReplicaConfig, ServerConfig, SpeculativeConfig)
 from oscarkv.config.studies import (CENTER_MODES, CLIP_MODES, DEV_PROTOCOLS, HAYSTACKS, QUERY_WEIGHTINGS, TASKS,
                                     CalibrationConfig, EvalConfig, RecipeSearchConfig, ReferenceRecipe)
 
@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 """The package version (recorded in every artifact manifest)."""
 
 __all__ = ["CACHE_DIR", "DEVICES", "DTYPES", "ENGINE_METHODS", "FIXED_BITS", "LADDER_METHODS", "LEVEL_KINDS", "METHODS", "RUNGS",
-           "SPECULATIVE_METHODS", "SpeculativeConfig",
+           "SPECULATIVE_METHODS", "SpeculativeConfig", "DistributedConfig", "ReplicaConfig", "ROUTER_POLICIES",
            "EngineConfig", "KVConfig", "ServerConfig", "CENTER_MODES", "CLIP_MODES", "DEV_PROTOCOLS", "HAYSTACKS",
            "QUERY_WEIGHTINGS", "TASKS", "CalibrationConfig", "EvalConfig", "RecipeSearchConfig", "ReferenceRecipe",
            "__version__"]

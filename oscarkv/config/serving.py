@@ -172,6 +172,35 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Where the tensor-parallel ranks of one engine run: one host (the default) or several, joined by
+    torch.distributed's TCP rendezvous (``oscarkv.engine.workers``). Node ``n`` of ``nnodes`` hosts ranks
+    ``[n k, (n + 1) k)``, ``k = tensor_parallel_size / nnodes``; node 0 runs the engine (rank 0 schedules),
+    the others only their ranks' shards, which they receive from rank 0."""
+
+    nnodes: int = 1
+    """Hosts the ranks are spread over; they must divide ``tensor_parallel_size``."""
+    node_rank: int = 0
+    """This host's index in ``[0, nnodes)``: 0 serves (and sends every rank its weights), the others wait for it."""
+    master_addr: str = "127.0.0.1"
+    """Address of node 0, which every node can reach (node 0 listens there for the rendezvous)."""
+    master_port: int = 29500
+    """TCP port of the rendezvous on node 0 (torch.distributed's usual one)."""
+    rendezvous_timeout: float = 300.0
+    """Seconds the nodes wait for one another at start-up; a node that has not arrived by then fails the
+    start with an error naming the address (a node that dies later fails the running steps at once)."""
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"DistributedConfig: node_rank must lie in [0, nnodes), got node_rank={self.node_rank}, "
+                             f"nnodes={self.nnodes}")
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"DistributedConfig.master_port must lie in [1, 65535], got {self.master_port}")
+        if not self.rendezvous_timeout > 0:
+            raise ValueError(f"DistributedConfig.rendezvous_timeout must be > 0 seconds, got {self.rendezvous_timeout}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """The paged serving engine (``oscarkv.engine``): pools, scheduling and prefix caching."""
 
@@ -205,7 +234,8 @@ class EngineConfig:
     """Devices the model is split over, Megatron style (``oscarkv.models.parallel``): the engine starts
     ranks 1 .. N-1 as worker processes of its own (``oscarkv.engine.workers``; CUDA: one GPU each from
     the model's, NCCL; CPU: gloo). Query and KV heads are split (a KV head is replicated when N exceeds
-    their number); N must divide the query heads and the MLP width."""
+    their number); N must divide the query heads and the MLP width. On several hosts (``distributed``) node 0
+    starts its share of the ranks and the other nodes theirs."""
     tensor_parallel_all_reduce: str = "auto"
     """The all-reduce of the row-parallel projections with ``tensor_parallel_size > 1``
     (``oscarkv.models.allreduce``): ``nccl`` (gloo on the CPU); ``one_shot`` or ``two_shot`` over
@@ -214,6 +244,8 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     """Speculative decoding (off by default); it turns ``overlap`` off (a verify step's tokens are needed on
     the host before the next step is planned)."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Hosts the ranks run on (one by default)."""
 
     def __post_init__(self) -> None:
         kv, p = self.kv, self.kv.page_size
@@ -243,6 +275,9 @@ class EngineConfig:
         if self.tensor_parallel_all_reduce not in TP_ALL_REDUCES:
             raise ValueError(f"EngineConfig.tensor_parallel_all_reduce must be one of {TP_ALL_REDUCES}, "
                              f"got {self.tensor_parallel_all_reduce!r}")
+        if self.tensor_parallel_size % self.distributed.nnodes:
+            raise ValueError(f"EngineConfig.tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of "
+                             f"DistributedConfig.nnodes ({self.distributed.nnodes}): every node hosts as many ranks")
 
 
 @dataclass(frozen=True)
@@ -274,6 +309,9 @@ class ServerConfig:
     process listings."""
     protect_metrics: bool = False
     """Ask for the API key on ``/metrics`` too (``/health`` is always open)."""
+    kv_events_endpoint: str = ""
+    """ZMQ endpoint to publish prefix-cache events on, in vLLM's KV-event format (``tcp://*:5557``), for
+    routers that follow each replica's cache (``oscarkv.server.kv_events``); empty: none."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -289,3 +327,31 @@ class ServerConfig:
         if self.protect_metrics and not self.api_key:
             raise ValueError("ServerConfig.protect_metrics needs ServerConfig.api_key (oscarkv serve also reads it "
                              "from OSCARKV_API_KEY)")
+
+
+ROUTER_POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "random")
+"""Policies of vllm-router that ``oscarkv serve --data-parallel-size N`` can start it with: ``cache_aware``
+(a radix tree of the prompts each replica served), ``kv_aware`` (the replicas' prefix-cache events),
+``round_robin``, ``power_of_two`` (the less loaded of two), ``random``."""
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """Data parallelism as users deploy it: ``oscarkv serve`` replicas behind vllm-router
+    (``oscarkv.server.replicas``)."""
+
+    data_parallel_size: int = 1
+    """Replicas of the engine to start (each with its own tensor-parallel ranks); above 1, the router listens
+    on ``--host``/``--port`` and the replicas on free loopback ports (printed)."""
+    router_policy: str = "cache_aware"
+    """How the router picks a replica (:data:`ROUTER_POLICIES`)."""
+    replica_startup_timeout: float = 600.0
+    """Seconds to wait for every replica (and then the router) to answer ``/health``."""
+
+    def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError(f"ReplicaConfig.data_parallel_size must be >= 1, got {self.data_parallel_size}")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ValueError(f"ReplicaConfig.router_policy must be one of {ROUTER_POLICIES}, got {self.router_policy!r}")
+        if not self.replica_startup_timeout > 0:
+            raise ValueError(f"ReplicaConfig.replica_startup_timeout must be > 0 seconds, got {self.replica_startup_timeout}")

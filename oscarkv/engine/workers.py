@@ -2,10 +2,13 @@
 
 Role: with ``EngineConfig.tensor_parallel_size = n > 1`` the engine's runner is a
 :class:`ParallelRunner`. It starts ranks ``1 .. n-1`` as processes of its own
-(``torch.multiprocessing``, spawn; no launcher) with a :class:`RankSpec` (config, engine config,
-backend) and joins them in a torch.distributed group: the default group carries the device
-collectives (NCCL on CUDA, rank ``r`` on ``cuda:r``; gloo on the CPU), a second gloo group the host
-messages. Rank 0 then sends each rank the codecs of its KV heads and its shard of the unfolded
+(``torch.multiprocessing``, spawn; no launcher) and joins them in a torch.distributed group
+(``oscarkv.engine.rendezvous``): the default group carries the device collectives (NCCL on CUDA, rank
+``r`` on ``cuda:r``; gloo on the CPU), a second gloo group the host messages. On several hosts
+(``EngineConfig.distributed``) node 0 starts its own ranks only, and every other node runs
+:func:`run_node`, which starts that node's ranks (rank ``n k + i`` on the ``i``-th device of node ``n``);
+they meet at node 0's TCP store. Rank 0 sends every rank the :class:`RankSpec` (config, engine config,
+backend; over the gloo group), then the codecs of its KV heads and its shard of the unfolded
 weights (``oscarkv.models.parallel.rank_tensors``), tensor by tensor over the device group. Every rank folds its value codecs into its
 shard and sizes its own pools from ``kv_memory_bytes`` (a per-device budget) for its KV heads,
 so every rank has the same pages (checked at start-up); rank 0's
@@ -22,11 +25,11 @@ Per step (:meth:`ParallelRunner.run`):
 3. rank 0 alone forms logits and samples; the other ranks wait for the next plans.
 
 Failure: a rank that dies (or a step that fails on rank 0 after the plans went out, which leaves
-the ranks out of step) ends the group: the step raises :class:`WorkerDied`, whose message names the
+the ranks out of step, or a rank of another node that died) ends the group: the step raises :class:`WorkerDied`, whose message names the
 rank and its exit code, and so does every later step, so the engine fails the requests in flight
 (``finish_reason == "error"``) instead of waiting. Gloo sees a dead peer's closed connection at
 once; on CUDA a watcher thread aborts the NCCL group when a worker process exits (untested here:
-no GPU), and collectives time out after :data:`STEP_TIMEOUT`. A worker whose rank 0 dies sees the connection close and exits.
+no GPU), and collectives time out after :data:`oscarkv.engine.rendezvous.STEP_TIMEOUT`. A worker whose rank 0 dies sees the connection close and exits.
 ``close()`` sends a ``STOP`` message (the workers leave their loop), joins them and tears the groups down.
 :meth:`ParallelRunner.replay` and :meth:`ParallelRunner.profile` replay (or profile) a decode graph on every
 rank at once, for benchmarks: a rank's graph holds all-reduces and replays only with the others'.
@@ -44,10 +47,10 @@ import logging
 import multiprocessing.connection
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,7 @@ from oscarkv.attention.step import AttentionBackend
 from oscarkv.config import EngineConfig
 from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner
 from oscarkv.engine.rank_profile import kernel_profile
+from oscarkv.engine.rendezvous import Rendezvous, join
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.engine.step_plan_codec import (HEADER, PROFILE, REPLAY, STEP, STOP, Channel, PlanDecoder, PlanEncoder,
                                             control, header)
@@ -69,14 +73,6 @@ from oscarkv.quant.codec import KVCodec
 
 log = logging.getLogger(__name__)
 
-STEP_TIMEOUT = {"cuda": timedelta(minutes=5), "cpu": timedelta(seconds=90)}
-"""How long a device collective (and the start-up rendezvous) waits for the other ranks before it fails,
-by device type. NOTE: gloo does not always see a dead peer at once (a broadcast from rank 0 to a killed
-rank was seen waiting for the full timeout), so the CPU's is short: ranks step in lockstep, and no CPU
-step keeps one rank 90 s behind another."""
-IDLE_TIMEOUT = timedelta(days=365)
-"""How long a worker waits for rank 0's next step: an idle server sends none (a dead rank 0 closes
-the connection, which ends the wait at once)."""
 JOIN_TIMEOUT_S = 30.0
 """Seconds ``close()`` gives a worker to leave before it is killed."""
 LEAVE_TIMEOUT_S = 10.0
@@ -89,8 +85,8 @@ class WorkerDied(RuntimeError):
 
 @dataclass
 class RankSpec:
-    """What every rank builds its runner from, besides its weights and codecs (pickled to the workers at
-    their start: no tensors)."""
+    """What every rank builds its runner from, besides its weights and codecs (no tensors; rank 0 sends it over
+    the gloo group once the ranks have joined, so that a rank on another node needs nothing else)."""
 
     config: Any  # the whole model's transformers config
     cfg: EngineConfig
@@ -129,19 +125,9 @@ def _local_shard(model: PagedLM, codec: KVCodec, spec: RankSpec, tp: TensorParal
     return build_runner(shard, codecs, spec.cfg, spec.backend, spec.graph_buckets, tp)
 
 
-def _device(base: torch.device, rank: int) -> torch.device:
-    """Rank ``rank``'s device: the ``rank``-th GPU after rank 0's, or the CPU."""
-    return torch.device("cuda", (base.index or 0) + rank) if base.type == "cuda" else base
-
-
-def _init_groups(rank: int, size: int, rendezvous: Path, device: torch.device) -> tuple[TensorParallel, Any]:
-    """Join the group: ``(TensorParallel over the default group, the gloo group of host messages)``."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=rendezvous.as_uri(),
-                            rank=rank, world_size=size, timeout=STEP_TIMEOUT[device.type])
-    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    return TensorParallel(rank, size, dist.group.WORLD), control
+def _device(base: torch.device, local: int) -> torch.device:
+    """The device of a node's ``local``-th rank: the ``local``-th GPU after ``base``, or the CPU."""
+    return torch.device("cuda", (base.index or 0) + local) if base.type == "cuda" else base
 
 
 def _with_all_reduce(tp: TensorParallel, spec: RankSpec, device: torch.device) -> TensorParallel:
@@ -161,11 +147,14 @@ def _handshake(runner: ModelRunner, control, size: int) -> None:
         raise RuntimeError(f"tensor-parallel ranks sized different pools: {geos}")
 
 
-def _worker_main(rank: int, size: int, rendezvous: Path, spec: RankSpec, device: torch.device) -> None:
-    """A worker process: receive the shard, then run every step rank 0 sends until it sends ``None``.
-    NOTE: an exception ends the process (its traceback on stderr): rank 0 then sees a dead rank."""
+def _worker_main(rank: int, size: int, where: Rendezvous, device: torch.device) -> None:
+    """A worker process: receive the spec and the shard, then run every step rank 0 sends until it sends
+    ``None``. NOTE: an exception ends the process (its traceback on stderr): rank 0 then sees a dead rank."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: a stuck worker's stacks on stderr
-    tp, group = _init_groups(rank, size, rendezvous, device)
+    tp, group = join(rank, size, where, device)
+    received: list = [None]
+    dist.broadcast_object_list(received, src=0, group=group)
+    spec = received[0]
     tp = _with_all_reduce(tp, spec, device)
     runner = _receive_shard(spec, tp, device, group)
     _handshake(runner, group, size)
@@ -231,15 +220,14 @@ class ParallelRunner:
             device = torch.device("cuda", torch.cuda.current_device())
         spec = RankSpec(model.config, cfg, backend, graph_buckets, next(model.parameters()).dtype)
         self._dir = Path(tempfile.mkdtemp(prefix="oscarkv-tp-"))
-        rendezvous, ctx = self._dir / "rendezvous", mp.get_context("spawn")
-        self.procs = [ctx.Process(target=_worker_main, args=(r, size, rendezvous, spec, _device(device, r)),
-                                  name=f"oscarkv-tp{r}", daemon=True) for r in range(1, size)]
-        for p in self.procs:
-            p.start()
+        nodes = cfg.distributed
+        where = Rendezvous(self._dir / "rendezvous" if nodes.nnodes == 1 else None, nodes)
+        self.procs = _start_ranks(range(1, size // nodes.nnodes), 0, size, where, device)
         self._failure: str | None = None
         self._closing, self._closed = threading.Event(), False
         try:
-            self.tp, self.control = _init_groups(0, size, rendezvous, device)
+            self.tp, self.control = join(0, size, where, device)
+            dist.broadcast_object_list([spec], src=0, group=self.control)
             self.tp = _with_all_reduce(self.tp, spec, device)
             self.channel, self.encoder = Channel(self.control), PlanEncoder()
             with torch.no_grad():
@@ -301,7 +289,8 @@ class ParallelRunner:
         dead = self._dead(timeout=1.0)  # a dying worker's connection may close before its process ends
         if self._failure is None:
             self._failure = _died(dead) if dead else (
-                f"tensor-parallel rank 0 failed a step ({type(exc).__name__}: {exc}); the ranks are out of step")
+                f"tensor-parallel rank 0 failed a step ({type(exc).__name__}: {exc}); a rank (of another node?) "
+                "died or the ranks are out of step; the engine can run no more steps (restart every node)")
         self._stop_workers()
         return WorkerDied(self._failure)
 
@@ -357,3 +346,32 @@ def _died(dead: list) -> str:
     names = ", ".join(f"{p.name} (pid {p.pid}, exit code {p.exitcode})" for p in dead)
     return (f"tensor-parallel worker {names} died; the engine can run no more steps "
             "(its requests fail; restart the engine)")
+
+
+def _start_ranks(ranks: range, first: int, size: int, where: Rendezvous, base: torch.device) -> list:
+    """Spawn worker ranks of this node, whose first rank is ``first`` (rank ``r`` on the device ``r - first``
+    after ``base``)."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker_main, args=(r, size, where, _device(base, r - first)),
+                         name=f"oscarkv-tp{r}", daemon=True) for r in ranks]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def run_node(cfg: EngineConfig, device: torch.device) -> int:
+    """Node ``cfg.distributed.node_rank > 0``: run its ranks until node 0's engine closes; the exit status
+    (0 when every rank left cleanly). The ranks get their spec and weights from rank 0."""
+    nodes, size = cfg.distributed, cfg.tensor_parallel_size
+    k = size // nodes.nnodes
+    first = nodes.node_rank * k
+    procs = _start_ranks(range(first, first + k), first, size, Rendezvous(None, nodes), device)
+    print(f"oscarkv: node {nodes.node_rank} of {nodes.nnodes}: ranks {first}..{first + k - 1} of {size}, "
+          f"rendezvous tcp://{nodes.master_addr}:{nodes.master_port}", file=sys.stderr)
+    for p in procs:
+        p.join()
+    failed = [p for p in procs if p.exitcode]
+    for p in failed:
+        print(f"oscarkv: node {nodes.node_rank}: {p.name} exited with code {p.exitcode} (see its error above; "
+              "node 0 gone, unreachable, or a rank failed)", file=sys.stderr)
+    return 1 if failed else 0

@@ -31,6 +31,7 @@ from oscarkv.config import EngineConfig, ServerConfig
 from oscarkv.engine.async_engine import AsyncEngine
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.server.app import create_app, served_model
+from oscarkv.server.replica import attach
 
 log = logging.getLogger("oscarkv.serve")
 
@@ -50,7 +51,9 @@ def build_server(loaded, artifact, engine_cfg: EngineConfig, cfg: ServerConfig) 
     model = served_model(engine, loaded.config, loaded.tokenizer, cfg.served_model_name, cfg)
     _log_startup(engine, artifact, model.max_model_len)
     async_engine = AsyncEngine(engine)
-    return Built(create_app(async_engine, model, cfg), async_engine, cfg)
+    app = create_app(async_engine, model, cfg)
+    attach(app, engine, cfg)
+    return Built(app, async_engine, cfg)
 
 
 def _log_startup(engine, artifact, max_model_len: int) -> None:

@@ -18,6 +18,8 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from oscarkv.server.router_fields import drop_neutral
 from pydantic_core import PydanticCustomError
 
 from oscarkv.engine.request import SamplingParams
@@ -107,6 +109,8 @@ class SamplingRequest(_Strict):
     user: Text | None = None
     ignore_eos: bool = False
     """Extension (vLLM): keep generating past the end-of-sequence token."""
+
+    _router_fields = model_validator(mode="before")(drop_neutral)  # what vllm-router adds (server.router_fields)
 
     @field_validator("stop")
     @classmethod
