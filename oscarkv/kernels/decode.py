@@ -133,7 +133,8 @@ def _codes(kind, row, live, BLOCK_N: tl.constexpr, D: tl.constexpr, BITS: tl.con
     """Codes ``[BLOCK_N, D]`` (column order 4j + i) of the rows ``row`` of a 2- or 4-bit pool (``kind``: its
     ``pools`` bundle): a 4-bit row is two INT2 planes, ``lo + 4·hi`` (``oscarkv.quant.int2``); with a level
     table (``LEV``) the codes' levels."""
-    C, _, _, _, (L1, L2) = kind
+    C, _, _, _, levels = kind
+    L1, L2 = levels
     bytes_ = tl.arange(0, D // 4)
     c = _unpack(tl.load(C + row[:, None] + bytes_[None, :], mask=live[:, None], other=0), BLOCK_N, D)
     if BITS == 4:
@@ -166,7 +167,9 @@ def _int2_step(n0, q, q_sum, state, history, table_row, end, h, qk_scale,
     toks = n0 + tl.arange(0, BLOCK_N)
     live = toks < end
     page = tl.load(table_row + toks // P, mask=live, other=0).to(tl.int64)
-    (kp, kh, kt), (vp, vh, vt), (sp, sh, st) = keys[3], values[3], history[2]
+    kp, kh, kt = keys[3]
+    vp, vh, vt = values[3]
+    sp, sh, st = history[2]
     # NOTE: pools.history_rows, written out in the order that compiles best (SASS: benchmarks.compile_sm90)
     crow = page * kp + h * kh + (toks % P) * kt
     vrow = page * vp + h * vh + (toks % P) * vt
@@ -247,7 +250,9 @@ def _decode_kernel(Q, window, history, tables, mid, qk_scale, NUM_SPLITS,
     o = (acc + acc_m[:, None]) / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
     live = rows < REP
-    MidO, MidL, (sob, soh, sos), (slb, slh) = mid
+    MidO, MidL, o_strides, l_strides = mid
+    sob, soh, sos = o_strides
+    slb, slh = l_strides
     tl.store(MidO + b * sob + heads[:, None] * soh + split * sos + cols[None, :], o, mask=live[:, None])
     tl.store(MidL + b * slb + heads * slh + split, lse, mask=live)
 

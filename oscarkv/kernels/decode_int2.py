@@ -159,7 +159,8 @@ def _bf16_scores(K, rows, mk, qb, LG: tl.constexpr, s):
 def _bf16_values(V, rowsT, mkT, p, acc, alpha, LG: tl.constexpr, B16: tl.constexpr, VSHIFT: tl.constexpr):
     """One group's accumulators ``acc = (slices, Σ p m)`` rescaled, the slices ``[LG, R]`` plus
     ``v_i^T @ (p · 4^i · 2^(VSHIFT-24))`` (``rowsT [1, N]``): the units of the INT2 slices (``_group_values``)."""
-    (a0, a1, a2, a3), acc_m = acc
+    slices, acc_m = acc
+    a0, a1, a2, a3 = slices
     cols = tl.arange(0, LG)[:, None]
     a0 = tl.dot(tl.load(V + rowsT + cols, mask=mkT, other=0.0).to(B16), (p * 2.0**(VSHIFT - 24)).to(B16),
                 a0 * alpha[None, :])
@@ -205,7 +206,8 @@ def _empty_state(LG: tl.constexpr, REP_PAD: tl.constexpr):
 @triton.jit
 def _store(op, live, acc, inv, LG: tl.constexpr, VSHIFT: tl.constexpr):
     """Output of one group: (acc_i · 2^(24-VSHIFT) / 4^i + Σ p m) / l for its four slices ``[LG, R]``."""
-    (a0, a1, a2, a3), acc_m = acc
+    slices, acc_m = acc
+    a0, a1, a2, a3 = slices
     cols = tl.arange(0, LG)[:, None]
     tl.store(op + cols, (a0 * 2.0**(24 - VSHIFT) + acc_m[None, :]) * inv[None, :], mask=live)
     tl.store(op + LG + cols, (a1 * 2.0**(22 - VSHIFT) + acc_m[None, :]) * inv[None, :], mask=live)
@@ -288,7 +290,9 @@ def _int2_decode_kernel(Q, window, history, tables, mid, qk_scale, NUM_SPLITS,
                           B16, G, LG, NG, P, BLOCK_N, REP_PAD, VSHIFT)
     state = _int2_history(history, tier_rows(tables, b, True), split, NUM_SPLITS, h, qk_scale, (q0, q1), state,
                           F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS, VBITS, KLEV, VLEV)
-    MidO, MidL, (sob, soh, sos), (slb, slh) = mid
+    MidO, MidL, o_strides, l_strides = mid
+    sob, soh, sos = o_strides
+    slb, slh = l_strides
     _store_partial(MidO + b * sob + heads[None, :] * soh + split * sos, MidL + b * slb + heads * slh + split,
                    live, rows < REP, state, G, LG, NG, VSHIFT)
 

@@ -55,7 +55,8 @@ def _dequant(kind, crow, srow, ok, cols, G: tl.constexpr, BITS: tl.constexpr, LE
     """Low-bit tile ``[N, D]`` of one kind (``kind``: its ``pools`` bundle) in natural channel order: m + s·code
     (fp32); a 4-bit code is ``lo + 4·hi`` from two INT2 planes, the high one ``D / 4`` bytes on
     (``oscarkv.quant.int2``); ``LEV``: m + s·L[code] with the kind's 2-bit table ``(0, l1, l2, 3)``."""
-    C, S, Z, _, (L1, L2) = kind
+    C, S, Z, _, levels = kind
+    L1, L2 = levels
     LG: tl.constexpr = G // 4
     D: tl.constexpr = cols.shape[0]
     within = cols % G
@@ -74,7 +75,8 @@ def _bf16_cached(q, window, tier, h, cols, qk_scale, state, P: tl.constexpr, BLO
                  DT: tl.constexpr):
     """The online softmax ``state = (m_i, l_i, acc)`` over the sequence's cached BF16 tokens (``tier``: its page
     row and token count)."""
-    Kb, Vb, (sp, sh, st) = window
+    Kb, Vb, strides = window
+    sp, sh, st = strides
     table, n = tier
     m_i, l_i, acc = state
     n0 = 0
@@ -96,8 +98,10 @@ def _int2_cached(q, history, tier, h, cols, qk_scale, state, G: tl.constexpr, P:
                  VLEV: tl.constexpr, DT: tl.constexpr):
     """The online softmax ``state`` over the sequence's INT2 (or 4-bit) history, dequantized tile by tile
     (``_dequant``)."""
-    keys, values, (sp, sh, st) = history
-    (kp, kh, kt), (vp, vh, vt) = keys[3], values[3]
+    keys, values, scale_strides = history
+    sp, sh, st = scale_strides
+    kp, kh, kt = keys[3]
+    vp, vh, vt = values[3]
     table, n = tier
     m_i, l_i, acc = state
     n0 = 0
@@ -120,7 +124,8 @@ def _int2_cached(q, history, tier, h, cols, qk_scale, state, G: tl.constexpr, P:
 def _chunk_causal(q, new, lo, tok, hi, h, cols, qk_scale, state, BLOCK_N: tl.constexpr, DT: tl.constexpr):
     """The online softmax ``state`` over the chunk's own tokens (``new = (K, V, (stride_t, stride_h))``) up to
     ``hi``, causal (row of query position ``tok``)."""
-    Kn, Vn, (stride_nt, stride_nh) = new
+    Kn, Vn, new_strides = new
+    stride_nt, stride_nh = new_strides
     m_i, l_i, acc = state
     n0 = 0
     while n0 < hi:

@@ -105,7 +105,8 @@ def window_rows(window, page, h, off):
 @triton.jit
 def history_rows(history, page, h, off):
     """Offsets of tokens (``page``, ``off``) of KV head ``h`` in the history: key codes, value codes, scales."""
-    keys, values, (sp, sh, st) = history
+    keys, values, scale_strides = history
+    sp, sh, st = scale_strides
     kp, kh, kt = keys[3]
     vp, vh, vt = values[3]
     return page * kp + h * kh + off * kt, page * vp + h * vh + off * vt, page * sp + h * sh + off * st

@@ -67,8 +67,10 @@ def _gather_tile(window, history, Table, out, span, D: tl.constexpr, G: tl.const
     cols = tl.arange(0, D)
     dst = h * stride_oh + (out0 + i)[:, None].to(tl.int64) * D + cols[None, :]
     if INT2:
-        keys, values, (sp, sh, st) = history
-        (kp, kh, kt), (vp, vh, vt) = keys[3], values[3]
+        keys, values, scale_strides = history
+        sp, sh, st = scale_strides
+        kp, kh, kt = keys[3]
+        vp, vh, vt = values[3]
         # NOTE: pools.history_rows written out, in the order that compiles best (benchmarks.compile_sm90)
         crow = page * kp + h * kh + (toks % P) * kt
         vrow = page * vp + h * vh + (toks % P) * vt
@@ -76,7 +78,8 @@ def _gather_tile(window, history, Table, out, span, D: tl.constexpr, G: tl.const
         k = _dequant(keys, crow, srow, ok, cols, G, KBITS, KLEV)
         v = _dequant(values, vrow, srow, ok, cols, G, VBITS, VLEV)
     else:
-        Kb, Vb, (bp, bh, bt) = window
+        Kb, Vb, strides = window
+        bp, bh, bt = strides
         rows = (page * bp + h * bh + (toks % P) * bt)[:, None] + cols[None, :]
         k = tl.load(Kb + rows, mask=ok[:, None], other=0.0)
         v = tl.load(Vb + rows, mask=ok[:, None], other=0.0)
