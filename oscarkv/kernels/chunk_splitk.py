@@ -66,7 +66,8 @@ def _chunk_causal(new, lo, tok, hi, h, qk_scale, q, state, B16: tl.constexpr, G:
     """The chunk's own keys ``[0, hi)`` (``new = (K, V, (stride_t, stride_h))``, rows from ``lo``) for the online
     softmax ``state``, causal: row ``r`` (chunk token ``tok[r]``) sees keys ``<= tok[r]``. Every row sees key 0,
     so no row is all ``-inf`` after the first tile."""
-    Kn, Vn, (stride_t, stride_h) = new
+    Kn, Vn, strides = new  # NOTE: one level per statement (Triton 3.6)
+    stride_t, stride_h = strides
     acc0, acc1, m_i, l_i = state
     n0 = 0
     while n0 < hi:
@@ -127,7 +128,9 @@ def _chunk_kernel(Q, new, window, history, tables, CuSeq, mid, qk_scale, NUM_SPL
         # the chunk itself rides on the last split (split_k.split_range gives it the shortest share)
         hi = tl.where(split == NUM_SPLITS - 1, tl.minimum(c, t0 + BLOCK_T), 0)
         state = _chunk_causal(new, lo, tok, hi, h, qk_scale, (q0, q1), state, B16, G, LG, NG, BLOCK_N, R, VSHIFT)
-        MidO, MidL, (sot, soh, sos), (slt, slh) = mid
+        MidO, MidL, o_strides, l_strides = mid
+        sot, soh, sos = o_strides
+        slt, slh = l_strides
         rows = (lo + tok).to(tl.int64)
         _store_partial(MidO + rows[None, :] * sot + head[None, :] * soh + split * sos,
                        MidL + rows * slt + head * slh + split, live, live_rows, state, G, LG, NG, VSHIFT)

@@ -31,7 +31,7 @@ def test_refusals_are_one_line(monkeypatch, capsys):
     assert main(["serve", "--data-parallel-size", "2", "--api-key", "k"]) == 2
     assert "--data-parallel-size with an API key is not supported" in capsys.readouterr().err
     assert main(["serve", "--data-parallel-size", "2", "--router-policy", "nearest"]) == 2
-    assert "router_policy must be one of" in capsys.readouterr().err
+    assert "--router-policy must be one of" in capsys.readouterr().err  # the flag, in its own words
 
 
 def series(text: str, name: str) -> float:
