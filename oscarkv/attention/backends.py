@@ -173,7 +173,7 @@ def _routes(spans: list[tuple[int, int]], lens: tuple[tuple[int, ...], tuple[int
     def route(b: int, c: int) -> str:
         if c == 0:
             return "empty"
-        if splitk and prefers_splitk(c, lens[0][b] + lens[1][b]):
+        if splitk and prefers_splitk(c, lens[0][b] + lens[1][b], lens[1][b] > 0):
             return "splitk"
         return "staged" if c >= MIN_CHUNK else "tile"
 

@@ -53,10 +53,13 @@ from oscarkv.kernels.split_k import merge_splits, softmax_step_t
 LOG2E = 1.4426950408889634
 MAX_CHUNK = 512
 """The longest chunk this kernel is meant for (beyond, the staged path's tensor-core attention wins)."""
-SPLITK_SHAPES = ((64, 1024), (MAX_CHUNK, 16384))
-"""``(longest chunk, shortest cached prefix)`` pairs: a chunk at most the first over a prefix at least the
-second takes this kernel. NOTE: first guesses, to be set from ``bash lab/scripts/gpu_chunk.sh`` on an H100
-(split-K vs the tile and staged paths at 32K/100K × 1..512 tokens)."""
+SPLITK_SHAPES = {"bf16": ((8, 1024),), "int2": ((8, 1024), (64, 16384))}
+"""Per cache kind (a prefix with INT2 history or BF16 only), ``(longest chunk, shortest cached prefix)`` pairs: a
+chunk at most the first over a prefix at least the second takes this kernel. Measured on one H100 (2026-11-27,
+Triton 3.6, ``python -m lab.benchmarks.chunk_attention OUT.json``, Qwen3-4B/8B attention shape, ms per layer):
+split-K beats the staged path at k <= 8 tokens for both kinds (100K INT2: 0.27 against 1.82 ms at k = 1), and at
+k = 64 only over INT2 history (100K: 1.84 against 2.24; BF16: 3.41 against 1.67); at k = 512 staged wins
+(100K INT2: 2.0 against 13.3). Prefixes under 32K were not timed: the 1024 bound is the decode kernel's habit."""
 
 
 @triton.jit
@@ -144,9 +147,10 @@ def serves(kv: LayerKV) -> bool:
     return uses_raw_int2(d, kv.int2_k.group, p)
 
 
-def prefers_splitk(chunk: int, prefix: int) -> bool:
-    """Whether a chunk of ``chunk`` tokens over ``prefix`` cached ones takes this kernel (``SPLITK_SHAPES``)."""
-    return any(chunk <= c and prefix >= n for c, n in SPLITK_SHAPES)
+def prefers_splitk(chunk: int, prefix: int, int2: bool) -> bool:
+    """Whether a chunk of ``chunk`` tokens over ``prefix`` cached ones (``int2``: some of them INT2 history)
+    takes this kernel (``SPLITK_SHAPES``)."""
+    return any(chunk <= c and prefix >= n for c, n in SPLITK_SHAPES["int2" if int2 else "bf16"])
 
 
 def _config(device: torch.device, rows: int) -> dict:

@@ -66,9 +66,11 @@ def test_chunk_rung_two_groups_cpu():
 
 
 def test_shape_table():
-    """Short chunks over long prefixes take the kernel; long chunks and short prefixes do not."""
-    assert prefers_splitk(1, 100_000) and prefers_splitk(512, 100_000)
-    assert not prefers_splitk(513, 100_000) and not prefers_splitk(8, 0)
+    """Short chunks over long prefixes take the kernel (up to 64 tokens over INT2 history, 8 over BF16 only, as
+    timed on an H100); long chunks and short prefixes do not."""
+    assert prefers_splitk(1, 100_000, True) and prefers_splitk(64, 100_000, True) and prefers_splitk(8, 100_000, False)
+    assert not prefers_splitk(64, 100_000, False) and not prefers_splitk(512, 100_000, True)
+    assert not prefers_splitk(8, 0, False) and not prefers_splitk(64, 2000, True)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
@@ -77,7 +79,7 @@ def test_triton_backend_routes_by_shape(monkeypatch):
     short chunk over a short prefix to the tile kernel; the whole step matches the oracle."""
     from oscarkv.kernels import chunk_splitk, prefill
 
-    monkeypatch.setattr(chunk_splitk, "SPLITK_SHAPES", ((16, 200),))
+    monkeypatch.setattr(chunk_splitk, "SPLITK_SHAPES", {"bf16": ((16, 200),), "int2": ((16, 200),)})
     monkeypatch.setattr(prefill, "MIN_CHUNK", 24)
     chunks, cached = [9, 30, 4], [260, 100, 50]
     kv, tables = random_cache(cached, 2, 64, page=16, sink=32, recent=64, seed=4)
