@@ -37,7 +37,7 @@ from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.engine_backend import engine_for, score_chunked, served
 from oscarkv.eval.runner import prefill, score_sample
 from oscarkv.eval.samples import answer_spans
-from oscarkv.quant.artifact import ModelFingerprint
+from oscarkv.quant.artifact import ModelFingerprint, apply_recipe
 from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import KVCodec, build_codec
 
@@ -256,7 +256,7 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
 def with_allocations(loaded, artifact, cfg, windows: dict[str, KVCodec], samples) -> tuple[dict[str, KVCodec], list]:
     """``windows`` and, for each INT2 one, its greedy per-layer allocation within ``cfg.max_bpe``
     (``oscarkv.eval.allocate``), from sensitivities measured on ``samples`` against the INT2 recipe at the default
-    windows (the layer's contribution, not the window's, is what they rank)."""
+    windows, or those of the artifact's recipe (the layer's contribution, not the window's, is what they rank)."""
     from oscarkv.eval import allocate as alloc
 
     c = loaded.model.config
@@ -265,7 +265,8 @@ def with_allocations(loaded, artifact, cfg, windows: dict[str, KVCodec], samples
     def build(kv: KVConfig) -> KVCodec:
         return build_codec(kv, *dims, artifact, SlidingLayers.from_config(c))
 
-    base = replace(KVConfig(), group_size=artifact.manifest["group_size"])
+    base = replace(apply_recipe(KVConfig(group_size=artifact.manifest["group_size"]), artifact), key_bits=2, value_bits=2,
+                   layer_key_bits=(), layer_value_bits=())  # the artifact's INT2 recipe (or the default windows)
     sens = alloc.measure(loaded, artifact, base, samples, cfg.allocate, build, cfg.protocol)
     print("layer sensitivities (development answer NLL gain, that layer alone at 4 bits):\n"
           + "\n".join(alloc.report(sens)), flush=True)
