@@ -105,9 +105,16 @@ def allocation_codecs(sens: list[Sensitivity], windows: dict[str, KVCodec], num_
 
 def report(sens: list[Sensitivity]) -> list[str]:
     """Lines for the log: each layer's gain ± stderr, largest first, with the calibration's prediction."""
+    from oscarkv.eval.objective import spearman
+
     rows = sorted(sens, key=lambda s: -s.gain)
-    return [f"  {s.kind:>5s} layer {s.layer:>2d}: gain {s.gain:+.4f} ± {s.stderr:.4f} nats"
-            + ("" if s.predicted is None else f" (calibration's INT2 error ratio {s.predicted:.3f})") for s in rows]
+    out = [f"  {s.kind:>5s} layer {s.layer:>2d}: gain {s.gain:+.4f} ± {s.stderr:.4f} nats"
+           + ("" if s.predicted is None else f" (calibration's INT2 error ratio {s.predicted:.3f})") for s in rows]
+    known = [s for s in sens if s.predicted is not None]
+    if len(known) > 2:
+        rho = spearman([s.predicted for s in known], [s.gain for s in known])
+        out.append(f"  Spearman's rho of the calibration's predicted error with the measured gain: {rho:+.2f}")
+    return out
 
 
 def measure(loaded, artifact, base: KVConfig, samples, kinds: tuple[str, ...], build, protocol: str) -> list[Sensitivity]:
