@@ -11,7 +11,6 @@ validated on load as ``serve`` loads it.
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from oscarkv.config import KVConfig
