@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tqdm.auto import tqdm
-
 from oscarkv.config import KVConfig
 from oscarkv.eval.paired import difference
 from oscarkv.quant.codec import KVCodec
@@ -105,26 +103,6 @@ def allocation_codecs(sens: list[Sensitivity], windows: dict[str, KVCodec], num_
 
 def report(sens: list[Sensitivity]) -> list[str]:
     """Lines for the log: each layer's gain ± stderr, largest first, with the calibration's prediction."""
-    from oscarkv.eval.objective import spearman
-
     rows = sorted(sens, key=lambda s: -s.gain)
-    out = [f"  {s.kind:>5s} layer {s.layer:>2d}: gain {s.gain:+.4f} ± {s.stderr:.4f} nats"
-           + ("" if s.predicted is None else f" (calibration's INT2 error ratio {s.predicted:.3f})") for s in rows]
-    known = [s for s in sens if s.predicted is not None]
-    if len(known) > 2:
-        rho = spearman([s.predicted for s in known], [s.gain for s in known])
-        out.append(f"  Spearman's rho of the calibration's predicted error with the measured gain: {rho:+.2f}")
-    return out
-
-
-def measure(loaded, artifact, base: KVConfig, samples, kinds: tuple[str, ...], build, protocol: str) -> list[Sensitivity]:
-    """:func:`sensitivities` measured: every :func:`sensitivity_codecs` codec on ``samples`` under ``protocol``,
-    with a progress bar over the samples."""
-    from oscarkv.eval.objective import dev_scores
-
-    n = loaded.model.config.num_hidden_layers
-    codecs = sensitivity_codecs(base, n, build, kinds)
-    with tqdm(total=len(samples), desc=f"layer sensitivities ({len(codecs)} configurations)", unit="sample") as bar:
-        scores = dev_scores(loaded, codecs, samples, lambda *_: bar.update(1), protocol,
-                            {k: artifact for k in codecs})
-    return sensitivities(scores, kinds, n, artifact.manifest.get("summary"))
+    return [f"  {s.kind:>5s} layer {s.layer:>2d}: gain {s.gain:+.4f} ± {s.stderr:.4f} nats"
+            + ("" if s.predicted is None else f" (calibration's INT2 error ratio {s.predicted:.3f})") for s in rows]

@@ -33,6 +33,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from oscarkv.config import DEV_PROTOCOLS, RUNGS, KVConfig
+from oscarkv.eval import allocate as alloc
 from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.engine_backend import engine_for, score_chunked, served
 from oscarkv.eval.runner import prefill, score_sample
@@ -257,8 +258,6 @@ def with_allocations(loaded, artifact, cfg, windows: dict[str, KVCodec], samples
     """``windows`` and, for each INT2 one, its greedy per-layer allocation within ``cfg.max_bpe``
     (``oscarkv.eval.allocate``), from sensitivities measured on ``samples`` against the INT2 recipe at the default
     windows, or those of the artifact's recipe (the layer's contribution, not the window's, is what they rank)."""
-    from oscarkv.eval import allocate as alloc
-
     c = loaded.model.config
     dims = ModelFingerprint.from_config(c).kv_dims
 
@@ -267,9 +266,15 @@ def with_allocations(loaded, artifact, cfg, windows: dict[str, KVCodec], samples
 
     base = replace(apply_recipe(KVConfig(group_size=artifact.manifest["group_size"]), artifact), key_bits=2, value_bits=2,
                    layer_key_bits=(), layer_value_bits=())  # the artifact's INT2 recipe (or the default windows)
-    sens = alloc.measure(loaded, artifact, base, samples, cfg.allocate, build, cfg.protocol)
+    codecs = alloc.sensitivity_codecs(base, dims[0], build, cfg.allocate)
+    with tqdm(total=len(samples), desc=f"layer sensitivities ({len(codecs)} configurations)", unit="sample") as bar:
+        scores = dev_scores(loaded, codecs, samples, lambda *_: bar.update(1), cfg.protocol, {k: artifact for k in codecs})
+    sens = alloc.sensitivities(scores, cfg.allocate, dims[0], artifact.manifest.get("summary"))
+    known = [s for s in sens if s.predicted is not None]
+    rho = spearman([s.predicted for s in known], [s.gain for s in known]) if len(known) > 2 else float("nan")
     print("layer sensitivities (development answer NLL gain, that layer alone at 4 bits):\n"
-          + "\n".join(alloc.report(sens)), flush=True)
+          + "\n".join(alloc.report(sens))
+          + f"\n  Spearman's rho of the calibration's predicted INT2 error with the measured gain: {rho:+.2f}", flush=True)
     return windows | alloc.allocation_codecs(sens, windows, dims[0], build, cfg.context, cfg.max_bpe), sens
 
 

@@ -83,10 +83,10 @@ def test_allocate_needs_a_budget():
     assert replace(RecipeSearchConfig(max_bpe=3.0), allocate=("key", "value")).allocate == ("key", "value")
 
 
-def test_the_report_ranks_by_gain_and_correlates_the_prediction():
+def test_the_report_ranks_by_gain():
     from oscarkv.eval.allocate import report
 
     sens = [Sensitivity(i, "key", g, 0.01, p) for i, (g, p) in enumerate([(0.1, 0.3), (0.3, 0.5), (-0.1, 0.1)])]
     lines = report(sens)
     assert [line.split("layer")[1].split(":")[0].strip() for line in lines[:3]] == ["1", "0", "2"]
-    assert lines[-1].endswith("+1.00")
+    assert "error ratio 0.500" in lines[0]
