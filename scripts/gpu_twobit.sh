@@ -34,7 +34,7 @@ search() {
     echo "INT2+win (the shipped recipe) stores $BUDGET bits per element at $CTX tokens: the budget"
     "$PY" -m oscarkv.cli calibrate --model default --device cuda --dtype bfloat16 --rotations "$SHIPPED" \
         --max-bpe "$BUDGET" --context "$CTX" --allocate key --dev-samples 16 --dev-context "$CTX" --protocol served \
-        --sinks 0,64 --recents 128,256 --rungs int2 --key-clips 0.95 --out "$OUT/search_$CTX" \
+        --sinks 64 --recents 64,128,256 --rungs int2 --key-clips 0.95 --out "$OUT/search_$CTX" \
         2>&1 | grep -v -e Warning -e forward_call | tee "$OUT/search_$CTX.log" || status=1
 }
 
