@@ -11,7 +11,7 @@
 #        (seed 0, haystacks eval + gazetteer, 20 samples each: 40 a cell; niah_single, or the three multi-needle
 #        tasks; free-running through the engine, bf16 model): the unquantized cache, INT2+win (the
 #        shipped recipe), the allocation (RECIPE, default $OUT/search_CONTEXT/manifest.json, else the CPU
-#        development recipe scripts/twobit_recipe_cpu.json) and K4V2+win; writes $OUT/eval_CONTEXT_SET/
+#        development recipe scripts/twobit_recipe_cpu_CONTEXT.json) and K4V2+win; writes $OUT/eval_CONTEXT_SET/
 #        (results.json, results.md: each configuration paired against the unquantized cache)
 #
 # Six calls, each under 9 minutes: search, eval single, eval multi, for CONTEXT 4096 and then 8192 (the search's
@@ -42,7 +42,7 @@ evaluate() {
     RECIPE="${RECIPE:-$OUT/search_$CTX/manifest.json}"
     TASKS=niah_single
     [ "$SET" = multi ] && TASKS=niah_multikey,niah_multivalue,niah_multiquery
-    [ -f "$RECIPE" ] || RECIPE=scripts/twobit_recipe_cpu.json
+    [ -f "$RECIPE" ] || RECIPE=scripts/twobit_recipe_cpu_$CTX.json
     echo "allocation: $RECIPE"
     "$PY" scripts/twobit_artifacts.py write "$RECIPE" "$OUT/artifacts_$CTX" | tee "$OUT/artifacts_$CTX.txt" || status=1
     "$PY" -m oscarkv.cli eval --model default --haystacks eval,gazetteer --methods bf16,oscar --windows on \
