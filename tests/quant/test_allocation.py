@@ -82,3 +82,18 @@ def test_the_recipe_records_restores_and_checks_the_allocation(tmp_path):
     (tmp_path / "ok" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match=r"manifest.json: field recipe.layer_key_bits: expected 2 or 4 for each of 2"):
         Artifact.load(tmp_path / "ok")
+
+
+def test_serve_flags_take_the_recipe_allocation_unless_bits_are_given():
+    from oscarkv.cli.flags import engine_config
+    from oscarkv.cli.main import build_parser
+
+    art = make_artifact(tiny_config())
+    art.manifest["recipe"] = {"sink": 64, "recent": 128, "page_size": 64, "layer_key_bits": [4, 2],
+                              "layer_value_bits": [2, 2]}
+
+    def kv(*flags):
+        return engine_config(build_parser().parse_args(["generate", "--prompt", "x", *flags]), art).kv
+
+    assert kv().layer_key_bits == (4, 2) and kv().recent == 128
+    assert not kv("--key-bits", "4").layer_key_bits and kv("--key-bits", "4").layer_value_bits == (2, 2)
