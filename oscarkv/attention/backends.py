@@ -9,7 +9,10 @@ device (:func:`default_backend` picks), the Triton kernels of ``oscarkv.kernels`
   kernel rounds to BF16 (nearest even, as ``Tensor.to``) and scatters K and V in one launch.
 * ``demote`` — :func:`oscarkv.kernels.write.demote_pages` (bit-identical to
   ``TensorCodec.encode`` of the BF16 page); ``demote_all`` —
-  :func:`oscarkv.kernels.write.demote_layers`, every layer in one launch per clip rank.
+  :func:`oscarkv.kernels.write.demote_layers`, every layer in one launch per clip rank (under a per-layer
+  bit allocation, whose layers live in one pool per bit width, ``demote`` layer by layer). Every kernel
+  takes its bit widths per launch from the layer's pages (``Int2Pages.bits``), so an allocation needs
+  nothing else of them.
 * ``extend`` — a chunk of at least ``prefill.MIN_CHUNK`` tokens: :func:`oscarkv.kernels.prefill.prefill_attention`
   (its prefix staged in bf16 segments, cuDNN attention, a log-sum-exp merge with its causal self part);
   shorter chunks (the decode rows of a mixed step): :func:`oscarkv.kernels.extend.extend_attention`.
@@ -87,6 +90,8 @@ class TritonAttention(AttentionBackend):
     def demote_all(self, pools: KVPools, storage: list[LayerStorage], src: torch.Tensor, dst: torch.Tensor) -> None:
         from oscarkv.kernels.write import demote_layers
 
+        if pools.geo.layer_bits:  # a per-layer allocation: no one pool holds every layer, so one launch per layer
+            return super().demote_all(pools, storage, src, dst)
         demote_layers(pools.bf16_k, src, pools.int2_k, dst, [st.key for st in storage])
         demote_layers(pools.bf16_v, src, pools.int2_v, dst, [st.value for st in storage])
 

@@ -6,7 +6,9 @@ what is decided by :class:`~oscarkv.cache.manager.KVCacheManager`; the attention
 reads and writes the bytes.
 
 Sizing (:func:`plan_pools`): a BF16 page costs ``2 L H P d`` elements of the window dtype, an
-INT2 page ``L H P ((b_K + b_V) d/8 + 8 d/G)`` bytes (``b`` the key and value bits, 2 or 4). Unless ``EngineConfig.bf16_fraction`` is set, the
+INT2 page ``L H P ((b_K + b_V) d/8 + 8 d/G)`` bytes (``b`` the key and value bits, 2 or 4; under a
+per-layer allocation each layer's own, summed: ``PoolGeometry.layer_bits``, and the history pools are
+one tensor per kind and bit width, each holding the layers at those bits). Unless ``EngineConfig.bf16_fraction`` is set, the
 BF16 pool gets what ``max_num_seqs`` sequences need for their sink and windows
 (``S0 + W + P`` tokens each, plus one partial page) and one step's worth of chunk tokens; the
 INT2 pool gets the rest. ``kv=bf16`` puts the whole budget into BF16 pages.
@@ -27,7 +29,7 @@ rounding; on a GPU the model dtype is bfloat16 and the pools are exactly the con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -51,6 +53,11 @@ class PoolGeometry:
     bits: tuple[int, int] = (2, 2)  # key and value bits of the history pages
     window_layers: int = 0  # sliding-window layers (not in num_layers)
     window_pages: int = 0  # pages of their window pool (0 without sliding layers)
+    layer_bits: tuple[tuple[int, int], ...] = ()  # per pool layer (key, value) bits; empty: every layer at `bits`
+
+    def bits_of(self, i: int) -> tuple[int, int]:
+        """Key and value bits of pool layer ``i`` (the main pools' index, sliding layers left out)."""
+        return self.layer_bits[i] if self.layer_bits else self.bits
 
     def code_bytes(self) -> tuple[int, int]:
         """Code bytes per token and head of a key, of a value (``d · bits / 8``)."""
@@ -64,8 +71,10 @@ class PoolGeometry:
         return 2 * self.window_layers * self.num_kv_heads * self.page_size * self.head_dim * self.window_dtype.itemsize
 
     def int2_page_bytes(self) -> int:
-        per_token = sum(self.code_bytes()) + 2 * 2 * 2 * (self.head_dim // self.group)  # codes + fp16 scale, zero
-        return self.num_layers * self.num_kv_heads * self.page_size * per_token
+        """A history page in every layer, K and V: each layer's codes at its own bits, fp16 scale and zero."""
+        meta = 2 * 2 * 2 * (self.head_dim // self.group)
+        codes = sum(self.head_dim * sum(self.bits_of(i)) // 8 for i in range(self.num_layers))
+        return self.num_kv_heads * self.page_size * (codes + self.num_layers * meta)
 
     def capacity(self) -> dict[str, int]:
         """Tokens each tier can hold (scratch pages excluded)."""
@@ -79,14 +88,15 @@ class PoolGeometry:
 
 def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: int, group: int,
                model_dtype: torch.dtype, bits: tuple[int, int] = (2, 2),
-               sliding: SlidingLayers | None = None) -> PoolGeometry:
+               sliding: SlidingLayers | None = None, layer_bits: tuple[tuple[int, int], ...] = ()) -> PoolGeometry:
     """Split ``cfg.kv_memory_bytes`` into window, BF16 and INT2 pages (see the module docstring); ``bits``: the
     key and value bits of the history (the codec's); ``num_layers`` counts every layer, ``sliding`` names those
-    that keep only a window."""
+    that keep only a window; ``layer_bits``: a per-layer allocation's bits of each pool layer (empty: uniform)."""
     kv, P = cfg.kv, cfg.kv.page_size
     dtype = model_dtype if kv.method == "bf16" else torch.bfloat16
     n_win_layers = len(sliding.layers) if sliding else 0
-    geo = PoolGeometry(num_layers - n_win_layers, num_kv_heads, head_dim, group, P, dtype, 0, 0, bits, n_win_layers)
+    geo = PoolGeometry(num_layers - n_win_layers, num_kv_heads, head_dim, group, P, dtype, 0, 0, bits, n_win_layers,
+                       layer_bits=layer_bits)
     n_win = _window_pages(cfg, sliding) if sliding else 0
     budget = cfg.kv_memory_bytes - n_win * geo.window_page_bytes()
     if kv.method == "bf16":
@@ -101,8 +111,7 @@ def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: 
     if n_bf16 < 2 or (kv.method != "bf16" and n_int2 < 2):
         raise ValueError(f"EngineConfig.kv_memory_bytes={cfg.kv_memory_bytes} is too small: {n_bf16} BF16 and "
                          f"{n_int2} INT2 pages" + (f" after {n_win} window pages" if n_win else ""))
-    return PoolGeometry(geo.num_layers, num_kv_heads, head_dim, group, P, dtype, int(n_bf16), int(n_int2),
-                        bits, n_win_layers, n_win)
+    return replace(geo, bf16_pages=int(n_bf16), int2_pages=int(n_int2), window_pages=n_win)
 
 
 def _window_pages(cfg: EngineConfig, sliding: SlidingLayers) -> int:
@@ -122,16 +131,33 @@ class KVPools:
         L, H, P, d = geo.num_layers, geo.num_kv_heads, geo.page_size, geo.head_dim
         self.bf16_k = torch.zeros(L, geo.bf16_pages, H, P, d, dtype=geo.window_dtype, device=device)
         self.bf16_v = torch.zeros_like(self.bf16_k)
-        self.int2_k = self.int2_v = None
+        self.int2_k = self.int2_v = None  # every layer's history pages when all share one format (demote_all's pools)
+        self._int2_pools: list[dict[int, Int2Pages]] = [{}, {}]  # per kind: bits -> the pages of the layers at them
+        self._int2_index: dict[int, tuple[int, ...]] = {}  # pool layer -> its index in its (key, value) pools
         if geo.int2_pages:
-            self.int2_k, self.int2_v = (self._int2(L, geo.int2_pages, H, P, d, geo.group, bits, device)
-                                        for bits in geo.bits)
+            self._allocate_int2(device)
         assert len(sliding) == geo.window_layers, "one window-pool layer per sliding layer"
         self.win_k = torch.zeros(geo.window_layers, geo.window_pages, H, P, d, dtype=geo.window_dtype, device=device)
         self.win_v = torch.zeros_like(self.win_k)
         layers = range(geo.num_layers + geo.window_layers)
         # model layer -> its index in the main pools or in the window pool
         self._index = {i: n for kind in (False, True) for n, i in enumerate(j for j in layers if (j in sliding) == kind)}
+
+    def _allocate_int2(self, device) -> None:
+        """One history pool per kind and bit width, ``[L_b, N, H, P, ...]`` over the layers at those bits (all
+        layers, in one tensor, for a uniform recipe): every layer holds its own bytes, no more."""
+        geo = self.geo
+        for kind in (0, 1):
+            by_bits: dict[int, list[int]] = {}
+            for i in range(geo.num_layers):
+                by_bits.setdefault(geo.bits_of(i)[kind], []).append(i)
+            for bits, layers in by_bits.items():
+                self._int2_pools[kind][bits] = self._int2(len(layers), geo.int2_pages, geo.num_kv_heads, geo.page_size,
+                                                          geo.head_dim, geo.group, bits, device)
+                for n, i in enumerate(layers):
+                    self._int2_index[i] = self._int2_index.get(i, ()) + (n,)
+        if all(len(p) == 1 for p in self._int2_pools):
+            self.int2_k, self.int2_v = (next(iter(p.values())) for p in self._int2_pools)
 
     @staticmethod
     def _int2(L: int, n: int, H: int, P: int, d: int, g: int, bits: int, device) -> Int2Pages:
@@ -147,14 +173,17 @@ class KVPools:
             return LayerKV(self.win_k[i], self.win_v[i], None, None)
 
         lk, lv = self.levels.get(layer, (None, None))
+        if not self._int2_index:
+            return LayerKV(self.bf16_k[i], self.bf16_v[i], None, None)
 
-        def pick(p: Int2Pages | None, levels) -> Int2Pages | None:
-            return None if p is None else Int2Pages(p.codes[i], p.scale[i], p.zero[i], p.bits, levels)
-        return LayerKV(self.bf16_k[i], self.bf16_v[i], pick(self.int2_k, lk), pick(self.int2_v, lv))
+        def pick(kind: int, levels) -> Int2Pages:
+            p, n = self._int2_pools[kind][self.geo.bits_of(i)[kind]], self._int2_index[i][kind]
+            return Int2Pages(p.codes[n], p.scale[n], p.zero[n], p.bits, levels)
+        return LayerKV(self.bf16_k[i], self.bf16_v[i], pick(0, lk), pick(1, lv))
 
     def nbytes(self) -> dict[str, int]:
         """Bytes allocated per pool kind."""
-        int2 = sum(t.numel() * t.element_size() for p in (self.int2_k, self.int2_v) if p is not None
+        int2 = sum(t.numel() * t.element_size() for pools in self._int2_pools for p in pools.values()
                    for t in (p.codes, p.scale, p.zero))
         out = {"bf16": 2 * self.bf16_k.numel() * self.bf16_k.element_size(), "int2": int2}
         return out | ({"window": 2 * self.win_k.numel() * self.win_k.element_size()} if self.sliding else {})

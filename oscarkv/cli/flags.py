@@ -196,7 +196,8 @@ def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
     kv = config_from(KVConfig, argparse.Namespace(method=args.kv, page_size=args.page_size, **{
         k: given.get(k, getattr(base, k)) for k in ("sink", "recent", "key_bits", "value_bits")}))
     if args.sink is None and args.recent is None:  # the recipe's windows and bits; bits the flags set win
-        kv = config_from(KVConfig, argparse.Namespace(**{**asdict(apply_recipe(kv, artifact)), **given}))
+        mine = {f"layer_{k}": () for k in given if k.endswith("_bits")}  # a flag's bits replace the recipe's allocation
+        kv = config_from(KVConfig, argparse.Namespace(**{**asdict(apply_recipe(kv, artifact)), **given, **mine}))
     spec = config_from(SpeculativeConfig, argparse.Namespace(method=args.speculative, **{
         k: getattr(args, k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")}))
     return config_from(EngineConfig, args, kv=kv, speculative=spec,

@@ -71,7 +71,15 @@ class KVConfig:
     the codec normalizes it (``oscarkv.calibrate.levels``), the recipe search's choice
     (``RecipeSearchConfig.levels``). 4-bit kinds stay uniform."""
 
+    layer_key_bits: tuple[int, ...] = ()
+    """Per-layer key bits, one per decoder layer (2 or 4), for the per-token methods: a precision allocation
+    (``oscarkv calibrate --allocate``) that spends 4-bit keys where a layer's retrieval needs them; empty:
+    every layer at ``key_bits``. The artifact's recipe carries it (``recipe.layer_key_bits``)."""
+    layer_value_bits: tuple[int, ...] = ()
+    """Per-layer value bits, one per decoder layer (2 or 4); empty: every layer at ``value_bits``."""
+
     def __post_init__(self) -> None:
+        self._check_layer_bits()
         if self.levels not in LEVEL_KINDS or (self.levels != "uniform" and self.method != "oscar"):
             raise ValueError(f"KVConfig.levels must be one of {LEVEL_KINDS} ('lloyd_max' needs method 'oscar', whose "
                              f"artifact holds the tables), got {self.levels!r} for {self.method!r}")
@@ -95,6 +103,29 @@ class KVConfig:
             raise ValueError("KVConfig.page_size must be a multiple of 4 for kivi (keys pack along tokens)")
         if self.group_size is not None and self.group_size < 4:
             raise ValueError(f"KVConfig.group_size must be >= 4, got {self.group_size}")
+
+    def _check_layer_bits(self) -> None:
+        for name in ("layer_key_bits", "layer_value_bits"):
+            vals = getattr(self, name)
+            if vals and (self.method not in LADDER_METHODS or any(b not in (2, 4) for b in vals)):
+                raise ValueError(f"KVConfig.{name} holds 2 or 4 per layer and applies to {LADDER_METHODS}, got "
+                                 f"{vals} for {self.method!r}")
+        if self.layer_key_bits and self.layer_value_bits and len(self.layer_key_bits) != len(self.layer_value_bits):
+            raise ValueError(f"KVConfig.layer_key_bits and layer_value_bits must name the same layers, got "
+                             f"{len(self.layer_key_bits)} and {len(self.layer_value_bits)} values")
+
+    def layer_bits(self, layer: int) -> tuple[int, int]:
+        """``(key_bits, value_bits)`` of decoder layer ``layer``: the per-layer allocation where one is set."""
+        kb = self.layer_key_bits[layer] if self.layer_key_bits else self.key_bits
+        return kb, self.layer_value_bits[layer] if self.layer_value_bits else self.value_bits
+
+    def _num_layers(self) -> int:
+        return max(len(self.layer_key_bits), len(self.layer_value_bits))
+
+    @property
+    def allocated(self) -> bool:
+        """Whether a per-layer allocation sets some layer's bits (``layer_key_bits``/``layer_value_bits``)."""
+        return bool(self.layer_key_bits or self.layer_value_bits)
 
     def without_windows(self) -> KVConfig:
         """The same method with no sink and no recent window.
@@ -121,10 +152,14 @@ class KVConfig:
 
     def label(self) -> str:
         """Short name used in reports: ``oscar`` with windows is ``oscar+win``; a rung other than INT2
-        is named after the method (``oscar-k4v2+win``); Lloyd-Max levels add ``-lm`` (``oscar-lm+win``)."""
+        is named after the method (``oscar-k4v2+win``); a per-layer allocation counts its 4-bit layers
+        (``oscar-k4x5+win``: five layers with 4-bit keys); Lloyd-Max levels add ``-lm`` (``oscar-lm+win``)."""
         if self.method == "bf16":
             return "bf16"
         name = self.method if self.bits == (2, 2) or self.method in FIXED_BITS else f"{self.method}-{self.rung()}"
+        if self.allocated:  # e.g. oscar-k4x5: five layers hold 4-bit keys, the others the base bits
+            fours = [sum(self.layer_bits(i)[j] == 4 for i in range(self._num_layers())) for j in (0, 1)]
+            name = self.method + "".join(f"-{kind}4x{n}" for kind, n in zip("kv", fours) if n)
         name += "-lm" if self.levels == "lloyd_max" else ""
         return f"{name}+win" if (self.sink or self.recent) else name
 

@@ -68,7 +68,17 @@ class RecipeSearchConfig:
     Lloyd-Max tables, fitted first if it holds none), each with every window, rung and key clip; a chosen
     ``lloyd_max`` is recorded in the recipe (``levels``) and served (``KVConfig.levels``)."""
 
+    allocate: tuple[str, ...] = ()
+    """Kinds (``key``, ``value``) whose bits the search allocates per layer (``oscarkv.eval.allocate``): each
+    layer's sensitivity is measured on the development samples (that layer alone at 4 bits), then, for every
+    INT2 candidate window, layers are raised greedily, the largest gain first, within ``max_bpe``; the
+    allocations are scored beside the uniform rungs and a chosen one is recorded in the recipe
+    (``layer_key_bits``, ``layer_value_bits``). Empty: no allocation."""
+
     def __post_init__(self) -> None:
+        if any(k not in ("key", "value") for k in self.allocate) or (self.allocate and self.max_bpe is None):
+            raise ValueError(f"RecipeSearchConfig.allocate holds key and/or value and needs max_bpe (the budget), "
+                             f"got {self.allocate} with max_bpe {self.max_bpe}")
         bad = [lv for lv in self.levels if lv not in LEVEL_KINDS]
         if bad or not self.levels:
             raise ValueError(f"RecipeSearchConfig.levels: unknown {bad or 'empty list'}; choose from {LEVEL_KINDS}")

@@ -239,7 +239,16 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     storage = [LayerStorage(layer.key, v) for layer, v in zip(layers, values)]
     attn = model.model.layers[0].self_attn
     bits = (codecs[0].key.bits or 2, codecs[0].value.bits or 2)  # None: kv=bf16, no history pages
-    geo = plan_pools(cfg, len(codecs), attn.num_kv_heads, attn.head_dim, codecs[0].key.group, p.dtype, bits, sliding)
+    geo = plan_pools(cfg, len(codecs), attn.num_kv_heads, attn.head_dim, codecs[0].key.group, p.dtype, bits, sliding,
+                     layer_bits(codecs, sliding))
     levels = {i: (st.key.levels, st.value.levels) for i, st in enumerate(storage)}
     pools = KVPools(geo, p.device, sliding.layers if sliding else frozenset(), levels)
     return ModelRunner(model, pools, storage, backend, graph_buckets, tp)
+
+
+def layer_bits(codecs: list[LayerCodec], sliding: SlidingLayers | None) -> tuple[tuple[int, int], ...]:
+    """Key and value bits of each pool layer (sliding layers left out) under a per-layer allocation; empty
+    when every layer stores the same (the pools then hold one tensor per kind, as before allocations)."""
+    bits = tuple((c.key.bits or 2, c.value.bits or 2) for i, c in enumerate(codecs)
+                 if not (sliding and i in sliding.layers))
+    return bits if len(set(bits)) > 1 else ()

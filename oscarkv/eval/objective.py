@@ -33,11 +33,12 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from oscarkv.config import DEV_PROTOCOLS, RUNGS, KVConfig
+from oscarkv.eval import allocate as alloc
 from oscarkv.eval import tasks as task_lib
 from oscarkv.eval.engine_backend import engine_for, score_chunked, served
 from oscarkv.eval.runner import prefill, score_sample
 from oscarkv.eval.samples import answer_spans
-from oscarkv.quant.artifact import ModelFingerprint
+from oscarkv.quant.artifact import ModelFingerprint, apply_recipe
 from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import KVCodec, build_codec
 
@@ -170,15 +171,24 @@ def recipe_record(label: str, scores: dict[str, DevScore], codecs: dict[str, KVC
     kv = codecs[label].config
     cands = [{"sink": codecs[k].config.sink, "recent": codecs[k].config.recent, "key_bits": codecs[k].config.key_bits,
               "value_bits": codecs[k].config.value_bits, **_clip_field(codecs[k].config),
+              **_layer_bits_field(codecs[k].config),
               "bpe": round(codecs[k].bpe(context), 4),
               "answer_nll": round(v.answer_nll, 4), "accuracy": round(v.accuracy, 4)} for k, v in scores.items()]
     out = {"method": "oscar", "sink": kv.sink, "recent": kv.recent, "page_size": kv.page_size,
-           "key_bits": kv.key_bits, "value_bits": kv.value_bits, **_clip_field(kv),
+           "key_bits": kv.key_bits, "value_bits": kv.value_bits, **_clip_field(kv), **_layer_bits_field(kv),
            "bpe": round(codecs[label].bpe(context), 4), "objective": "development NIAH answer NLL",
            "context": context, **dev, "candidates": cands}
     if reference is not None:
         out["bf16"] = {"answer_nll": round(reference.answer_nll, 4), "accuracy": round(reference.accuracy, 4)}
     return out
+
+
+def _layer_bits_field(kv: KVConfig) -> dict:
+    """A per-layer allocation's bits (``layer_key_bits``, ``layer_value_bits``, every layer); nothing without one."""
+    if not kv.allocated:
+        return {}
+    n = max(len(kv.layer_key_bits), len(kv.layer_value_bits))
+    return {name: [kv.layer_bits(i)[j] for i in range(n)] for j, name in enumerate(("layer_key_bits", "layer_value_bits"))}
 
 
 def _clip_field(kv: KVConfig) -> dict:
@@ -226,6 +236,9 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
         raise ValueError(f"no window fits --max-bpe {cfg.max_bpe} at --context {cfg.context}")
     limit = getattr(c, "max_position_embeddings", None)
     samples = dev_samples(loaded.tokenizer, cfg.dev_context, cfg.dev_samples, cfg.dev_seeds, limit)
+    sens = None
+    if cfg.allocate:
+        windows, sens = with_allocations(loaded, artifact, cfg, windows, samples)
     arts = {k: artifact for k in windows} | (extra_artifacts or {})
     scores = dev_scores(loaded, bf16 | windows | (extra or {}), samples, progress, cfg.protocol, arts)
     mine = {k: scores[k] for k in windows if k in scores}
@@ -234,7 +247,35 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
     label = choose(mine, windows, cfg.context, scores["bf16"], cfg.tolerance)
     dev = {"max_bpe": cfg.max_bpe, "tolerance": cfg.tolerance, "protocol": cfg.protocol, "dev_context": cfg.dev_context,
            "dev_samples": len(samples), "dev_seeds": list(cfg.dev_seeds), "haystack": "calibration"}
-    return recipe_record(label, mine, windows, cfg.context, dev, scores["bf16"]), scores
+    recipe = recipe_record(label, mine, windows, cfg.context, dev, scores["bf16"])
+    if sens is not None:
+        recipe["sensitivity"] = [{"layer": s.layer, "kind": s.kind, "gain": round(s.gain, 4), "stderr": round(s.stderr, 4)}
+                                 for s in sens]
+    return recipe, scores
+
+
+def with_allocations(loaded, artifact, cfg, windows: dict[str, KVCodec], samples) -> tuple[dict[str, KVCodec], list]:
+    """``windows`` and, for each INT2 one, its greedy per-layer allocation within ``cfg.max_bpe``
+    (``oscarkv.eval.allocate``), from sensitivities measured on ``samples`` against the INT2 recipe at the default
+    windows, or those of the artifact's recipe (the layer's contribution, not the window's, is what they rank)."""
+    c = loaded.model.config
+    dims = ModelFingerprint.from_config(c).kv_dims
+
+    def build(kv: KVConfig) -> KVCodec:
+        return build_codec(kv, *dims, artifact, SlidingLayers.from_config(c))
+
+    base = replace(apply_recipe(KVConfig(group_size=artifact.manifest["group_size"]), artifact), key_bits=2, value_bits=2,
+                   layer_key_bits=(), layer_value_bits=())  # the artifact's INT2 recipe (or the default windows)
+    codecs = alloc.sensitivity_codecs(base, dims[0], build, cfg.allocate)
+    with tqdm(total=len(samples), desc=f"layer sensitivities ({len(codecs)} configurations)", unit="sample") as bar:
+        scores = dev_scores(loaded, codecs, samples, lambda *_: bar.update(1), cfg.protocol, {k: artifact for k in codecs})
+    sens = alloc.sensitivities(scores, cfg.allocate, dims[0], artifact.manifest.get("summary"))
+    known = [s for s in sens if s.predicted is not None]
+    rho = spearman([s.predicted for s in known], [s.gain for s in known]) if len(known) > 2 else float("nan")
+    print("layer sensitivities (development answer NLL gain, that layer alone at 4 bits):\n"
+          + "\n".join(alloc.report(sens))
+          + f"\n  Spearman's rho of the calibration's predicted INT2 error with the measured gain: {rho:+.2f}", flush=True)
+    return windows | alloc.allocation_codecs(sens, windows, dims[0], build, cfg.context, cfg.max_bpe), sens
 
 
 def search_recipe(loaded, results: dict, search, out: Path) -> dict:
@@ -284,6 +325,7 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
     (out / "dev_study.json").write_text(json.dumps(study, indent=2) + "\n")
     clip = f", key clip {recipe['key_clip']}" if "key_clip" in recipe else ""
     clip += f", {recipe['levels']} levels" if "levels" in recipe else ""
+    clip += f", per-layer key bits {''.join(map(str, recipe['layer_key_bits']))}" if "layer_key_bits" in recipe else ""
     print(f"recipe: key bits {recipe['key_bits']}, value bits {recipe['value_bits']}{clip}, sink {recipe['sink']}, recent "
           f"{recipe['recent']} ({recipe['bpe']:.3f} bits per element at "
           f"{recipe['context']} tokens), development answer NLL {scores_of(recipe)} vs BF16 "
@@ -294,7 +336,7 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
 def scores_of(recipe: dict) -> str:
     def key(c: dict) -> tuple:
         return (c["sink"], c["recent"], c.get("key_bits", 2), c.get("value_bits", 2), c.get("key_clip"),
-                c.get("levels", "uniform"))
+                c.get("levels", "uniform"), c.get("layer_key_bits"), c.get("layer_value_bits"))
     mine = next(c for c in recipe["candidates"] if key(c) == key(recipe))
     return f"{mine['answer_nll']:.3f} (accuracy {100 * mine['accuracy']:.0f}%)"
 

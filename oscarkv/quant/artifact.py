@@ -43,7 +43,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from oscarkv.config import FIXED_BITS, KVConfig, __version__
-from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec, with_bits
+from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec, check_layer_bits, with_bits
 from oscarkv.quant.int2 import levels_error
 from oscarkv.quant.rotation import orthogonality_error
 
@@ -173,6 +173,7 @@ class Artifact:
                                         f"but the model has {want!r}")
         self._validate_tensors(fp)
         self._validate_clips(fp)
+        self._validate_layer_bits(fp)
 
     def _validate_tensors(self, fp: ModelFingerprint) -> None:
         L, H, d = fp.num_layers, fp.num_kv_heads, fp.head_dim
@@ -224,6 +225,18 @@ class Artifact:
         if not isinstance(g, int) or g <= 0 or fp.head_dim % g:
             raise ArtifactError(f"field group_size: {g!r} does not divide head_dim {fp.head_dim}")
 
+    def _validate_layer_bits(self, fp: ModelFingerprint) -> None:
+        """A recipe's per-layer allocation (``recipe.layer_key_bits``/``layer_value_bits``): absent (every layer at
+        the recipe's bits), or 2 or 4 for each of the model's layers."""
+        recipe = self.manifest.get("recipe") or {}
+        for name in ("layer_key_bits", "layer_value_bits"):
+            vals = recipe.get(name)
+            if vals is None:
+                continue
+            if not isinstance(vals, list) or len(vals) != fp.num_layers or any(v not in (2, 4) for v in vals):
+                raise ArtifactError(f"field recipe.{name}: expected 2 or 4 for each of {fp.num_layers} layers, "
+                                    f"got {vals!r}")
+
     def summary(self) -> list[str]:
         """The manifest in four lines (for a start-up log): the model, the recipe, the clips, the data."""
         m, fp = self.manifest, self.manifest.get("model", {})
@@ -249,6 +262,7 @@ class Artifact:
         if cfg.levels == "lloyd_max" and not all(f"{k}.levels" in self.tensors for k in ("key", "value")):
             raise ArtifactError("tensor key.levels/value.levels: missing, but KVConfig.levels is 'lloyd_max' (fit them: "
                                 "oscarkv calibrate --rotations DIR --levels uniform,lloyd_max ...)")
+        check_layer_bits(cfg, self.fingerprint.num_layers)
         layers = []
         for i in range(self.fingerprint.num_layers):
             key, value = (self.fitted_codec(kind, i, group) for kind in ("key", "value"))
@@ -256,7 +270,8 @@ class Artifact:
                 key = replace(key, clip=_clip(cfg.key_clip))
             if cfg.levels == "lloyd_max":
                 key, value = (replace(c, levels=self.levels(k, i)) for c, k in ((key, "key"), (value, "value")))
-            layers.append(LayerCodec(with_bits(key, cfg.key_bits), with_bits(value, cfg.value_bits)))
+            kb, vb = cfg.layer_bits(i)
+            layers.append(LayerCodec(with_bits(key, kb), with_bits(value, vb)))
         return KVCodec(cfg, tuple(layers), group)
 
     def fitted_codec(self, kind: str, layer: int, group: int) -> TensorCodec:
@@ -326,7 +341,9 @@ def apply_recipe(kv: KVConfig, artifact: Artifact | None) -> KVConfig:
         return kv
     return replace(kv, sink=recipe["sink"], recent=recipe["recent"], page_size=recipe.get("page_size", kv.page_size),
                    key_bits=recipe.get("key_bits", 2), value_bits=recipe.get("value_bits", 2),
-                   key_clip=recipe.get("key_clip"), levels=recipe.get("levels", "uniform"))
+                   key_clip=recipe.get("key_clip"), levels=recipe.get("levels", "uniform"),
+                   layer_key_bits=tuple(recipe.get("layer_key_bits", ())),
+                   layer_value_bits=tuple(recipe.get("layer_value_bits", ())))
 
 
 def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
@@ -338,9 +355,16 @@ def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
     clip = f", key clip {kv.key_clip}" if kv.key_clip is not None else ""
     clip += f", {kv.levels} levels" if kv.levels != "uniform" else ""
     line = f"kv oscar: {bits}sink {kv.sink}, recent {kv.recent}, page {kv.page_size}{clip}"
-    mine = (kv.sink, kv.recent, *kv.bits, kv.key_clip, kv.levels)
+    if kv.allocated:
+        line += f", per-layer bits keys {_bits_row(kv.layer_key_bits)} values {_bits_row(kv.layer_value_bits)}"
+    mine = (kv.sink, kv.recent, *kv.bits, kv.key_clip, kv.levels, kv.layer_key_bits, kv.layer_value_bits)
     if recipe and mine == (recipe["sink"], recipe["recent"], recipe.get("key_bits", 2), recipe.get("value_bits", 2),
-                           recipe.get("key_clip"), recipe.get("levels", "uniform")):
+                           recipe.get("key_clip"), recipe.get("levels", "uniform"),
+                           tuple(recipe.get("layer_key_bits", ())), tuple(recipe.get("layer_value_bits", ()))):
         return (f"{line} (the artifact's recipe: {recipe['bpe']} bits per element at {recipe['context']} tokens, "
                 f"chosen on {recipe['objective']} over {recipe.get('dev_samples', '?')} development samples)")
     return line + (" (set by the caller; the artifact's recipe differs)" if recipe else " (no recipe in the artifact)")
+
+
+def _bits_row(bits: tuple[int, ...]) -> str:
+    return "".join(map(str, bits)) if bits else "uniform"

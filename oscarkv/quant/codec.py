@@ -133,15 +133,16 @@ class KVCodec:
         return tiers(t, c.sink, c.recent, c.page_size)
 
     def bpe(self, t: int) -> float:
-        """Bits per element of a ``t``-token sequence, keys and values averaged, windows included; with
-        sliding layers, the bits every layer holds over the elements it holds (:func:`mixed_bpe`)."""
+        """Bits per element of a ``t``-token sequence, keys and values averaged, windows included, averaged over
+        the layers (a per-layer allocation stores each at its own bits); with sliding layers, the bits every layer holds over the elements it holds (:func:`mixed_bpe`)."""
         tr = self.tiers(t)
-        first = self.layers[0]
         n_bf16 = tr.sink + tr.recent
-        tiered = 0.5 * (first.key.bpe(tr.history, n_bf16, self.config.page_size)
-                        + first.value.bpe(tr.history, n_bf16, self.config.page_size))
-        n_sliding = len(self.sliding.layers) if self.sliding else 0
-        return mixed_bpe(tiered, len(self.layers) - n_sliding, t, self.sliding, self.config.page_size)
+        skip = self.sliding.layers if self.sliding else frozenset()
+        tiered = [layer for i, layer in enumerate(self.layers) if i not in skip]
+        P = self.config.page_size
+        each = [0.5 * (x.key.bpe(tr.history, n_bf16, P) + x.value.bpe(tr.history, n_bf16, P)) for x in tiered]
+        mean = each[0] if len(set(each)) == 1 else sum(each) / len(each)  # NOTE: uniform: one layer's figure exactly
+        return mixed_bpe(mean, len(tiered), t, self.sliding, self.config.page_size)
 
 
 def default_group(head_dim: int, group: int | None) -> int:
@@ -161,7 +162,18 @@ def build_codec(cfg: KVConfig, num_layers: int, num_kv_heads: int, head_dim: int
             raise ValueError("kv method 'oscar' needs a rotation artifact (oscarkv calibrate --out DIR, then --rotations DIR)")
         return replace(artifact.codec(cfg, g), sliding=sliding)
     layer = _baseline_layer(cfg, num_kv_heads, head_dim, g)
-    return KVCodec(cfg, (layer,) * num_layers, g, sliding)
+    check_layer_bits(cfg, num_layers)
+    layers = tuple(LayerCodec(with_bits(layer.key, kb), with_bits(layer.value, vb))
+                   for kb, vb in map(cfg.layer_bits, range(num_layers))) if cfg.allocated else (layer,) * num_layers
+    return KVCodec(cfg, layers, g, sliding)
+
+
+def check_layer_bits(cfg: KVConfig, num_layers: int) -> None:
+    """A per-layer allocation (``KVConfig.layer_key_bits``/``layer_value_bits``) names every decoder layer."""
+    for name in ("layer_key_bits", "layer_value_bits"):
+        n = len(getattr(cfg, name))
+        if n and n != num_layers:
+            raise ValueError(f"KVConfig.{name}: {n} values for a model of {num_layers} layers")
 
 
 def with_bits(codec: TensorCodec, bits: int) -> TensorCodec:

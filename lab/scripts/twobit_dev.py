@@ -1,0 +1,104 @@
+"""Per-layer precision allocation on the development objective, on the CPU (issue 26, development only).
+
+Two disjoint sets of development samples (needles in the calibration haystack, never evaluation's seed):
+``--sens-seeds`` measure each layer's sensitivity (development answer NLL, teacher-forced protocol, when that
+layer alone stores 4-bit keys, the shipped INT2 recipe elsewhere); ``--eval-seeds`` then score, paired sample by
+sample, the unquantized cache, INT2 (the shipped recipe), K4V2 and the greedy allocation within the budget
+(``--max-bpe``, default: INT2's own bits per element at ``--context``) for each candidate window, so the
+allocation is chosen on one set and measured on another. One full-precision prefill per sample, shared by every
+configuration (``oscarkv.eval.objective.dev_scores``, ``forced``). Writes JSON lines per sample and a summary.
+
+    OMP_NUM_THREADS=1 python lab/scripts/twobit_dev.py --samples 8 --out runs/twobit_dev
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from oscarkv.cli.flags import load
+from oscarkv.config import KVConfig
+from oscarkv.eval import allocate as alloc
+from oscarkv.eval.objective import DevScore, dev_samples, dev_scores
+from oscarkv.eval.paired import difference
+from oscarkv.quant.artifact import Artifact, ModelFingerprint, apply_recipe
+from oscarkv.quant.bpe import SlidingLayers
+from oscarkv.quant.codec import build_codec
+
+WINDOWS = ((64, 256), (64, 128), (0, 256), (0, 128), (64, 64))
+"""Candidate (sink, recent) windows of the allocations: a smaller window frees bytes for 4-bit layers."""
+
+
+def scored(loaded, codecs, samples, log):
+    t0 = time.time()
+
+    def progress(sample, nll, acc):
+        log.write(json.dumps({"seed": sample.seed, "nll": nll, "accuracy": acc}) + "\n")
+        log.flush()
+        print(f"  sample seed {sample.seed} done ({time.time() - t0:.0f} s)", flush=True)
+    return dev_scores(loaded, codecs, samples, progress, "forced")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rotations", default="oscarkv/data/default_rotations")
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--samples", type=int, default=8, help="samples per set")
+    p.add_argument("--sens-seeds", default="1000,1001")
+    p.add_argument("--eval-seeds", default="1002,1003")
+    p.add_argument("--max-bpe", type=float, default=None)
+    p.add_argument("--out", type=Path, default=Path("runs/twobit_dev"))
+    p.add_argument("--sensitivity", type=Path, default=None, help="reuse a sensitivity.json, or a sensitivity_samples.jsonl of a run cut short")
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    loaded = load("default", "float32", "cpu")
+    c = loaded.model.config
+    dims = ModelFingerprint.from_config(c).kv_dims
+    art = Artifact.load(a.rotations, expect=ModelFingerprint.from_config(c))
+
+    def build(kv: KVConfig):
+        return build_codec(kv, *dims, art, SlidingLayers.from_config(c))
+
+    base = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art)  # the shipped INT2 recipe
+    budget = a.max_bpe or build(base).bpe(a.context)
+    seeds = [tuple(int(x) for x in s.split(",")) for s in (a.sens_seeds, a.eval_seeds)]
+    if a.sensitivity:  # a sensitivity.json, or the per-sample log of a run cut short
+        text = a.sensitivity.read_text()
+        if a.sensitivity.suffix == ".jsonl":
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            scores = {k: DevScore(0.0, 0.0, tuple(r["nll"][k] for r in rows)) for k in rows[0]["nll"]}
+            sens = alloc.sensitivities(scores, ("key",), dims[0], art.manifest.get("summary"))
+            (a.out / "sensitivity.json").write_text(json.dumps([s.__dict__ for s in sens], indent=1))
+        else:
+            sens = [alloc.Sensitivity(**r) for r in json.loads(text)]
+    else:
+        samples = dev_samples(loaded.tokenizer, a.context, a.samples, seeds[0], c.max_position_embeddings)
+        with open(a.out / "sensitivity_samples.jsonl", "w") as log:
+            scores = scored(loaded, alloc.sensitivity_codecs(base, dims[0], build), samples, log)
+        sens = alloc.sensitivities(scores, ("key",), dims[0], art.manifest.get("summary"))
+        (a.out / "sensitivity.json").write_text(json.dumps([s.__dict__ for s in sens], indent=1))
+    print("\n".join(alloc.report(sens)))
+    codecs = {"bf16": build(KVConfig("bf16")), "int2": build(base), "k4v2": build(replace(base, key_bits=4, key_clip=None))}
+    for s0, r in WINDOWS:
+        kv = alloc.allocate(sens, replace(base, sink=s0, recent=r), dims[0], build, a.context, budget)
+        if kv is not None and kv.allocated:
+            codecs[f"alloc s={s0} r={r} ({sum(b == 4 for b in kv.layer_key_bits)} layers)"] = build(kv)
+    samples = dev_samples(loaded.tokenizer, a.context, a.samples, seeds[1], c.max_position_embeddings)
+    with open(a.out / "allocation_samples.jsonl", "w") as log:
+        scores = scored(loaded, codecs, samples, log)
+    rows = {}
+    for k, v in scores.items():
+        d, se = difference(v.per_sample, scores["int2"].per_sample)
+        rows[k] = {"bpe": round(codecs[k].bpe(a.context), 4), "answer_nll": round(v.answer_nll, 4),
+                   "accuracy": round(v.accuracy, 4), "nll_minus_int2": round(d, 4), "stderr": round(se, 4),
+                   "layer_key_bits": list(codecs[k].config.layer_key_bits)}
+        print(f"{k:>32s}: {rows[k]['bpe']:.3f} BPE, NLL {v.answer_nll:.3f} (vs INT2 {d:+.3f} ± {se:.3f}), "
+              f"accuracy {v.accuracy:.0%}")
+    (a.out / "allocation.json").write_text(json.dumps({"budget": budget, "context": a.context, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
