@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 from oscarkv.config import EngineConfig, KVConfig
-from oscarkv.engine.engine import LLMEngine, build_runner_and_codec, eos_ids
+from oscarkv.engine.assembly import build_runner_and_codec, eos_ids
+from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.model_runner import PendingIds, RunnerOutput
 from oscarkv.engine.runner import Runner, one_token_step
 from oscarkv.engine.scheduler import ScheduledChunk

@@ -41,10 +41,10 @@ from oscarkv.cache.window import WindowCache
 from oscarkv.config import EngineConfig
 from oscarkv.engine import sampler
 from oscarkv.attention.step import AttentionBackend
-from oscarkv.engine.cuda_graphs import DEFAULT_BUCKETS
 from oscarkv.engine.admission import Admission, ValidRequest
+from oscarkv.engine.assembly import build_runner_and_codec, eos_ids
 from oscarkv.engine.detokenizer import Detokenizer, IncrementalText
-from oscarkv.engine.model_runner import PendingIds, RunnerOutput, build_runner
+from oscarkv.engine.model_runner import PendingIds, RunnerOutput
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.engine.runner import Runner
 from oscarkv.engine.scheduler import Scheduler, SchedulerOutput
@@ -52,12 +52,8 @@ from oscarkv.engine import speculative
 from oscarkv.engine.speculative import SpeculativeDecoder
 from oscarkv.engine.sequence import PENDING, Sequence, Status
 from oscarkv.engine.stats import EngineStats, TierStats
-from oscarkv.engine.workers import ParallelRunner
-from oscarkv.attention.backends import default_backend
 from oscarkv.models.llama import PagedLM
-from oscarkv.quant.artifact import ModelFingerprint
-from oscarkv.quant.bpe import SlidingLayers
-from oscarkv.quant.codec import KVCodec, build_codec
+from oscarkv.quant.codec import KVCodec
 
 log = logging.getLogger(__name__)
 
@@ -411,40 +407,3 @@ class LLMEngine:
     def status_of(self, request_id: str) -> Status | None:
         seq = self.seqs.get(request_id)
         return None if seq is None else seq.status
-
-
-def build_runner_and_codec(model: PagedLM, cfg: EngineConfig, artifact=None, backend: AttentionBackend | None = None,
-                           cuda_graphs: bool = True, device: torch.device | None = None) -> tuple[Runner, KVCodec]:
-    """What :meth:`LLMEngine.from_paged` builds an engine from (its arguments, as there): the runner — a
-    :class:`ModelRunner`, or a :class:`ParallelRunner` with ``cfg.tensor_parallel_size > 1`` — and the KV
-    codec. A caller that wraps the runner (``oscarkv.bench.e2e.BenchRunner``) builds ``LLMEngine`` from these."""
-    config = model.config
-    fp = ModelFingerprint.from_config(config)
-    if artifact is not None:
-        artifact.validate(fp)
-    codec = build_codec(cfg.kv, fp.num_layers, fp.num_kv_heads, fp.head_dim, artifact, SlidingLayers.from_config(config))
-    here = next(model.parameters()).device
-    if device is not None and cfg.tensor_parallel_size == 1 and torch.device(device).type != here.type:
-        raise ValueError(f"device={device}: a single-device engine runs where its model is ({here}); move the model")
-    backend = backend or default_backend(torch.device(device) if device is not None else here)
-    if codec.sliding and cfg.tensor_parallel_size > 1:
-        raise ValueError(f"{config.architectures[0]} has sliding-window layers: tensor parallelism is not supported")
-    # NOTE: a sliding layer's band runs eagerly (oscarkv.attention.step), so such a model decodes without graphs
-    buckets = DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps and not codec.sliding else ()
-    if cfg.tensor_parallel_size > 1:
-        runner = ParallelRunner(model, codec, cfg, backend, buckets, device)
-    else:
-        runner = build_runner(model, list(codec.layers), cfg, backend, buckets)
-    return runner, codec
-
-
-def eos_ids(config, tokenizer) -> tuple[int, ...]:
-    ids = getattr(config, "eos_token_id", None)
-    ids = [ids] if isinstance(ids, int) else list(ids or [])
-    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.append(tokenizer.eos_token_id)
-    return tuple(sorted(set(ids)))
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

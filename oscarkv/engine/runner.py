@@ -8,7 +8,7 @@ other ranks' ``ModelRunner`` s in their processes) and the benchmarks' ``oscarkv
 (a real runner plus launch records and the fast prompt fill).
 
 Ownership: the engine receives its runner at construction (``LLMEngine(runner, ...)``, or built by
-:func:`~oscarkv.engine.engine.build_runner_and_codec`) and never replaces it; a wrapper that adds
+:func:`~oscarkv.engine.assembly.build_runner_and_codec`) and never replaces it; a wrapper that adds
 behaviour (timing, recording, filling) is itself a :class:`Runner`, given to the engine in place of the
 runner it wraps. The runner owns the model, the KV pools and the worker processes; the engine owns the
 scheduler and the :class:`~oscarkv.cache.manager.KVCacheManager`, which decides which pages each step
