@@ -28,8 +28,9 @@ from oscarkv.quant.artifact import Artifact, ModelFingerprint, apply_recipe
 from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import build_codec
 
-WINDOWS = ((64, 256), (64, 128), (0, 256), (0, 128), (64, 64))
-"""Candidate (sink, recent) windows of the allocations: a smaller window frees bytes for 4-bit layers."""
+WINDOWS = ((64, 256), (64, 128), (0, 256), (0, 128), (64, 64), (0, 64))
+"""Candidate (sink, recent) windows of the allocations: a smaller window frees bytes for 4-bit layers (at 8K,
+INT2's own budget holds 0 layers at (64, 256), 6 at (64, 128), 9 at (64, 64) or (0, 128), 12 at (0, 64))."""
 
 
 def scored(loaded, codecs, samples, log):
@@ -42,6 +43,12 @@ def scored(loaded, codecs, samples, log):
     return dev_scores(loaded, codecs, samples, progress, "forced")
 
 
+def from_recipe(base: KVConfig, rec: dict) -> KVConfig:
+    """``base`` with a recipe file's windows and per-layer bits (its key clip is the shipped one)."""
+    return replace(base, sink=rec["sink"], recent=rec["recent"], layer_key_bits=tuple(rec["layer_key_bits"]),
+                   layer_value_bits=tuple(rec.get("layer_value_bits", ())))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rotations", default="oscarkv/data/default_rotations")
@@ -52,6 +59,7 @@ def main() -> None:
     p.add_argument("--max-bpe", type=float, default=None)
     p.add_argument("--out", type=Path, default=Path("runs/twobit_dev"))
     p.add_argument("--sensitivity", type=Path, default=None, help="reuse a sensitivity.json, or a sensitivity_samples.jsonl of a run cut short")
+    p.add_argument("--recipes", default="", help="recipe JSONs (comma-separated, twobit_recipe_cpu_*.json) scored beside the allocations")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     loaded = load("default", "float32", "cpu")
@@ -86,6 +94,8 @@ def main() -> None:
         kv = alloc.allocate(sens, replace(base, sink=s0, recent=r), dims[0], build, a.context, budget)
         if kv is not None and kv.allocated:
             codecs[f"alloc s={s0} r={r} ({sum(b == 4 for b in kv.layer_key_bits)} layers)"] = build(kv)
+    for path in filter(None, a.recipes.split(",")):
+        codecs[f"recipe {Path(path).stem}"] = build(from_recipe(base, json.loads(Path(path).read_text())))
     samples = dev_samples(loaded.tokenizer, a.context, a.samples, seeds[1], c.max_position_embeddings)
     with open(a.out / "allocation_samples.jsonl", "w") as log:
         scores = scored(loaded, codecs, samples, log)
