@@ -17,13 +17,13 @@ It prints a table and writes the numbers as JSON. It needs a CUDA device.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from oscarkv.quant.bpe import tiers
+from oscarkv.bench import e2e
 from oscarkv.bench.configs import AttentionBench
 
 BENCH_LEVELS = (0.0, 0.875, 2.125, 3.0)
@@ -134,10 +134,7 @@ def run(cfg: AttentionBench, out: Path | None) -> str:
     copy_gbps = copy_bandwidth()
     rows = [measure(cfg, c, b) for c in cfg.contexts for b in cfg.batches]
     table = format_table(rows, copy_gbps)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg),
-                                   "copy_gbps": copy_gbps, "splits_note": "default_splits(batch, kv_heads)",
-                                   "rows": [asdict(r) for r in rows]}, indent=1))
+    e2e.write_json(out, cfg, [asdict(r) for r in rows], copy_gbps=copy_gbps,
+                   splits_note="default_splits(batch, kv_heads)")
     return table
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -207,10 +206,7 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
         del model
         e2e.release()
     table = format_table(rows, copy_gbps) + "\n" + format_kernels(rows)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg),
-                                   "copy_gbps": copy_gbps, "rows": rows}, indent=1))
+    e2e.write_json(out, cfg, rows, copy_gbps=copy_gbps)
     return table
 
 

@@ -23,8 +23,10 @@ filled) and fills while :func:`drive` runs (``BenchRunner.filling``); nothing re
 from __future__ import annotations
 
 import gc
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -39,6 +41,15 @@ from oscarkv.models.shapes import shape_config
 from oscarkv.quant.artifact import Artifact, ModelFingerprint, new_manifest
 from oscarkv.quant.codec import default_group
 from oscarkv.quant.rotation import compose
+
+
+def write_json(out: Path | None, cfg, rows: list, **extra) -> None:
+    """A bench's JSON (nothing when ``out`` is None): the device, the bench's config, ``extra`` fields, the rows."""
+    if out is None:
+        return
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": device, "config": asdict(cfg), **extra, "rows": rows}, indent=1))
 
 
 def release() -> None:

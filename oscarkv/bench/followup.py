@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -125,10 +124,7 @@ def run(cfg: FollowupBench, out: Path | None) -> str:
         rows += followup_rows(model, cfg, shape)
         del model
         e2e.release()
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg), "rows": rows},
-                                  indent=1))
+    e2e.write_json(out, cfg, rows)
     return format_table(rows)
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -116,10 +115,7 @@ def run(cfg: JobsBench, out: Path | None) -> str:
     for m in cfg.methods:
         rows.append(method_row(cfg, model, m))
         print(json.dumps(rows[-1]), flush=True)
-        if out is not None:  # NOTE: after every method: a long run cut short keeps what it measured
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg), "rows": rows},
-                                      indent=1))
+        e2e.write_json(out, cfg, rows)  # NOTE: after every method: a long run cut short keeps what it measured
     return format_table(rows)
 
 

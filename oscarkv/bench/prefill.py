@@ -24,7 +24,6 @@ from __future__ import annotations
 import bisect
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -153,10 +152,7 @@ def run(cfg: PrefillBench, out: Path | None) -> str:
     if not torch.cuda.is_available():
         raise ValueError("bench prefill needs a CUDA device")
     rows = [r for shape in cfg.shapes for r in rows_for(cfg, shape)]
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": asdict(cfg), "rows": rows},
-                                  indent=1))
+    e2e.write_json(out, cfg, rows)
     return format_table(rows)
 
 

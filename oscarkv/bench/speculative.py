@@ -222,11 +222,7 @@ def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None) -> str:
         del model
         e2e.release()
     proj = projection([r for r in rows if r["part"] == "model"], [r for r in rows if r["part"] == "shape"])
-    if out is not None:
-        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"device": device, "config": asdict(cfg), "rows": rows, "projection": proj},
-                                  indent=1))
+    e2e.write_json(out, cfg, rows, projection=proj)
     return format_tables(rows, proj)
 
 
