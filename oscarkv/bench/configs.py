@@ -8,7 +8,9 @@ counts and methods on construction, so that a bad flag is one line before any wo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from oscarkv.bench.layer_bits import is_fraction
 from oscarkv.config import ENGINE_METHODS, SPECULATIVE_METHODS
 
 
@@ -95,10 +97,17 @@ class DecodeBench:
     """Also profile the graph of each row at the longest context (torch.profiler; with tensor parallelism,
     whole engine steps). NOTE: CUPTI stays attached after a profile and slows later graph launches (seen
     on an H100, 2026-11-22: 21 µs → 320 µs): time in one invocation, profile in another."""
+    layer_key_bits: tuple[str, ...] = ()
+    """Per-layer allocations timed after ``methods``, each as an ``oscar`` row (``KVConfig.layer_key_bits``,
+    :mod:`oscarkv.bench.layer_bits`): a recipe JSON (its windows, its share of 4-bit-key layers spread over the
+    shape's layers as the recipe spreads them) or a fraction in (0, 1] of 4-bit-key layers, evenly spaced."""
 
     def __post_init__(self) -> None:
         _check_methods(self)
         _check_positive(self, "contexts", "steps", "batch", "tensor_parallel_size")
+        for spec in self.layer_key_bits:
+            if not is_fraction(spec) and not Path(spec).is_file():
+                raise ValueError(f"DecodeBench.layer_key_bits: {spec!r} is neither a fraction in (0, 1] nor a recipe file")
 
 
 @dataclass(frozen=True)

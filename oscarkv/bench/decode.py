@@ -4,12 +4,14 @@ For each model shape (random bf16 weights, :mod:`oscarkv.bench.e2e`), KV method 
 ``naive`` = INT2 pages, G = 128, no rotation; ``oscar`` = the same pages with a random OSCAR
 artifact, :func:`oscarkv.bench.e2e.random_artifact`: the query mapped by ``R⁻ᵀ`` in every layer,
 keys rotated, scaled, centered and clipped on write, the value rotation folded into the weights
-— the same bytes read) and context, one request's prompt is filled fast through the
+— the same bytes read; then each ``--layer-key-bits`` allocation, ``oscar`` with 4-bit keys in some layers,
+:mod:`oscarkv.bench.layer_bits`) and context, one request's prompt is filled fast through the
 write path (random K/V, see ``oscarkv.bench.e2e``), then ``steps`` decode steps of the real
 engine are timed (``LLMEngine.step``: schedule, tables, CUDA-graph replay of the forward,
 logits, sampling; medians are not used: total time / steps after ``warmup`` steps).
 
-Reported per row: ms per step and tokens/s; the graph replay alone (the forward and the
+Reported per row: the codec's bits per element at the context (``KVCodec.bpe``: what is stored, windows
+included); ms per step and tokens/s; the graph replay alone (the forward and the
 logits, CUDA events); the host phases of a step (:func:`host_phases`); the floor = (weight bytes + KV bytes the step reads) / measured copy bandwidth; and
 the write path's share of a step = (36-layer K/V write of one token, as a CUDA graph +
 one page demotion per ``P`` steps, eager) / step time.
@@ -37,6 +39,8 @@ import torch
 
 from oscarkv.bench import e2e
 from oscarkv.bench.configs import DecodeBench
+from oscarkv.bench.layer_bits import allocation_config
+from oscarkv.config import KVConfig
 from oscarkv.engine.rank_profile import kernel_profile
 
 
@@ -187,15 +191,15 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
     rows = []
     for shape in cfg.shapes:
         model = e2e.random_model(shape, cfg.tensor_parallel_size)
-        for method in cfg.methods:
+        for method, kv in kv_configs(cfg, model.config.num_hidden_layers):
             # NOTE: the step budget (chunk x seqs) sizes the BF16 pool; a batch uses bench capacity's small
             # INT2 chunk so that its sequences fit the KV budget
-            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), cfg.batch,
+            engine = e2e.build_engine(model, kv, int(cfg.kv_gib * 2**30), cfg.batch,
                                       8192 if cfg.batch == 1 else 256, cfg.tensor_parallel_size, cfg.all_reduce)
             wbytes = e2e.weight_bytes(engine.runner.model)  # rank 0's shard with tensor parallelism
             w_us, d_us = write_path_us(engine)
             for ctx in cfg.contexts:
-                row = dict(shape=shape, method=method, write_us=w_us, demote_us=d_us,
+                row = dict(shape=shape, method=method, bpe=engine.codec.bpe(ctx), write_us=w_us, demote_us=d_us,
                            **measure(engine, ctx, cfg, copy_gbps, wbytes))
                 row["write_share"] = (w_us + d_us / engine.cfg.kv.page_size) / row["step_us"]
                 rows.append(row)
@@ -210,18 +214,28 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
     return table
 
 
+def kv_configs(cfg: DecodeBench, num_layers: int) -> list[tuple[str, KVConfig]]:
+    """(row label, KV config) of each method, then of each ``layer_key_bits`` allocation at ``num_layers``
+    (labelled as reports label it: ``oscar-k4x12+win``, 12 layers of 4-bit keys)."""
+    out = [(m, KVConfig(m)) for m in cfg.methods]
+    for spec in cfg.layer_key_bits:
+        kv = allocation_config(spec, num_layers)
+        out.append((kv.label(), kv))
+    return out
+
+
 def format_table(rows: list[dict], copy_gbps: float) -> str:
     lines = [f"copy bandwidth (read + write): {copy_gbps:.0f} GB/s",
-             "| model | context | kv | ms/step | no overlap | tok/s | graph ms | step-graph ms | runner us | outputs us | "
-             "floor ms | step/floor | write share | bf16/int2 |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| model | context | kv | BPE | ms/step | no overlap | tok/s | graph ms | step-graph ms | runner us | outputs us | "
+             "floor ms | step/floor | write share | tok/s vs bf16 |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by = {(r["shape"], r["context"], r["method"]): r for r in rows}
     for r in rows:
         peer = by.get((r["shape"], r["context"], "bf16"))
         speed = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer and r["method"] != "bf16" else ""
         graph = f"{r['graph_us'] / 1e3:.2f} | {(r['step_us'] - r['graph_us']) / 1e3:.2f}"
         model = r["shape"] + (f" tp{r['tp']} {r['all_reduce']}" if r.get("tp", 1) > 1 else "")
-        lines.append(f"| {model} | {r['context']} | {r['method']} | {r['step_us'] / 1e3:.2f} | "
+        lines.append(f"| {model} | {r['context']} | {r['method']} | {r['bpe']:.2f} | {r['step_us'] / 1e3:.2f} | "
                      f"{r['sequential_step_us'] / 1e3:.2f} | {r['tokens_per_s']:.1f} | {graph} | "
                      f"{r['runner_us']:.0f} | {r['outputs_us']:.0f} | {r['floor_us'] / 1e3:.2f} | "
                      f"{r['step_over_floor']:.2f} | {100 * r['write_share']:.1f}% | {speed} |")

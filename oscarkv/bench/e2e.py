@@ -92,18 +92,20 @@ def random_model(shape: str, tensor_parallel_size: int = 1) -> PagedLM:
     return model.eval().requires_grad_(False)
 
 
-def build_engine(model: PagedLM, method: str, kv_bytes: int, max_num_seqs: int, chunk: int = 8192,
+def build_engine(model: PagedLM, method: str | KVConfig, kv_bytes: int, max_num_seqs: int, chunk: int = 8192,
                  tensor_parallel_size: int = 1, all_reduce: str = "auto") -> LLMEngine:
-    """Engine over ``model`` (``bf16``, ``naive`` INT2, or ``oscar`` with :func:`random_artifact`) and a
-    :class:`BenchRunner`, no prefix caching, default windows (64 + 256, P = 64); ``kv_bytes`` per GPU with
+    """Engine over ``model`` (``bf16``, ``naive`` INT2, or ``oscar`` with :func:`random_artifact`; or a whole
+    ``KVConfig``, e.g. a per-layer allocation) and a :class:`BenchRunner`, no prefix caching, default windows
+    (64 + 256, P = 64) for a method name; ``kv_bytes`` per GPU with
     tensor parallelism, whose ranks run on the GPUs whatever holds ``model`` (:func:`random_model` leaves it
     on the host; on a CPU-only machine the ranks run on the CPU) and sum through ``all_reduce``
     (``EngineConfig.tensor_parallel_all_reduce``)."""
-    cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=max_num_seqs,
+    kv = method if isinstance(method, KVConfig) else KVConfig(method)
+    cfg = EngineConfig(kv, kv_memory_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk,  # all advance
                        enable_prefix_caching=False, tensor_parallel_size=tensor_parallel_size,
                        tensor_parallel_all_reduce=all_reduce)
-    return bench_engine(model, cfg, random_artifact(model.config) if method == "oscar" else None)
+    return bench_engine(model, cfg, random_artifact(model.config) if kv.method == "oscar" else None)
 
 
 def bench_engine(model: PagedLM, cfg: EngineConfig, artifact: Artifact | None = None) -> LLMEngine:
@@ -147,14 +149,15 @@ def weight_bytes(model: PagedLM) -> int:
 
 
 def kv_read_bytes(engine: LLMEngine, seqs) -> int:
-    """KV bytes one decode step reads for ``seqs`` (every stored token once, K and V, all layers)."""
+    """KV bytes one decode step reads for ``seqs`` (every stored token once, K and V, all layers; history at each
+    layer's own bits: ``PoolGeometry.int2_page_bytes``)."""
     geo = engine.runner.pools.geo
-    per_int2 = geo.head_dim // 4 + 4 * (geo.head_dim // geo.group)
+    window = 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim * geo.window_dtype.itemsize  # per BF16 token
     n = 0
     for s in seqs:
         sink, hist, recent = engine.manager.tier_tokens(s)
-        n += (sink + recent) * geo.head_dim * geo.window_dtype.itemsize + hist * per_int2
-    return 2 * geo.num_layers * geo.num_kv_heads * n
+        n += (sink + recent) * window + hist * geo.int2_page_bytes() // geo.page_size
+    return n
 
 
 def add_prompts(engine: LLMEngine, n: int, length: int, new_tokens: int, seed: int = 0,
