@@ -23,8 +23,11 @@ case " $parts " in *" tests "*)
   tail -12 "$OUT/pytest_tp.txt";; esac
 case " $parts " in *" decode "*)
   step decode_tp1 110 $OSC $DECODE --tensor-parallel-size 1 --out "$OUT/decode_tp1.json" 2>&1 | grep -v "^{" | tail -6
-  for ar in nccl one_shot two_shot; do
-    step "decode_tp2_$ar" 120 $OSC $DECODE --tensor-parallel-size 2 --all-reduce $ar --out "$OUT/decode_tp2_$ar.json" 2>&1 | grep -v "^{" | tail -6
+  step decode_tp2_nccl 120 $OSC $DECODE --tensor-parallel-size 2 --all-reduce nccl --out "$OUT/decode_tp2_nccl.json" 2>&1 | grep -v "^{" | tail -6
+  for ar in one_shot two_shot; do  # NOTE: one symmetric-memory engine per process (oscarkv.models.allreduce)
+    for m in bf16 oscar; do
+      step "decode_tp2_${ar}_$m" 70 $OSC $DECODE --methods $m --tensor-parallel-size 2 --all-reduce $ar --out "$OUT/decode_tp2_${ar}_$m.json" 2>&1 | grep -v "^{" | tail -4
+    done
   done
   python3 -m lab.scripts.tp_speed_table "$OUT/tp_speed.json" "$OUT"/decode_tp1.json "$OUT"/decode_tp2_*.json;; esac
 echo "== done in $(( $(date +%s) - START ))s; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -2,7 +2,8 @@
 
 Run: ``python -m lab.scripts.tp_speed_table OUT.json DECODE.json ...`` (``gpu_tp_speed.sh`` does): per
 row tp, all-reduce, method, ms/step, the graph replay of every rank (ms), the floor (ms), step/floor,
-graph/floor and OSCAR/BF16 (BF16 step over OSCAR step of the same file); written to ``OUT.json`` too.
+graph/floor and OSCAR/BF16 (the BF16 step of the same shape, context, tp and all-reduce, from any of the
+files: a symmetric-memory engine runs one method per process); written to ``OUT.json`` too.
 """
 
 from __future__ import annotations
@@ -14,19 +15,24 @@ from pathlib import Path
 
 def rows_of(path: Path) -> list[dict]:
     data = json.loads(path.read_text())
-    rows = data["rows"]
-    bf16 = {(r["shape"], r["context"]): r["step_us"] for r in rows if r["method"] == "bf16"}
+    tp_default = data["config"].get("tensor_parallel_size", 1)
     return [dict(file=path.name, device=data.get("device"), shape=r["shape"], context=r["context"],
-                 tp=r.get("tp", data["config"].get("tensor_parallel_size", 1)), all_reduce=r.get("all_reduce") or "-", method=r["method"],
+                 tp=r.get("tp", tp_default), all_reduce=r.get("all_reduce") or "-", method=r["method"],
                  step_ms=r["step_us"] / 1e3, graph_ms=(r.get("graph_us") or 0) / 1e3, floor_ms=r["floor_us"] / 1e3,
-                 step_over_floor=r["step_us"] / r["floor_us"], graph_over_floor=(r.get("graph_us") or 0) / r["floor_us"],
-                 over_bf16=bf16[(r["shape"], r["context"])] / r["step_us"] if (r["shape"], r["context"]) in bf16 else None)
-            for r in rows]
+                 step_over_floor=r["step_us"] / r["floor_us"], graph_over_floor=(r.get("graph_us") or 0) / r["floor_us"])
+            for r in data["rows"]]
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Each row with ``over_bf16``: the BF16 step of its shape, context, tp and all-reduce over its own."""
+    key = lambda r: (r["shape"], r["context"], r["tp"], r["all_reduce"])  # noqa: E731
+    bf16 = {key(r): r["step_ms"] for r in rows if r["method"] == "bf16"}
+    return [r | dict(over_bf16=bf16[key(r)] / r["step_ms"] if key(r) in bf16 else None) for r in rows]
 
 
 def main() -> None:
     out, paths = Path(sys.argv[1]), [Path(p) for p in sys.argv[2:] if Path(p).exists()]
-    rows = [r for p in paths for r in rows_of(p)]
+    rows = with_ratios([r for p in paths for r in rows_of(p)])
     print("| model | tp | all-reduce | kv | ms/step | graph ms | floor ms | step/floor | graph/floor | OSCAR/BF16 |\n"
           "|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:

@@ -160,11 +160,15 @@ class PrefillBench:
     kv_gib: float = 16.0
     """KV pool budget in GiB."""
     profile_context: int = 32768
-    """Context of the profiled runs that split the time by part (one per shape, method and chunk; 0: none)."""
+    """Context of the profiled runs that split the time by part (one per shape, method and chunk; 0: none;
+    rank 0's kernels only with tensor parallelism)."""
+    tensor_parallel_size: int = 1
+    """GPUs the model is split over (``EngineConfig.tensor_parallel_size``; the row-parallel all-reduce is
+    ``auto``: prefill chunks go through NCCL whatever it is): the floor is rank 0's (its heads, its GEMMs)."""
 
     def __post_init__(self) -> None:
         _check_methods(self)
-        _check_positive(self, "contexts", "chunks")
+        _check_positive(self, "contexts", "chunks", "tensor_parallel_size")
 
 
 @dataclass(frozen=True)

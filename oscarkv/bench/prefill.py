@@ -63,8 +63,11 @@ def floor(model, context: int, chunk: int) -> dict:
     xi = torch.randn(chunk, cfg.intermediate_size, device="cuda", dtype=torch.bfloat16)
     a, m = layer.self_attn, layer.mlp
 
-    def linears():
-        a.qkv_proj(x), a.o_proj(xo), m.gate_up_proj(x), m.down_proj(xi)
+    lin = torch.nn.functional.linear
+
+    def linears():  # NOTE: the weights, not the modules: a row-parallel module's all-reduce waits for the other ranks
+        for p, inp in ((a.qkv_proj, x), (a.o_proj, xo), (m.gate_up_proj, x), (m.down_proj, xi)):
+            lin(inp, p.weight, p.bias)
     gemm = e2e.event_seconds(linears, reps=10) * L * context / chunk
     return dict(attention_s=attn, gemm_s=gemm, floor_s=attn + gemm,
                 attention_tflops=4 * hq * d * context * context / 2 * L / attn / 1e12)
@@ -118,29 +121,34 @@ def breakdown(engine, context: int) -> dict:
 
 
 def rows_for(cfg: PrefillBench, shape: str) -> list[dict]:
-    """Every (method, chunk, context) row of one model shape, with the floor of each context."""
-    model = e2e.random_model(shape)
-    floors = {n: floor(model, n, max(cfg.chunks)) for n in cfg.contexts}
+    """Every (method, chunk, context) row of one model shape, with the floor of each context (rank 0's shard's
+    with tensor parallelism, measured on the first engine's)."""
+    tp = cfg.tensor_parallel_size
+    model = e2e.random_model(shape, tp)
+    floors = {} if tp > 1 else {n: floor(model, n, max(cfg.chunks)) for n in cfg.contexts}
     rows = []
     for method in cfg.methods:
         for chunk in cfg.chunks:
-            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), 1, chunk)
+            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), 1, chunk, tp)
+            floors = floors or {n: floor(engine.runner.model, n, max(cfg.chunks)) for n in cfg.contexts}
             ttft(engine, 2 * chunk + 64, seed=1)  # untimed
             for n in cfg.contexts:
                 first = ttft(engine, n)  # NOTE: the first prompt of a length builds cuDNN plans for its shapes
-                rows.append(dict(shape=shape, method=method, chunk=chunk, context=n, ttft_first_s=first,
+                rows.append(dict(shape=shape, method=method, chunk=chunk, context=n, tp=tp, ttft_first_s=first,
                                  ttft_s=ttft(engine, n, seed=2), **floors[n]))
                 print(json.dumps(rows[-1]), flush=True)
+            engine.close()
             del engine
             e2e.release()
     # NOTE: profiles last: CUPTI stays attached after one and slows every later launch (see DecodeBench.profile)
     for method in cfg.methods if cfg.profile_context else ():
         for chunk in cfg.chunks:
-            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), 1, chunk)
+            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), 1, chunk, tp)
             ttft(engine, 2 * chunk + 64, seed=1)
-            rows.append(dict(shape=shape, method=method, chunk=chunk, context=cfg.profile_context,
+            rows.append(dict(shape=shape, method=method, chunk=chunk, context=cfg.profile_context, tp=tp,
                              breakdown=breakdown(engine, cfg.profile_context)))
             print(json.dumps(rows[-1]), flush=True)
+            engine.close()
             del engine
             e2e.release()
     del model

@@ -20,8 +20,9 @@ Per step (:meth:`ParallelRunner.run`):
    (``oscarkv.engine.step_plan_codec``: no pickling; the INT2 views as deltas against the last step's);
 2. every rank builds the same tables from them, receives rank 0's input ids by a device broadcast
    (``ModelRunner._fill_ids``: tokens of a step launched ahead stay on the device) and runs its
-   shard: two all-reduces per layer (``RowParallelLinear`` through ``oscarkv.models.allreduce``, chosen by
-   ``EngineConfig.tensor_parallel_all_reduce``), inside the CUDA graph on CUDA;
+   shard: two all-reduces per layer (``RowParallelLinear`` through ``oscarkv.models.allreduce``, of the kind
+   rank 0 resolved from ``EngineConfig.tensor_parallel_all_reduce`` and sent in the spec), inside the CUDA
+   graph on CUDA;
 3. rank 0 alone forms logits and samples; the other ranks wait for the next plans.
 
 Failure: a rank that dies (or a step that fails on rank 0 after the plans went out, which leaves
@@ -66,7 +67,7 @@ from oscarkv.engine.rendezvous import Rendezvous, join
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.engine.step_plan_codec import (HEADER, PROFILE, REPLAY, STEP, STOP, Channel, PlanDecoder, PlanEncoder,
                                             control, header)
-from oscarkv.models.allreduce import make_all_reduce
+from oscarkv.models.allreduce import make_all_reduce, resolve
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.parallel import TensorParallel, check_shardable, rank_tensors, shard_codecs, sharded_model
 from oscarkv.quant.codec import KVCodec
@@ -93,6 +94,7 @@ class RankSpec:
     backend: AttentionBackend
     graph_buckets: tuple[int, ...]
     dtype: torch.dtype
+    all_reduce: str  # the row-parallel all-reduce every rank builds: rank 0's choice (allreduce.resolve), never "auto"
 
 
 def _send_shard(model: PagedLM, codec: KVCodec, tp: TensorParallel, control, device: torch.device) -> None:
@@ -131,11 +133,10 @@ def _device(base: torch.device, local: int) -> torch.device:
 
 
 def _with_all_reduce(tp: TensorParallel, spec: RankSpec, device: torch.device) -> TensorParallel:
-    """``tp`` with the all-reduce ``spec.cfg`` names (every rank at once: a symmetric buffer is a collective),
+    """``tp`` with the all-reduce rank 0 chose (every rank at once: a symmetric buffer is a collective),
     sized for a decode step's ``[B, D]`` at the largest graph bucket."""
     rows = max(spec.graph_buckets, default=1)
-    reduce = make_all_reduce(spec.cfg.tensor_parallel_all_reduce, tp.group, device, spec.dtype,
-                             rows * spec.config.hidden_size)
+    reduce = make_all_reduce(spec.all_reduce, tp.group, device, spec.dtype, rows * spec.config.hidden_size)
     return replace(tp, reduce=reduce)
 
 
@@ -218,7 +219,10 @@ class ParallelRunner:
         device = torch.device(device) if device is not None else next(model.parameters()).device
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        spec = RankSpec(model.config, cfg, backend, graph_buckets, next(model.parameters()).dtype)
+        # NOTE: rank 0 alone chooses the all-reduce (and refuses a second symmetric-memory engine in this
+        # process) before any rank starts: a rank that chose differently would wait in another collective
+        reduce = resolve(cfg.tensor_parallel_all_reduce, size, device)
+        spec = RankSpec(model.config, cfg, backend, graph_buckets, next(model.parameters()).dtype, reduce)
         self._dir = Path(tempfile.mkdtemp(prefix="oscarkv-tp-"))
         nodes = cfg.distributed
         where = Rendezvous(self._dir / "rendezvous" if nodes.nnodes == 1 else None, nodes)

@@ -11,8 +11,18 @@ operations) is never used: it stays off on the hosts we share.
 
 Which kind a group uses is :data:`ALL_REDUCE_KINDS` (``EngineConfig.tensor_parallel_all_reduce``):
 ``auto`` picks a symmetric-memory kind only where :data:`SYMM_MEM_WINS` lists the number of ranks (a table
-measured by ``lab/scripts/gpu_tp_speed.sh``), else NCCL. :func:`make_all_reduce` builds it, on every rank
-at once (the symmetric buffer's rendezvous is a collective).
+measured by ``lab/scripts/gpu_tp_full.sh``), else NCCL. Rank 0 alone decides (:func:`resolve`) and sends
+the kind to the other ranks, so that no rank takes a fallback the others do not; :func:`make_all_reduce`
+then builds exactly that kind, on every rank at once (the symmetric buffer's rendezvous is a collective).
+Which path one message takes (:func:`symm_path`) depends only on its shape, dtype and layout, the same on
+every rank.
+
+NOTE: one symmetric-memory engine per process. Torch numbers the store keys of its rendezvous with a
+counter per process (``StoreExchange::seq_id_`` of ``CUDASymmetricMemory``), never reset. An engine's worker
+ranks are fresh processes (counter 0); rank 0, the engine's process, is not, once it has built one
+symmetric buffer: a second engine's rank 0 then waits for keys no worker writes (the store timeout, 5
+minutes; the hang of the second engine of a ``bench decode --methods bf16,oscar`` run and of the second
+symmetric-memory GPU test, two H200s, 2026-11-27). :func:`resolve` refuses it (``auto``: NCCL).
 """
 
 from __future__ import annotations
@@ -35,6 +45,10 @@ SYMM_MEM_WINS: dict[int, str] = {}
 means NCCL until a measurement says otherwise."""
 SYMM_MEM_OPS = {"one_shot": "one_shot_all_reduce_copy_out", "two_shot": "two_shot_all_reduce_out"}
 """The ``torch.ops.symm_mem`` operator of each kind (checked at start-up: torch >= 2.7 has both)."""
+SYMM_MEM_ALIGN = 16
+"""Bytes a symmetric-memory message's size must be a multiple of (torch's kernels move 16-byte vectors and
+refuse sizes under 4-byte alignment; any other message goes through NCCL, on every rank alike)."""
+_rendezvous_done = [0]  # NOTE: symmetric buffers this process has rendezvoused (torch's own state is per process)
 
 
 class AllReduce:
@@ -62,16 +76,24 @@ class SymmMemAllReduce(AllReduce):
         self.group_name = group.group_name
         self.buffer = symm.empty(max_numel, dtype=dtype, device=device)
         symm.rendezvous(self.buffer, self.group_name)  # NOTE: a collective: every rank builds its own at once
+        _rendezvous_done[0] += 1
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel()
-        if n > self.max_numel or x.dtype != self.dtype or not x.is_contiguous():
+        if not symm_path(n, x.dtype, x.is_contiguous(), self.dtype, self.max_numel):
             return super().__call__(x)
         staged, out = self.buffer[:n].view_as(x), torch.empty_like(x)
         if self.kind == "one_shot":  # the kernel copies x into this rank's buffer itself
             return self.op(staged, x, "sum", self.group_name, out)
         staged.copy_(x)
         return self.op(staged, "sum", self.group_name, out)
+
+
+def symm_path(numel: int, dtype: torch.dtype, contiguous: bool, buffer_dtype: torch.dtype, max_numel: int) -> bool:
+    """Whether a message of ``numel`` elements goes through the symmetric buffer (else NCCL): it fits, has the
+    buffer's dtype, is contiguous and a multiple of :data:`SYMM_MEM_ALIGN` bytes. NOTE: a function of the
+    message alone, so every rank takes the same path for the same message (a rank alone on NCCL would hang)."""
+    return 0 < numel <= max_numel and dtype == buffer_dtype and contiguous and numel * dtype.itemsize % SYMM_MEM_ALIGN == 0
 
 
 def _symm_mem(kind: str):
@@ -89,23 +111,38 @@ def _symm_mem(kind: str):
     return symm
 
 
-def choose(kind: str, size: int, device: torch.device) -> str:
-    """The kind a group of ``size`` ranks on ``device`` uses for ``kind`` (see :data:`ALL_REDUCE_KINDS`)."""
+def choose(kind: str, size: int, device: torch.device, rendezvoused: bool = False) -> str:
+    """The kind a group of ``size`` ranks on ``device`` uses for ``kind`` (see :data:`ALL_REDUCE_KINDS`);
+    ``rendezvoused``: this process has built a symmetric buffer for an earlier group (see the module NOTE)."""
     if kind not in ALL_REDUCE_KINDS:
         raise ValueError(f"all-reduce kind must be one of {ALL_REDUCE_KINDS}, got {kind!r}")
     if kind == "auto":
         best = SYMM_MEM_WINS.get(size, "nccl") if device.type == "cuda" else "nccl"
+        if best != "nccl" and rendezvoused:
+            log.warning("all-reduce auto: NCCL, not %s (this process built a symmetric buffer for an earlier "
+                        "engine; torch's rendezvous would wait for the new workers forever)", best)
+            return "nccl"
         return best if best == "nccl" or hasattr(torch.ops.symm_mem, SYMM_MEM_OPS[best]) else "nccl"
     if kind != "nccl" and device.type != "cuda":
         raise ValueError(f"all-reduce {kind!r} needs CUDA (symmetric memory); on {device.type} use 'nccl' or 'auto'")
     if kind == "two_shot" and size not in (2, 4, 8):
         raise ValueError(f"all-reduce 'two_shot' runs on 2, 4 or 8 ranks (torch's kernel), not {size}")
+    if kind != "nccl" and rendezvoused:
+        raise RuntimeError(f"all-reduce {kind!r}: this process already built a symmetric-memory buffer for an "
+                           "earlier tensor-parallel engine, and torch numbers its rendezvous per process, so the new "
+                           "workers would never meet rank 0; run each such engine in its own process, or use 'nccl'")
     return kind
 
 
+def resolve(kind: str, size: int, device: torch.device) -> str:
+    """Rank 0: the kind its engine's ranks build (:func:`choose` in this process's state); the others receive it."""
+    return choose(kind, size, device, rendezvoused=_rendezvous_done[0] > 0)
+
+
 def make_all_reduce(kind: str, group, device: torch.device, dtype: torch.dtype, max_numel: int) -> AllReduce:
-    """The all-reduce of ``group`` (call on every rank at once); ``max_numel``: the largest message the
-    symmetric kinds serve (a decode step's ``[B, D]`` at the largest graph bucket)."""
+    """The all-reduce of ``group`` (call on every rank at once, with the same ``kind``: an engine's is rank 0's
+    :func:`resolve`); ``max_numel``: the largest message the symmetric kinds serve (a decode step's ``[B, D]``
+    at the largest graph bucket)."""
     chosen = choose(kind, dist.get_world_size(group), device)
     if chosen == "nccl":
         return AllReduce(group)

@@ -66,20 +66,12 @@ def test_tp2_equals_tp1_gpu(method):
 
 @pytest.mark.parametrize("kind", ["one_shot", "two_shot"])
 def test_tp2_symm_mem_all_reduce_gpu(kind):
-    """The scenario with a symmetric-memory all-reduce (``oscarkv.models.allreduce``; decode messages through
-    it, inside the graphs; prefill chunks through NCCL): tp=1's tokens up to a near-tie, as NCCL's."""
+    """The scenario with a symmetric-memory all-reduce (``oscarkv.models.allreduce``): tp=1's tokens up to a
+    near-tie, as NCCL's; then a second such engine in the process is refused. In a subprocess per kind (one
+    symmetric-memory engine per process) with a deadline (``tests.engine.tp_gpu_symm``)."""
     if not hasattr(torch.ops.symm_mem, SYMM_MEM_OPS[kind]):
         pytest.skip(f"torch {torch.__version__} has no torch.ops.symm_mem.{SYMM_MEM_OPS[kind]}")
-    one, two = _engines("oscar", kind)
-    try:
-        assert two.runner.tp.reduce.kind == kind
-        ref, counters = scenario(one)
-        got, counters2 = scenario(two)
-        assert got.keys() == ref.keys() and counters2 == counters
-        _compare_prefix([got[k] for k in ref if got[k].token_ids], [ref[k] for k in ref if ref[k].token_ids], NEAR_TIE)
-        assert two.runner.graphs.graphs, "decode steps were meant to replay CUDA graphs"
-    finally:
-        two.close()
+    _subprocess("tests.engine.tp_gpu_symm", kind)
 
 
 def test_host_model_ranks_on_gpus():
@@ -102,11 +94,15 @@ def test_shutdown_and_dying_worker_do_not_hang(case):
     """``close``: the workers leave and the process exits; ``kill``: rank 1 is killed between steps, and
     the requests in flight fail with an error naming it (NCCL aborted by the watcher), within the deadline."""
     t = time.perf_counter()
+    _subprocess("tests.engine.tp_gpu_faults", case)
+    print(f"{case}: {time.perf_counter() - t:.1f} s")
+
+
+def _subprocess(module: str, case: str, deadline: float = 120.0) -> None:
+    """``python -m module case`` must print ``ok case`` and exit 0 within ``deadline`` seconds."""
     try:
-        out = subprocess.run([sys.executable, "-m", "tests.engine.tp_gpu_faults", case], capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run([sys.executable, "-m", module, case], capture_output=True, text=True, timeout=deadline)
     except subprocess.TimeoutExpired as e:  # a hang: what it printed says how far it got
-        pytest.fail(f"{case}: no exit within 120 s; it printed:\n{e.stdout}\n{str(e.stderr)[-3000:]}")
+        pytest.fail(f"{module} {case}: no exit within {deadline:.0f} s; it printed:\n{e.stdout}\n{str(e.stderr)[-3000:]}")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert f"ok {case}" in out.stdout
-    print(f"{case}: {time.perf_counter() - t:.1f} s")

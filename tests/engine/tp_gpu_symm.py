@@ -1,0 +1,38 @@
+"""Run by ``test_tensor_parallel_gpu`` in a subprocess: one symmetric-memory all-reduce kind per process.
+
+``python -m tests.engine.tp_gpu_symm KIND``: the tensor-parallel scenario on two GPUs with ``KIND``
+(``one_shot`` or ``two_shot``; decode messages through it inside the graphs, prefill chunks through NCCL)
+must give tp = 1's tokens up to a near-tie. Then a second engine in the same process must be refused
+with a clear error, not hang (``oscarkv.models.allreduce``: torch numbers its rendezvous per process).
+Prints ``ok KIND`` on success.
+"""
+
+import sys
+
+from tests.engine.test_gpu_engine import _compare_prefix
+from tests.engine.test_tensor_parallel import scenario
+from tests.engine.test_tensor_parallel_gpu import NEAR_TIE, _engines
+
+
+def main(kind: str) -> None:
+    one, two = _engines("oscar", kind)
+    try:
+        assert two.runner.tp.reduce.kind == kind
+        ref, counters = scenario(one)
+        got, counters2 = scenario(two)
+        assert got.keys() == ref.keys() and counters2 == counters
+        _compare_prefix([got[k] for k in ref if got[k].token_ids], [ref[k] for k in ref if ref[k].token_ids], NEAR_TIE)
+        assert two.runner.graphs.graphs, "decode steps were meant to replay CUDA graphs"
+    finally:
+        two.close()
+    try:
+        _engines("oscar", kind)
+    except RuntimeError as e:
+        assert "its own process" in str(e), e
+    else:
+        raise AssertionError("a second symmetric-memory engine in one process was not refused")
+    print(f"ok {kind}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
