@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/devic
 timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/engine/test_extend_graphs_gpu.py \
     tests/engine/test_extend_graphs.py tests/engine/test_speculative_gpu.py 2>&1 | tee "$OUT/pytest.log" || status=1
 for mode in on ${1:-}; do
-    timeout 170 "$PY" -m lab.scripts.followup_profile --context 102400 --new-tokens 1,8,64 --methods oscar,bf16 \
+    timeout 200 "$PY" -m lab.scripts.followup_profile --context 102400 --new-tokens 1,8,64 --methods oscar,bf16 \
         --extend-graphs "$mode" --out "$OUT/$mode" 2>&1 | grep '^==\|cached in' | tee "$OUT/profile_$mode.log" || status=1
 done
 exit $status
