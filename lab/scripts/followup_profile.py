@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", default="1,8,64,512")
     ap.add_argument("--methods", default="oscar,bf16")
     ap.add_argument("--kv-gib", type=float, default=24)
+    ap.add_argument("--extend-graphs", choices=("on", "off"), default="on",
+                    help="off: short extend steps run eagerly (the engine before oscarkv.engine.extend_graphs)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     ks = [int(x) for x in a.new_tokens.split(",")]
@@ -64,13 +66,17 @@ def main() -> None:
     res, lines = [], []
     for method in a.methods.split(","):
         engine = followup_engine(model, method, int(a.kv_gib * 2**30), max(ks))
+        if a.extend_graphs == "off":
+            engine.runner.inner.extend_graphs = engine.runner.extend_graphs = None
         prefix = _ids(engine, a.context, a.context)
         t = time.perf_counter()
         cache_prefix(engine, prefix)
         lines.append(f"{method}: prefix cached in {time.perf_counter() - t:.1f} s")
         for k in ks:
             r = one(engine, prefix, k, 10 * k)
-            r.update(method=method, context=a.context)
+            graphs = engine.runner.extend_graphs
+            r.update(method=method, context=a.context, extend_graphs=a.extend_graphs,
+                     extend_replays=graphs.replays if graphs else 0, fallbacks=dict(graphs.fallbacks) if graphs else {})
             res.append(r)
             lines.append(f"\n== {method} ctx {a.context} k {k}: wall {r['wall_ms']:.1f} ms (warm-up {r['warm_ms']:.1f}), "
                          f"kernels {r['kernel_ms']:.1f} ms in {r['launches']} launches")

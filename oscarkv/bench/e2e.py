@@ -210,6 +210,7 @@ class BenchRunner:
         self.inner = inner
         self.model, self.pools, self.device, self.tp = inner.model, inner.pools, inner.device, inner.tp
         self.backend, self.storage, self.graphs = inner.backend, inner.storage, inner.graphs
+        self.extend_graphs = inner.extend_graphs
         self.launches: list[Launch] = []
         self.filling = False
 

@@ -276,6 +276,11 @@ class EngineConfig:
     (``oscarkv.models.allreduce``): ``nccl`` (gloo on the CPU); ``one_shot`` or ``two_shot`` over
     peer-to-peer symmetric memory for decode-sized messages, NCCL above (CUDA); ``auto``: the kind measured
     fastest for the number of GPUs (``allreduce.SYMM_MEM_WINS``), else NCCL."""
+    extend_graph_buckets: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
+    """Token buckets of the CUDA graphs of short extend steps of one sequence (a follow-up's first step over a
+    cached prefix, a speculative verify chunk; ``oscarkv.engine.extend_graphs``): a step of ``k`` tokens replays
+    the smallest bucket ``>= k``, padded. Used with the decode graphs (CUDA, the Triton backend); empty: such
+    steps run eagerly."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     """Speculative decoding (off by default); it turns ``overlap`` off (a verify step's tokens are needed on
     the host before the next step is planned)."""
@@ -310,6 +315,9 @@ class EngineConfig:
         if self.tensor_parallel_all_reduce not in TP_ALL_REDUCES:
             raise ValueError(f"EngineConfig.tensor_parallel_all_reduce must be one of {TP_ALL_REDUCES}, "
                              f"got {self.tensor_parallel_all_reduce!r}")
+        if any(b < 2 for b in self.extend_graph_buckets):
+            raise ValueError(f"EngineConfig.extend_graph_buckets must be token counts >= 2 (one token is a decode "
+                             f"step), got {self.extend_graph_buckets}")
         if self.tensor_parallel_size % self.distributed.nnodes:
             raise ValueError(f"EngineConfig.tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of "
                              f"DistributedConfig.nnodes ({self.distributed.nnodes}): every node hosts as many ranks")

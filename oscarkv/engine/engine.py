@@ -269,9 +269,15 @@ class LLMEngine:
 
     def _run_verify(self, out: SchedulerOutput) -> tuple[RunnerOutput, torch.Tensor]:
         """Run a step with verify chunks (``oscarkv.engine.speculative``): they go last (``out.chunks`` is
-        reordered), each as ``1 + k`` one-token rows; the logits of the other chunks, then of every row."""
+        reordered), each as ``1 + k`` one-token rows — or, alone in its step and covered by an extend graph
+        (``ExtendGraphs.verifies``), as one chunk; the logits of the other chunks, then of every row."""
         out.chunks = [c for c in out.chunks if not c.drafts] + [c for c in out.chunks if c.drafts]
-        rows = [r for c in out.chunks for r in (speculative.verify_rows(c, self.cfg.kv.page_size) if c.drafts else [c])]
+        graphs = self.runner.extend_graphs
+        if graphs is not None and graphs.verifies([c.plan for c in out.chunks]):
+            rows = out.chunks  # one verify chunk, replayed as an extend graph (its logits: every row)
+        else:
+            rows = [r for c in out.chunks
+                    for r in (speculative.verify_rows(c, self.cfg.kv.page_size) if c.drafts else [c])]
         verify = [c for c in out.chunks if c.drafts]
         for c in verify:  # NOTE: the drafts sit in token_ids only while the runner reads the step's ids
             c.seq.token_ids += c.drafts

@@ -13,8 +13,12 @@ long, the step is built as a decode step (``StepContext.decode``; the BF16 view 
 the token written this step, :meth:`ModelRunner.decode_view`) and, given graph buckets, runs
 as a CUDA graph replay (:mod:`oscarkv.engine.cuda_graphs`) of the forward and the logits, fed
 from host lists (:meth:`ModelRunner.decode_inputs`) with no per-step tensor building and no
-host sync. Everything else — and every step of a backend without ``decode_steps`` (the CPU
-oracles) — runs eagerly through ``extend``.
+host sync. A one-token step over a long cached prefix (a follow-up of one new token) is such a step.
+
+Short extend steps of one sequence (2 to 64 tokens by default: a follow-up's first step, a speculative
+verify chunk) replay an extend graph of their token bucket (:mod:`oscarkv.engine.extend_graphs`) where
+the eager route of the shape is the split-K chunk kernel. Everything else — and every step of a backend
+without ``decode_steps`` (the CPU oracles) — runs eagerly through ``extend``.
 
 A step planned ahead (``LLMEngine.step``, overlap) has input tokens that are still on the device
 (:data:`~oscarkv.engine.sequence.PENDING` on the host): :class:`PendingIds` writes them into the
@@ -36,9 +40,11 @@ import torch
 from oscarkv.cache.kv_pools import KVPools, plan_pools
 from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.cache.manager import WritePlan
+from oscarkv.attention.backends import TritonAttention
 from oscarkv.attention.step import AttentionBackend, LayerStorage, StepContext, WindowStep
 from oscarkv.config import EngineConfig
 from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs
+from oscarkv.engine.extend_graphs import ExtendGraphs
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.folding import fold_values
@@ -91,6 +97,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.scale = model.attention_scale
         self.graphs = DecodeGraphs(self, graph_buckets) if graph_buckets and self.device.type == "cuda" else None
+        self.extend_graphs: ExtendGraphs | None = None  # set by build_runner (EngineConfig.extend_graph_buckets)
 
     def is_decode(self, plans: list[WritePlan]) -> bool:
         """Whether the step goes to ``decode``: one token per sequence and a backend that wants it."""
@@ -156,7 +163,9 @@ class ModelRunner:
             # (or launches its device sampling) before it launches the next one
             logits = logits if len(sample) == len(chunks) else logits.index_select(0, device_tensor(sample, self.device))
         else:
-            last = device_tensor([cu[i + 1] - 1 for i in sample], self.device)  # NOTE: a host-list index would sync
+            # the last row of a chunk, every row of a verify chunk (speculative: its drafts are in token_ids)
+            rows = [r for i in sample for r in (range(cu[i], cu[i + 1]) if chunks[i].drafts else (cu[i + 1] - 1,))]
+            last = device_tensor(rows, self.device)  # NOTE: a host-list index would sync
             logits = self.model.compute_logits(hidden.index_select(0, last))
         return RunnerOutput(logits, self._prompt_hidden(chunks, hidden, cu))
 
@@ -171,6 +180,11 @@ class ModelRunner:
         fill, decode = self._fill_ids(pending), self.is_decode(plans)
         if decode and self.graphs is not None and self.graphs.bucket(len(plans)) is not None:
             return self.graphs.run(self.decode_inputs(plans, ids), fill)
+        if not decode and self.extend_graphs is not None:
+            why = self.extend_graphs.reason(plans)
+            if why is None:
+                return self.extend_graphs.run(plans[0], ids, fill), None
+            self.extend_graphs.fallbacks[why] += 1
         pos = [p for plan in plans for p in range(plan.t0, plan.t1)]
         ids_t, pos_t = (device_tensor(v, self.device, torch.int64) for v in (ids, pos))
         if fill is not None:
@@ -243,7 +257,10 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
                      layer_bits(codecs, sliding))
     levels = {i: (st.key.levels, st.value.levels) for i, st in enumerate(storage)}
     pools = KVPools(geo, p.device, sliding.layers if sliding else frozenset(), levels)
-    return ModelRunner(model, pools, storage, backend, graph_buckets, tp)
+    runner = ModelRunner(model, pools, storage, backend, graph_buckets, tp)
+    if graph_buckets and cfg.extend_graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
+        runner.extend_graphs = ExtendGraphs(runner, cfg.extend_graph_buckets)
+    return runner
 
 
 def layer_bits(codecs: list[LayerCodec], sliding: SlidingLayers | None) -> tuple[tuple[int, int], ...]:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from oscarkv.attention.step import AttentionBackend, LayerStorage
     from oscarkv.cache.kv_pools import KVPools
     from oscarkv.engine.cuda_graphs import DecodeGraphs
+    from oscarkv.engine.extend_graphs import ExtendGraphs
     from oscarkv.engine.model_runner import PendingIds, RunnerOutput
     from oscarkv.engine.scheduler import ScheduledChunk
     from oscarkv.models.llama import PagedLM
@@ -56,6 +57,9 @@ class Runner(Protocol):
     """Per layer, the key and value codecs the pools are written with (value codecs folded)."""
     graphs: DecodeGraphs | None
     """The CUDA graphs of decode steps by batch bucket; ``None`` without (CPU, sliding-window models)."""
+    extend_graphs: ExtendGraphs | None
+    """The CUDA graphs of short extend steps of one sequence by token bucket (rank 0's); ``None`` without. The
+    engine asks it whether a verify step runs as one chunk (``ExtendGraphs.verifies``)."""
 
     def run(self, chunks: list[ScheduledChunk], pending: PendingIds | None = None) -> RunnerOutput:
         """Run one step over ``chunks`` (their write plans say which slots to write and which pages to

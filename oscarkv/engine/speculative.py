@@ -2,8 +2,11 @@
 
 Role: owned by the engine (``LLMEngine.spec``). The scheduler asks :meth:`SpeculativeDecoder.propose`
 for drafts of a sequence's decode step (``ScheduledChunk.drafts``); the cache manager plans the step
-to ``t0 + 1 + k`` tokens (``KVCacheManager.draft_end`` caps ``k``); :func:`verify_rows` turns the
-chunk into ``1 + k`` one-token rows for the runner; :meth:`SpeculativeDecoder.accept` chooses the
+to ``t0 + 1 + k`` tokens (``KVCacheManager.draft_end`` caps ``k``); the runner computes the chunk — alone in
+its step and covered by an extend graph (``ExtendGraphs.verifies``: a long prefix, the Triton backend), as one
+``1 + k``-token chunk through the split-K chunk kernel, which reads the cache once for all rows; otherwise as the
+``1 + k`` one-token rows of :func:`verify_rows`, a batch of decode rows (they replay the decode graph of bucket
+``1 + k``, each row reading the whole cache); :meth:`SpeculativeDecoder.accept` chooses the
 emitted tokens from the rows' logits; the manager then truncates the plan to the accepted tokens
 (``KVCacheManager.truncate``) before it is committed.
 
@@ -14,7 +17,10 @@ speculation):
   stored at length ``t0 + j + 1`` — the prefix view of the step plus rows ``< j`` *as stored*
   (their BF16 slots, written earlier in the same layer) — and to itself as a decode step does. So
   an accepted token's K/V and logits are computed by the same function as without speculation (the
-  rows only share the GEMMs of one batch, which changes rounding as a larger batch does).
+  rows only share the GEMMs of one batch, which changes rounding as a larger batch does). A verify chunk
+  computes the same: its row ``j`` attends to the prefix as stored and to chunk rows ``<= j``, which the chunk
+  kernel rounds to bf16 for its products — their BF16 slots' values (``ExtendGraphs.verifies`` asks for a
+  backend whose decode steps read their own token as stored) — in another summation order.
 * Drafts never change tiers: ``draft_end`` stops before a length that would demote a page, so the
   step demotes exactly what a one-token step demotes, and rolling back needs no INT2 change.
 * Rejected rows leave nothing: ``truncate`` frees the pages only they used (taken from the free

@@ -185,6 +185,8 @@ def _leave(runner: ModelRunner | None, device: torch.device) -> None:
     2026-11-27, a worker's exit waited for rank 0's, a 30 s join timeout per close, longer with graphs)."""
     if runner is not None and runner.graphs is not None:
         runner.graphs.graphs.clear()
+    if runner is not None and runner.extend_graphs is not None:
+        runner.extend_graphs.graphs.clear()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if not dist.is_initialized():
@@ -245,6 +247,7 @@ class ParallelRunner:
             raise
         self.pools, self.device, self.model, self.samples = self.local.pools, device, self.local.model, True
         self.backend, self.storage, self.graphs = self.local.backend, self.local.storage, self.local.graphs  # rank 0's
+        self.extend_graphs = self.local.extend_graphs
         if device.type == "cuda":
             threading.Thread(target=self._watch, name="oscarkv-tp-watch", daemon=True).start()
 

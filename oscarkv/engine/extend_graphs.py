@@ -1,0 +1,176 @@
+"""CUDA graphs of short extend steps of one sequence, one per token bucket, and the staging of their inputs.
+
+Role: owned by :class:`~oscarkv.engine.model_runner.ModelRunner` beside the decode graphs
+(:mod:`oscarkv.engine.cuda_graphs`); used for a step in which one sequence computes ``2 <= k <= kb`` tokens over
+its cached prefix — the first step of a follow-up request on a cached document, a speculative verify chunk
+(``oscarkv.engine.speculative``) — when the eager route of that shape is the split-K chunk kernel
+(:mod:`oscarkv.kernels.chunk_splitk`: ``serves`` the layout and ``prefers_splitk`` the shape). A one-token step
+is a decode step and replays a decode graph instead.
+
+What is captured, per bucket ``kb`` of ``EngineConfig.extend_graph_buckets`` (lazily, at the first step that
+needs it): the model forward ``ids, positions [kb] -> hidden [kb, D]`` of an extend step (``StepContext.decode``
+off: projections, QK-norm, RoPE, the stored-domain maps, the write kernel, the query map, o_proj, MLP) whose
+attention is :func:`~oscarkv.kernels.chunk_splitk.chunk_attention` over ``cu_seqlens = [0, kb]`` at
+``max_chunk = kb``: one fixed grid. The logits are formed after the replay from the rows that sample (the
+runner's usual code): the last real row of a follow-up, every row of a verify chunk.
+
+Padding rows (``k < kb``) are chunk tokens after the real ones: token 0 at position 0, written to slot 0 of the
+scratch page 0 (owned by no sequence, ``oscarkv.cache.paged_layout``). The chunk is causal, so no real row
+attends to a padding row; a padding row only reads the prefix and writes the scratch slot, and the runner keeps
+``hidden[:k]``: nothing stored changes and it is never sampled.
+
+Numerics: the eager route's kernel at ``max_chunk = kb`` instead of ``k`` (other tile rows and split count, so
+sums in another order) and GEMMs of ``kb`` rows: graph ≡ eager up to rounding, as a decode graph's bucket.
+
+Not captured (eager, before the replay): the step's demotions (``AttentionBackend.demote_all``). NOTE: the same
+bytes as demoting inside each layer only because a demoted page is not one the step writes; :meth:`ExtendGraphs.reason`
+sends a step that would to the eager path.
+
+Every other extend step runs eagerly; :meth:`ExtendGraphs.reason` names why, counted in ``ExtendGraphs.fallbacks``.
+On a device without CUDA (the tests) nothing is captured: each replay runs the same forward over the same
+static buffers eagerly, so the staging, padding and routing are what a GPU replays.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from oscarkv.attention.backends import TritonAttention
+from oscarkv.attention.step import StepContext
+from oscarkv.cache.manager import WritePlan
+from oscarkv.cache.paged_layout import PageTables, device_tensor
+from oscarkv.engine.cuda_graphs import StagedTable, _capture
+
+class _FixedSplitK(TritonAttention):
+    """The Triton backend whose ``extend`` is always the split-K chunk kernel at ``max_chunk`` (a fixed grid)."""
+
+    def __init__(self, max_chunk: int) -> None:
+        self.max_chunk = max_chunk
+
+    def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host=None):
+        from oscarkv.kernels.chunk_splitk import chunk_attention
+
+        return chunk_attention(q.contiguous(), k_new.contiguous(), v_new.contiguous(), kv, tables, cu_seqlens,
+                               scale, max_chunk=self.max_chunk)
+
+
+class _Inputs:
+    """Static device inputs of one bucket: ``vec int32 [3 kb + 2]`` (ids, positions, slots, then the BF16 and
+    INT2 prefix lengths) through one pinned host buffer, and one-row staged page tables."""
+
+    def __init__(self, runner, kb: int) -> None:
+        dev, geo = runner.device, runner.pools.geo
+        self.kb, cuda = kb, dev.type == "cuda"
+        self.vec = torch.zeros(3 * kb + 2, dtype=torch.int32, device=dev)
+        self.host = torch.zeros(3 * kb + 2, dtype=torch.int32, pin_memory=cuda)
+        self.bf16 = StagedTable(1, geo.bf16_pages, dev)
+        self.int2 = StagedTable(1, max(1, geo.int2_pages), dev)
+        self.copied = torch.cuda.Event() if cuda else None
+        self.ids, self.positions, self.slots = self.vec[:kb], self.vec[kb:2 * kb], self.vec[2 * kb:3 * kb]
+        self.tables = PageTables(self.bf16.device_table, self.vec[3 * kb:3 * kb + 1],
+                                 self.int2.device_table, self.vec[3 * kb + 1:])
+
+    def stage(self, plan: WritePlan, ids: list[int], page_size: int) -> None:
+        """Copy one step's inputs in (padding rows: token 0, position 0, scratch slot 0); asynchronous."""
+        if self.copied is not None:
+            self.copied.synchronize()  # the previous step's copies have read the host buffers
+        kb, k, h = self.kb, len(ids), self.host.numpy()
+        h[:] = 0
+        h[:k], h[kb:kb + k], h[2 * kb:2 * kb + k] = ids, range(plan.t0, plan.t1), plan.slots
+        h[3 * kb:] = plan.view_bf16_len, len(plan.view_int2) * page_size
+        self.vec.copy_(self.host, non_blocking=True)
+        self.bf16.set_row(0, plan.view_bf16)
+        self.int2.set_row(0, plan.view_int2)
+        if self.copied is not None:
+            self.copied.record()
+
+
+class _Graph:
+    """One captured extend step of ``kb`` tokens over the static inputs: ``hidden [kb, D]``."""
+
+    def __init__(self, runner, kb: int, pool) -> None:
+        self.inputs = x = _Inputs(runner, kb)
+        i32 = dict(dtype=torch.int32, device=runner.device)
+        empty = torch.zeros(0, **i32)
+        backend = _FixedSplitK(kb) if isinstance(runner.backend, TritonAttention) else runner.backend
+        step = StepContext(backend, runner.pools, runner.storage, x.tables, torch.tensor([0, kb], **i32),
+                           x.slots, empty, empty, runner.scale)
+        self.forward = lambda: runner.model(x.ids, x.positions, step)
+        self.graph, self.hidden = _capture(self.forward, runner.device, pool) if pool is not None else (None, None)
+
+    def replay(self) -> torch.Tensor:
+        if self.graph is None:  # no CUDA: the same forward, eagerly
+            return self.forward()
+        self.graph.replay()
+        return self.hidden
+
+
+class ExtendGraphs:
+    """Lazily captured extend graphs of one sequence per token bucket (see the module docstring)."""
+
+    def __init__(self, runner, buckets: tuple[int, ...]) -> None:
+        from oscarkv.kernels.chunk_splitk import serves
+
+        self.runner, self.buckets = runner, tuple(sorted(buckets))
+        self.graphs: dict[int, _Graph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if runner.device.type == "cuda" else None
+        # NOTE: another backend (the CPU's oracles) has one extend route for every shape
+        self.splitk = isinstance(runner.backend, TritonAttention)
+        self.serves = not self.splitk or serves(runner.pools.layer(0))
+        self.replays = 0
+        self.fallbacks: Counter[str] = Counter()
+        """Extend steps that ran eagerly, by :meth:`reason`."""
+
+    def bucket(self, tokens: int) -> int | None:
+        """The smallest bucket holding ``tokens`` rows (``None``: run eagerly)."""
+        return next((b for b in self.buckets if b >= tokens), None)
+
+    def reason(self, plans: list[WritePlan]) -> str | None:
+        """Why an extend step of ``plans`` runs eagerly, or ``None``: a graph runs it. ``sequences``: not one
+        sequence; ``tokens``: one token, or more than the largest bucket; ``route``: the eager route of the shape is not the
+        split-K kernel (or the layout is not one it reads); ``demotes_written``: a page it demotes is one it writes."""
+        if len(plans) != 1:
+            return "sequences"
+        p, page = plans[0], self.runner.pools.geo.page_size
+        k = p.t1 - p.t0
+        if k < 2 or self.bucket(k) is None:  # NOTE: one token only here with a backend without decode steps
+            return "tokens"
+        if not self.serves or (self.splitk and not _prefers_splitk(k, p, page)):
+            return "route"
+        if set(p.demote_src) & {s // page for s in p.slots}:
+            return "demotes_written"
+        return None
+
+    def verifies(self, plans: list[WritePlan]) -> bool:
+        """Whether a verify step of ``plans`` (one chunk of ``1 + K`` tokens) runs as one chunk here rather than as
+        ``1 + K`` decode rows: when a graph covers it and the backend's decode steps read their own token as stored
+        (``decode_steps``), which the chunk kernel's rows do for their chunk's earlier tokens (rounded to bf16 for
+        the products, as stored): then a row computes what its decode row would, up to rounding order."""
+        return self.runner.backend.decode_steps and self.reason(plans) is None
+
+    def run(self, plan: WritePlan, ids: list[int], fill_ids=None) -> torch.Tensor:
+        """Demote eagerly, stage, replay the bucket's graph: a view ``hidden [k, D]`` of its static output (valid
+        until its next replay). ``fill_ids``: writes device ids the host's do not hold (``ModelRunner._fill_ids``)."""
+        r = self.runner
+        if plan.demote_src:
+            src, dst = (device_tensor(v, r.device) for v in (plan.demote_src, plan.demote_dst))
+            r.backend.demote_all(r.pools, r.storage, src, dst)
+        kb = self.bucket(len(ids))
+        if kb not in self.graphs:
+            self.graphs[kb] = _Graph(r, kb, self.pool)
+        g = self.graphs[kb]
+        g.inputs.stage(plan, ids, r.pools.geo.page_size)
+        if fill_ids is not None:  # with tensor parallelism, rank 0's ids (after the staging copy)
+            fill_ids(g.inputs.ids)
+        self.replays += 1
+        return g.replay()[:len(ids)]
+
+
+def _prefers_splitk(k: int, plan: WritePlan, page: int) -> bool:
+    """``chunk_splitk.prefers_splitk`` of a chunk of ``k`` tokens over the prefix of ``plan`` (the eager route)."""
+    from oscarkv.kernels.chunk_splitk import prefers_splitk
+
+    int2 = len(plan.view_int2) * page
+    return prefers_splitk(k, plan.view_bf16_len + int2, int2 > 0)

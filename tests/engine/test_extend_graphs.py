@@ -1,0 +1,120 @@
+"""Extend graphs (``oscarkv.engine.extend_graphs``) on the CPU: nothing is captured there, each replay runs the
+graph's forward over its static, padded buffers, so the staging, the padding and the routing are what a GPU
+replays. Follow-up steps over a cached prefix through the graphs ≡ eager (tokens equal, log-probs within the
+CPU's batch-shape rounding) for k in several buckets, padded or not; a padded step changes no stored byte but
+its own slots (and the scratch page); speculative verify chunks through the graphs give the greedy tokens of a
+run without speculation. GPU: ``test_extend_graphs_gpu.py``."""
+
+import pytest
+import torch
+
+from oscarkv.config import SpeculativeConfig
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.extend_graphs import ExtendGraphs
+from oscarkv.engine.request import SamplingParams
+from tests.engine.conftest import engine_config, prompts, run
+from tests.engine.test_gpu_engine import _DecodeTorch
+from tests.engine.test_speculative import GREEDY, copy_prompts
+
+BUCKETS = (2, 4, 8)
+FOLLOW = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=True)
+
+
+def _engine(model, method, artifact, graphs: bool, backend=None, **kw) -> LLMEngine:
+    kw = {"prefill_chunk": 40, **kw}  # chunks start at the document's end: a follow-up's prefix hit
+    engine = LLMEngine.from_hf(model, engine_config(method, **kw), artifact if method == "oscar" else None,
+                               backend=backend or _DecodeTorch())
+    if graphs:
+        engine.runner.extend_graphs = ExtendGraphs(engine.runner, BUCKETS)
+    return engine
+
+
+def _followups(engine, ks) -> list:
+    """A 40-token document served once (its pages cached), then one follow-up of k fresh tokens per k."""
+    doc = prompts(1, 40, seed=3)[0]
+    run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+    asks = [doc + prompts(1, k, seed=10 + k)[0] for k in ks]
+    return [run(engine, [a], FOLLOW)[0] for a in asks]
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_followups_through_graphs_match_eager(llama, artifact, method):
+    ks = (2, 3, 5, 8, 12)  # 3 and 5 padded, 12 beyond the buckets (eager)
+    eager = _followups(_engine(llama, method, artifact, False), ks)
+    engine = _engine(llama, method, artifact, True)
+    got = _followups(engine, ks)
+    graphs = engine.runner.extend_graphs
+    assert set(graphs.graphs) == {2, 4, 8} and graphs.replays == 4
+    assert graphs.fallbacks["tokens"] >= 2  # the document's 40-token prefill, the 12-token follow-up
+    for a, b in zip(eager, got):
+        assert a.token_ids == b.token_ids
+        assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def _pools(engine) -> list[torch.Tensor]:
+    """The BF16 K and V pools, then every INT2 tensor (codes, scales, zeros), copied."""
+    p = engine.runner.pools
+    int2 = [getattr(pages, f) for pages in (p.int2_k, p.int2_v) for f in ("codes", "scale", "zero")]
+    return [t.clone() for t in (p.bf16_k, p.bf16_v, *int2)]
+
+
+def _flat(pool: torch.Tensor) -> torch.Tensor:
+    """``[L, pages, H, P, d]`` -> ``[L, slots, H, d]`` (flat BF16 slots)."""
+    L, _, H, _, d = pool.shape
+    return pool.transpose(2, 3).reshape(L, -1, H, d)
+
+
+def test_padded_rows_store_nothing(llama, artifact):
+    """A 3-token follow-up in the bucket of 4: every pool byte outside its 3 slots and the scratch page 0 is
+    unchanged, exactly; its 3 slots hold what the eager step stores (up to the CPU's batch-shape rounding)."""
+    stored = []
+    for graphs in (False, True):
+        engine = _engine(llama, "oscar", artifact, graphs)
+        doc = prompts(1, 40, seed=3)[0]
+        run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+        engine.add_request("f", doc + [5, 6, 7], SamplingParams(max_tokens=1, ignore_eos=True))
+        seen = []
+        real = engine.runner.forward
+        engine.runner.forward = lambda plans, *a: (seen.append(plans[0]), real(plans, *a))[1]
+        before = _pools(engine)
+        engine.step()
+        after, P = _pools(engine), engine.runner.pools.geo.page_size
+        slots = seen[0].slots
+        assert len(slots) == 3 and not seen[0].demote_src
+        mask = torch.ones(before[0].shape[1] * P, dtype=torch.bool)  # flat BF16 slots
+        mask[slots] = False
+        mask[:P] = False  # the scratch page
+        for b, a in zip(before[:2], after[:2]):
+            assert torch.equal(_flat(b)[:, mask], _flat(a)[:, mask])
+        for b, a in zip(before[2:], after[2:]):
+            assert torch.equal(b, a)  # no INT2 page changes
+        stored.append([_flat(t)[:, slots] for t in after[:2]])
+        assert graphs == (engine.runner.extend_graphs is not None and engine.runner.extend_graphs.replays == 1)
+    for e, g in zip(*stored):
+        torch.testing.assert_close(e, g, rtol=0, atol=1e-2 * e.abs().max().item())
+
+
+@pytest.mark.parametrize("method,tol", [("bf16", 1e-4), ("oscar", 2e-2)])
+def test_speculative_verify_chunks_match_without(llama, artifact, method, tol):
+    """Verify chunks alone in their step run as one chunk through the graphs (kv=bf16 pools hold fp32 here, so
+    the chunk's own K/V are its rows' stored values; oscar: bf16 slots, the chunk's rows use them unrounded)."""
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+    ps = copy_prompts()
+    base = [run(_engine(llama, method, artifact, False), [p], GREEDY)[0] for p in ps]
+    engine = _engine(llama, method, artifact, True, speculative=spec)
+    outs = [run(engine, [p], GREEDY)[0] for p in ps]
+    assert engine.spec.stats.accepted > 5 and engine.runner.extend_graphs.replays == engine.spec.stats.verify_steps
+    for a, b in zip(base, outs):
+        assert a.token_ids == b.token_ids
+        assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < tol
+
+
+def test_verify_without_decode_steps_stays_rows(llama, artifact):
+    """With a backend whose steps all go to ``extend`` (the CPU oracle) a verify chunk is not one chunk: its rows
+    would see earlier drafts unrounded, a decode step as stored."""
+    from oscarkv.attention.backends import TorchAttention
+
+    engine = _engine(llama, "oscar", artifact, True, backend=TorchAttention(),
+                     speculative=SpeculativeConfig("ngram", num_speculative_tokens=4))
+    run(engine, copy_prompts()[:1], GREEDY)
+    assert engine.spec.stats.verify_steps > 0 and engine.runner.extend_graphs.replays == 0

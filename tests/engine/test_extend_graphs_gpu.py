@@ -1,0 +1,91 @@
+"""Extend graphs on a GPU (``oscarkv.engine.extend_graphs``): the Triton backend, CUDA graphs, bf16 weights, a tiny
+model of head_dim 64 and pages of 16 (a layout the split-K chunk kernel reads) over a 1104-token document (a prefix
+the eager route sends to split-K for k <= 8). Follow-ups through the graphs ≡ the eager extend step (greedy tokens
+up to a near-tie, ``test_gpu_engine._compare_prefix``); speculative verify chunks through them give the tokens of a
+run without speculation up to a near-tie, and the stored pages outside a padded step's slots stay unchanged."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from oscarkv.bench.e2e import random_artifact
+from oscarkv.config import KVConfig, SpeculativeConfig
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.request import SamplingParams
+from tests.engine.conftest import engine_config, prompts, run, tiny_config
+from tests.engine.test_gpu_engine import _compare_prefix
+from tests.engine.test_speculative import GREEDY
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+DOC = 1104  # 69 pages, 23 chunks of 48
+FOLLOW = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(tiny_config(head_dim=64, max_position_embeddings=4096)).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.15)
+    return m.to("cuda", torch.bfloat16)
+
+
+def _engine(model, method, extend: bool, **kw) -> LLMEngine:
+    kv = KVConfig(method, group_size=64 if method != "bf16" else None, sink=16, recent=32, page_size=16)
+    cfg = engine_config(method, kv=kv, kv_memory_bytes=1 << 24, prefill_chunk=48,
+                        extend_graph_buckets=(2, 4, 8, 16, 32, 64) if extend else (), **kw)
+    return LLMEngine.from_hf(model, cfg, random_artifact(model.config) if method == "oscar" else None)
+
+
+def _followups(engine, ks) -> list:
+    doc = prompts(1, DOC, seed=3)[0]
+    run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+    return [run(engine, [doc + prompts(1, k, seed=10 + k)[0]], FOLLOW)[0] for k in ks]
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_followups_through_graphs_match_eager_gpu(model, method):
+    ks = (2, 3, 5, 8)
+    eager = _followups(_engine(model, method, False), ks)
+    engine = _engine(model, method, True)
+    got = _followups(engine, ks)
+    graphs = engine.runner.extend_graphs
+    assert graphs is not None and graphs.replays == len(ks) and set(graphs.graphs) == {2, 4, 8}, graphs.fallbacks
+    _compare_prefix(eager, got, 0.1)
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_speculative_verify_chunks_gpu(model, method):
+    doc = prompts(1, DOC, seed=4)[0]
+    a = prompts(1, 10, seed=5)[0]
+    ps = [doc + a * 4, doc + a[:5] * 6]  # copies: drafts found in the prompt
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=3)
+    base = [run(_engine(model, method, True), [p], GREEDY)[0] for p in ps]
+    engine = _engine(model, method, True, speculative=spec)
+    outs = [run(engine, [p], GREEDY)[0] for p in ps]
+    _compare_prefix(base, outs, 0.25)
+    assert engine.spec.stats.accepted > 5 and engine.runner.extend_graphs.replays == engine.spec.stats.verify_steps
+
+
+def test_padded_step_stores_only_its_slots_gpu(model):
+    engine = _engine(model, "oscar", True)
+    doc = prompts(1, DOC, seed=3)[0]
+    run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+    engine.add_request("f", doc + [5, 6, 7], SamplingParams(max_tokens=1, ignore_eos=True))
+    seen, real = [], engine.runner.forward
+    engine.runner.forward = lambda plans, *a: (seen.append(plans[0]), real(plans, *a))[1]
+    pools = engine.runner.pools
+    before = [t.clone() for t in (pools.bf16_k, pools.bf16_v)]
+    engine.step()
+    torch.cuda.synchronize()
+    P, slots = pools.geo.page_size, seen[0].slots
+    assert engine.runner.extend_graphs.replays == 1 and len(slots) == 3
+    mask = torch.ones(before[0].shape[1] * P, dtype=torch.bool, device="cuda")
+    mask[slots] = False
+    mask[:P] = False  # the scratch page
+    for b, a in zip(before, (pools.bf16_k, pools.bf16_v)):
+        L, _, H, _, d = b.shape
+        flat = [t.transpose(2, 3).reshape(L, -1, H, d)[:, mask] for t in (b, a)]
+        assert torch.equal(*flat)
