@@ -179,7 +179,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                                  "enable_prefix_caching", "overlap", "tensor_parallel_size"])
     p.add_argument("--speculative", choices=SPECULATIVE_METHODS, default="none",
                    help=field_docs(SpeculativeConfig)["method"] + " (default: none)")
-    add_fields(p, SpeculativeConfig, ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"])
+    add_fields(p, SpeculativeConfig, ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_acceptance"])
 
 
 def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
@@ -199,7 +199,7 @@ def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
         mine = {f"layer_{k}": () for k in given if k.endswith("_bits")}  # a flag's bits replace the recipe's allocation
         kv = config_from(KVConfig, argparse.Namespace(**{**asdict(apply_recipe(kv, artifact)), **given, **mine}))
     spec = config_from(SpeculativeConfig, argparse.Namespace(method=args.speculative, **{
-        k: getattr(args, k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")}))
+        k: getattr(args, k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_acceptance")}))
     return config_from(EngineConfig, args, kv=kv, speculative=spec,
                        distributed=config_from(DistributedConfig, args))  # distributed flags: serve's
 

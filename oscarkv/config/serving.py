@@ -191,12 +191,18 @@ class SpeculativeConfig:
     """Shortest n-gram matched (the longest is tried first)."""
     prompt_lookup_max: int = 4
     """Longest n-gram matched."""
+    min_acceptance: float = 0.25
+    """Drafting pauses for a sequence whose recent acceptance (an exponential average of accepted / drafted over
+    its verify steps) falls below this: for 2, 4, ... 64 decode steps, each pause ending with one probe, so text
+    that does not copy costs plain decode steps; 0 never pauses. Outputs do not depend on it."""
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(f"SpeculativeConfig.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
         if self.num_speculative_tokens < 1:
             raise ValueError(f"SpeculativeConfig.num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 0.0 <= self.min_acceptance <= 1.0:
+            raise ValueError(f"SpeculativeConfig.min_acceptance must be in [0, 1], got {self.min_acceptance}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("SpeculativeConfig needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                              f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")

@@ -299,7 +299,7 @@ class LLMEngine:
             seq = c.seq
             if seq.status is Status.FINISHED:
                 continue
-            tokens, logps = self.spec.accept(logits, c.drafts, seq.params, seq.generator)
+            tokens, logps = self.spec.accept(logits, c.drafts, seq.params, seq.generator, seq)
             reason, kept = None, 0
             for tok, lp in zip(tokens, logps):
                 seq.token_ids.append(tok)

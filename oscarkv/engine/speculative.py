@@ -95,18 +95,48 @@ class SpecStats:
         return (self.decode_steps + self.accepted) / self.decode_steps if self.decode_steps else 0.0
 
 
+class DraftGate:
+    """Whether one sequence drafts at its next decode step: an exponential average of its verify steps'
+    accepted / drafted; below ``SpeculativeConfig.min_acceptance`` drafting pauses for 2, 4, ... 64 steps
+    (doubling while probes keep failing), then one probe verifies drafts again. Text that does not copy then
+    costs plain decode steps; outputs never depend on it (drafts only change how many tokens a step emits)."""
+
+    DECAY, MAX_PAUSE = 0.5, 64
+
+    def __init__(self, floor: float) -> None:
+        self.floor, self.rate, self.pause, self.wait = floor, 0.5, 1, 0
+
+    def open(self) -> bool:
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        return True
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.rate = self.DECAY * self.rate + (1 - self.DECAY) * accepted / drafted
+        if self.rate >= self.floor:
+            self.pause = 1
+            return
+        self.pause = min(2 * self.pause, self.MAX_PAUSE)
+        self.wait, self.rate = self.pause, self.floor  # the probe after the pause is judged on its own acceptance
+
+
 class SpeculativeDecoder:
     """Drafts (``ngram``), verify rows and acceptance for one engine (see the module docstring)."""
 
     def __init__(self, cfg: SpeculativeConfig) -> None:
         self.cfg, self.stats = cfg, SpecStats()
         self._index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> NgramIndex
+        self._gate: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> DraftGate
 
     def propose(self, seq, limit: int) -> list[int]:
-        """At most ``min(limit, K)`` drafts for ``seq``'s next decode step."""
+        """At most ``min(limit, K)`` drafts for ``seq``'s next decode step (none while its gate is closed)."""
         self.stats.decode_steps += 1
         k = min(limit, self.cfg.num_speculative_tokens)
-        if k <= 0:
+        gate = self._gate.get(seq)
+        if gate is None:
+            gate = self._gate[seq] = DraftGate(self.cfg.min_acceptance)
+        if k <= 0 or not gate.open():
             return []
         index = self._index.get(seq)
         if index is None:
@@ -114,9 +144,9 @@ class SpeculativeDecoder:
         return index.propose(seq.token_ids, k)
 
     def accept(self, logits: torch.Tensor, drafts: list[int], params: SamplingParams,
-               generator: torch.Generator | None) -> tuple[list[int], list[float]]:
+               generator: torch.Generator | None, seq=None) -> tuple[list[int], list[float]]:
         """Emitted tokens (accepted drafts, then one more) and their log-probabilities from the rows'
-        ``logits [1 + k, V]``."""
+        ``logits [1 + k, V]``; ``seq``'s draft gate learns the acceptance."""
         k = len(drafts)
         if params.greedy:
             best = logits.argmax(-1).tolist()
@@ -128,6 +158,8 @@ class SpeculativeDecoder:
         self.stats.verify_steps += 1
         self.stats.drafted += k
         self.stats.accepted += len(tokens) - 1
+        if seq is not None and seq in self._gate:
+            self._gate[seq].update(k, len(tokens) - 1)
         return tokens, logp.tolist()
 
 

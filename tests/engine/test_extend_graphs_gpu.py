@@ -61,7 +61,7 @@ def test_speculative_verify_chunks_gpu(model, method):
     doc = prompts(1, DOC, seed=4)[0]
     a = prompts(1, 10, seed=5)[0]
     ps = [doc + a * 4, doc + a[:5] * 6]  # copies: drafts found in the prompt
-    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=3)
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=3, min_acceptance=0.0)
     base = [run(_engine(model, method, True), [p], GREEDY)[0] for p in ps]
     engine = _engine(model, method, True, speculative=spec)
     outs = [run(engine, [p], GREEDY)[0] for p in ps]

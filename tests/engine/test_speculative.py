@@ -12,12 +12,13 @@ import torch
 from oscarkv.config import SpeculativeConfig
 from oscarkv.engine.request import SamplingParams
 from oscarkv.engine.sampler import filter_logits
-from oscarkv.engine.speculative import NgramIndex, SpeculativeDecoder, rejection_sample
+from oscarkv.engine.speculative import DraftGate, NgramIndex, SpeculativeDecoder, rejection_sample
 from oscarkv.server.metrics import speculative_metrics
 from tests.engine.conftest import make_engine, prompts, run
 from tests.engine.test_tensor_parallel import MEMORY, TIGHT, _pair
 
-NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3,
+                          min_acceptance=0.0)  # drafts at every match: the tests below exercise verification
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=True)
 
 
@@ -65,6 +66,35 @@ def test_accept_greedy_is_the_longest_agreeing_prefix():
     assert spec.accept(logits, [3, 1, 6], GREEDY, None)[0] == [3, 1, 6, 2]
     assert spec.accept(logits, [0, 1, 6], GREEDY, None)[0] == [3]
     assert (spec.stats.drafted, spec.stats.accepted) == (9, 5)
+
+
+def test_draft_gate_pauses_on_rejection_and_reopens_on_acceptance():
+    gate, opened = DraftGate(0.25), []
+    for _ in range(40):  # every verify rejects: the average (from 0.5) falls below 0.25 after 2, then pauses of 2, 4, 8, 16
+        opened.append(gate.open())
+        if opened[-1]:
+            gate.update(4, 0)
+    assert [i for i, o in enumerate(opened) if o] == [0, 1, 4, 9, 18, 35]
+    gate.wait = 0
+    gate.update(4, 4)  # a probe that accepts everything reopens at once
+    assert gate.open() and gate.open() and gate.pause == 1
+    never = DraftGate(0.0)
+    for _ in range(10):
+        never.update(4, 0)
+        assert never.open()
+
+
+def test_gate_keeps_outputs_and_skips_drafts_on_text_that_does_not_copy(llama, artifact):
+    """Random prompts (drafts rarely right): the gate drafts on far fewer steps; greedy tokens equal either way."""
+    ps, kw = prompts(3, 40, seed=11), dict(kv_memory_bytes=4 * MEMORY["bf16"]["kv_memory_bytes"])
+    always = make_engine(llama, "bf16", artifact, speculative=SpeculativeConfig(
+        "ngram", num_speculative_tokens=4, min_acceptance=0.0), **kw)
+    gated = make_engine(llama, "bf16", artifact, speculative=SpeculativeConfig("ngram", num_speculative_tokens=4), **kw)
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    a, b = run(always, ps, params), run(gated, ps, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    sa, sb = always.spec.stats, gated.spec.stats
+    assert sa.acceptance_rate < 0.25 and sb.verify_steps < 0.6 * sa.verify_steps, (sa, sb)
 
 
 @pytest.mark.parametrize("method", ["bf16", "oscar"])
