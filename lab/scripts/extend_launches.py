@@ -95,7 +95,7 @@ def main() -> None:
             att = {n: c for (w, n), c in ops.items() if w == "attention"}
             print(f"{method} k={k}: attention {sum(att.values()) / layers:.1f} launches per layer "
                   f"(model, CPU branches: {sum(c for (w, _), c in ops.items() if w == 'model')} per step)")
-            print("   " + ", ".join(f"{n} {c / layers:g}" for n, c in sorted(att.items(), key=lambda x: -x[1])))
+            print("   " + ", ".join(f"{n} {c / layers:g}" for n, c in sorted(att.items(), key=lambda x: -x[1])), flush=True)
 
 
 if __name__ == "__main__":
