@@ -32,6 +32,7 @@ layers' bounded BF16 windows are the manager's :class:`~oscarkv.cache.window.Win
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Protocol
 
 from oscarkv.cache.events import BlockTracker, CacheObserver
@@ -277,34 +278,37 @@ class KVCacheManager:
 
         The hit must restore the exact state a cold run has there: sink and recent pages in
         BF16, history in INT2. If the BF16 copy of a window was evicted, a shorter prefix is
-        tried (and the rest recomputed — exactly, since chunks replay as in a cold run)."""
+        tried (and the rest recomputed — exactly, since chunks replay as in a cold run).
+        NOTE: one pass: the keys of the longest candidate once (:meth:`SeqKV.prefix_keys`), a miss
+        count per pool and page, then each candidate in O(1) (its window pages aside)."""
         if not self.prefix_caching or seq.kv.num_tokens:
             return 0
-        for t in reversed(seq.schedule.starts()):
-            if t and t % self.P == 0 and self._has_prefix(seq, t):
-                self._adopt(seq, t)
+        P = self.P
+        starts = [t for t in seq.schedule.starts() if t and t % P == 0]
+        if not starts:
+            return 0
+        keys = seq.kv.prefix_keys(starts[-1] // P, seq.token_ids, seq.schedule, P)
+        bf16_miss, int2_miss = _misses(self.bf16, keys), _misses(self.int2, keys)
+        S0 = self.kv.sink // P
+        for t in reversed(starts):
+            n, h = t // P, self.hist_end(t) // P
+            s, r = min(S0, n), max(min(h, n), min(S0, n))  # sink pages [0, s), history [s, r), recent [r, n)
+            ok = bf16_miss[s] == 0 and bf16_miss[n] == bf16_miss[r] and (r == s or int2_miss[r] == int2_miss[s])
+            if ok and (not self.window or all(self.window.pool.peek(keys[i]) for i in self.window.prefix_indices(t))):
+                self._adopt(seq, keys[:n], (s, r))
                 self.hit_tokens += t
                 return t
         return 0
 
-    def _prefix_pages(self, seq: CachedSequence, t: int) -> list[tuple[PagePool, bytes, str]]:
-        P, S0, h = self.P, self.kv.sink, self.hist_end(t)
-        out = []  # (pool, key, tier) per page, in position order
-        for i in range(t // P):
-            tier = "history" if S0 <= i * P < h else ("sink" if i * P < S0 else "recent")
-            out.append((self.int2 if tier == "history" else self.bf16, self._key(seq, i), tier))
-        return out
-
-    def _has_prefix(self, seq: CachedSequence, t: int) -> bool:
-        window = not self.window or all(self.window.pool.peek(self._key(seq, i)) for i in self.window.prefix_indices(t))
-        return window and all(pool.peek(key) for pool, key, _ in self._prefix_pages(seq, t))
-
-    def _adopt(self, seq: CachedSequence, t: int) -> None:
-        s = seq.kv
-        for pool, key, tier in self._prefix_pages(seq, t):
-            getattr(s, tier).append(pool.lookup(key))
+    def _adopt(self, seq: CachedSequence, keys: list[bytes], tiers: tuple[int, int]) -> None:
+        """Take the cached pages of ``keys`` (all held): ``[0, s)`` sink, ``[s, r)`` history, the rest recent."""
+        s, (a, b), bf16 = seq.kv, tiers, self.bf16.lookup
+        s.sink = [bf16(k) for k in keys[:a]]
+        s.history = [self.int2.lookup(k) for k in keys[a:b]] if b > a else []
+        s.recent = [bf16(k) for k in keys[b:]]
+        t = len(keys) * self.P
         if self.window:
-            self.window.adopt(s.window, t, lambda i: self._key(seq, i))
+            self.window.adopt(s.window, t, lambda i: keys[i])
         s.num_tokens = t
 
     def tier_tokens(self, seq: CachedSequence) -> tuple[int, int, int]:
@@ -313,3 +317,10 @@ class KVCacheManager:
         sink = min(s.num_tokens, self.kv.sink)
         hist = len(s.history) * self.P
         return sink, hist, s.num_tokens - sink - hist
+
+
+def _misses(pool: PagePool | None, keys: list[bytes]) -> list[int]:
+    """``m[i]``: how many of ``keys[:i]`` ``pool`` does not hold (``m[0] = 0``; all missing without a pool)."""
+    if pool is None:
+        return list(range(len(keys) + 1))
+    return [0, *accumulate(not pool.peek(k) for k in keys)]

@@ -13,7 +13,7 @@ States of a page (NOTE: the invariants the property tests check):
   are intact, so :meth:`lookup` can revive it; :meth:`allocate` evicts the oldest one (and
   forgets its key) only when no free page is left.
 
-A key names a page's content (``oscarkv.cache.seq_kv.page_key``); at most one page per key.
+A key names a page's content (``oscarkv.cache.seq_kv.page_keys``); at most one page per key.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oscarkv.cache.manager import KVCacheManager
-from oscarkv.cache.seq_kv import ChunkSchedule
+from oscarkv.cache.seq_kv import ChunkSchedule, page_keys
 from oscarkv.config import EngineConfig
 from oscarkv.engine.request import SamplingParams
 
@@ -33,6 +33,9 @@ class ValidRequest:
     params: SamplingParams
     schedule: ChunkSchedule
     """Its prefill chunks (``EngineConfig.prefill_chunk`` multiples, or the caller's ``chunk_ends``)."""
+    page_keys: tuple[bytes, ...] = ()
+    """Content keys of the prompt's full pages (``oscarkv.cache.seq_kv.page_keys``; none without prefix caching):
+    hashed here, once per request, so that a prefix match on the engine's thread only looks them up."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,14 @@ class Admission:
                                  f"max_num_batched_tokens={self.cfg.max_num_batched_tokens}")
         self.manager.check_schedule(schedule)
         self._check_pages(request_id, schedule, total - 1)  # the last sampled token is never stored
-        return ValidRequest(request_id, tuple(prompt_ids), params, schedule)
+        prompt = tuple(prompt_ids)
+        return ValidRequest(request_id, prompt, params, schedule, self._page_keys(prompt, schedule))
+
+    def _page_keys(self, prompt: tuple[int, ...], schedule: ChunkSchedule) -> tuple[bytes, ...]:
+        if not self.manager.prefix_caching:
+            return ()
+        P = self.cfg.kv.page_size
+        return tuple(page_keys(b"", list(prompt), range(len(prompt) // P), schedule, P))
 
     def _check_pages(self, request_id: str, schedule: ChunkSchedule, num_tokens: int) -> None:
         need = self.manager.pages_needed(schedule, num_tokens)

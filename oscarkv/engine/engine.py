@@ -192,6 +192,7 @@ class LLMEngine:
         detok = IncrementalText(self.detokenizer, params.stop) if self.detokenizer is not None else None
         seq = Sequence(request.request_id, request.prompt_ids, params, request.schedule, self.cfg.seed,
                        self.runner.device, detok)
+        seq.kv.keys = list(request.page_keys)
         self.seqs[request.request_id] = seq
         self.scheduler.add(seq)
         self.num_prompt_tokens += len(request.prompt_ids)

@@ -1,0 +1,90 @@
+"""Page content keys (``oscarkv.cache.seq_kv.page_keys``): hashed once per page and request, chained, and the
+same whichever way they are batched (the admission's bulk, a prefix match, a commit's one page)."""
+
+import random
+
+import pytest
+
+from oscarkv.cache import seq_kv
+from oscarkv.cache.manager import KVCacheManager
+from oscarkv.cache.page_pool import PagePool
+from oscarkv.cache.seq_kv import ChunkSchedule, SeqKV, page_keys
+from oscarkv.config import KVConfig
+from tests.cache.test_pool_props import FakeSeq, check, step
+
+
+class CountingHash:
+    """Stands in for ``seq_kv._HASH`` and counts its calls."""
+
+    def __init__(self, real) -> None:
+        self.real, self.calls = real, 0
+
+    def __call__(self, data: bytes):
+        self.calls += 1
+        return self.real(data)
+
+
+@pytest.fixture
+def hashes(monkeypatch) -> CountingHash:
+    counter = CountingHash(seq_kv._HASH)
+    monkeypatch.setattr(seq_kv, "_HASH", counter)
+    return counter
+
+
+def run(mgr: KVCacheManager, seq: FakeSeq, t: int) -> None:
+    while seq.kv.num_tokens < t:
+        assert step(mgr, seq, seq.schedule.end(seq.kv.num_tokens))
+
+
+@pytest.mark.parametrize("method", ["oscar", "bf16"])
+def test_each_page_is_hashed_once_per_request(method, hashes):
+    kv = KVConfig(method, sink=4, recent=4, page_size=2)
+    mgr = KVCacheManager(kv, PagePool(128), PagePool(128) if method != "bf16" else None)
+    tokens = [random.randrange(1000) for _ in range(61)]
+    a = FakeSeq(tokens, ChunkSchedule(40, 8))
+    mgr.match_prefix(a)
+    run(mgr, a, 33)
+    mgr.free(a)  # preempted: resumes through its own cached pages
+    assert mgr.match_prefix(a) == 32
+    run(mgr, a, 61)
+    assert hashes.calls == 61 // 2  # every full page once: prompt, decode, preemption and resume
+    b = FakeSeq(list(tokens), ChunkSchedule(40, 8))  # a second request of the same tokens hashes them once too
+    assert mgr.match_prefix(b) == 32
+    run(mgr, b, 61)
+    assert hashes.calls == 2 * (61 // 2) and b.kv.keys == a.kv.keys
+    mgr.free(a)
+    mgr.free(b)
+    check(mgr, [])
+
+
+def test_changed_token_changes_keys_from_its_page_on():
+    P, schedule = 4, ChunkSchedule(37, 8, boundaries=(6, 13))
+    tokens = [random.randrange(50_000) for _ in range(40)]
+    keys = page_keys(b"", tokens, range(10), schedule, P)
+    assert len(set(keys)) == 10 and all(len(k) == 32 for k in keys)
+    for pos in (0, 5, 17, 39):
+        other = list(tokens)
+        other[pos] += 1
+        changed = page_keys(b"", other, range(10), schedule, P)
+        i = pos // P
+        assert changed[:i] == keys[:i] and all(x != y for x, y in zip(changed[i:], keys[i:]))
+
+
+def test_keys_depend_on_the_chunk_schedule():
+    tokens = list(range(32))
+    base = page_keys(b"", tokens, range(8), ChunkSchedule(32, 8), 4)
+    moved = page_keys(b"", tokens, range(8), ChunkSchedule(32, 8, boundaries=(12,)), 4)
+    shorter = page_keys(b"", tokens, range(8), ChunkSchedule(30, 8), 4)  # the chunk [24, 30) computed page 6
+    assert moved[0] != base[0] and shorter[:6] == base[:6] and shorter[6] != base[6]
+
+
+@pytest.mark.parametrize("schedule", [ChunkSchedule(23, 6), ChunkSchedule(23, 6, boundaries=(5, 9, 20))])
+def test_keys_are_the_same_in_any_batches(schedule):
+    tokens = [random.randrange(1000) for _ in range(45)]
+    whole = page_keys(b"", tokens, range(15), schedule, 3)
+    one_by_one = SeqKV()
+    for i in range(15):
+        one_by_one.key(i, tokens, schedule, 3)
+    split = SeqKV(keys=whole[:4])
+    assert one_by_one.keys == whole and split.prefix_keys(15, tokens, schedule, 3) == whole
+    assert split.prefix_keys(6, tokens, schedule, 3) == whole[:6]
