@@ -7,8 +7,8 @@ a request of that prompt, its chunks filled through the write path (``e2e.drive`
 the model and samples one token; it finishes and its pages stay cached. Then, per k of ``new_tokens``, follow-up
 requests of the same prefix plus k fresh random tokens (``max_tokens = 1``): the prefix cache serves the
 ``context`` tokens and the request's first step computes the k new tokens over the cached prefix and samples —
-what a user waits for. Its wall time is timed, synchronized, from the step's call to the finished output
-(scheduling, the prefix match, the step, sampling; ``repeats`` requests per k, the last reported: the first of a
+what a user waits for. Its wall time is timed, synchronized, from ``add_request`` to the finished output
+(validation and page hashing, scheduling, the prefix match, the step, sampling; ``repeats`` requests per k, the last reported: the first of a
 shape builds kernels and plans). Each timed request is checked: the prefix-cache hit is exactly ``context``
 tokens and one model launch computed exactly k tokens. Last, a request of the prefix plus one token decodes
 ``steps`` timed steps at the same context (``oscarkv.bench.decode.timed_steps``): the decode step beside it.
@@ -57,14 +57,14 @@ def cache_prefix(engine: LLMEngine, prefix: list[int]) -> None:
 
 
 def followup_step(engine: LLMEngine, prefix: list[int], k: int, seed: int) -> dict:
-    """One follow-up request (``prefix`` + k fresh tokens, ``max_tokens = 1``), timed from its first step to its
-    output, synchronized; raises unless the prefix cache served all of ``prefix`` and one launch computed k tokens."""
-    runner, hits = engine.runner, engine.manager.hit_tokens
-    engine.add_request(f"f{len(prefix)}-{k}-{seed}", prefix + _ids(engine, k, seed),
-                       SamplingParams(max_tokens=1, ignore_eos=True))
+    """One follow-up request (``prefix`` + k fresh tokens, ``max_tokens = 1``), timed from ``add_request`` (its
+    validation and page hashing) to its output, synchronized; raises unless the prefix cache served all of
+    ``prefix`` and one launch computed k tokens."""
+    runner, hits, ids = engine.runner, engine.manager.hit_tokens, prefix + _ids(engine, k, seed)
     n = len(runner.launches)
     e2e.sync()
     t, steps = time.perf_counter(), 0
+    engine.add_request(f"f{len(prefix)}-{k}-{seed}", ids, SamplingParams(max_tokens=1, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
         steps += 1
