@@ -221,6 +221,7 @@ class ParallelRunner:
         device = torch.device(device) if device is not None else next(model.parameters()).device
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        check_devices(device, size // cfg.distributed.nnodes)
         # NOTE: rank 0 alone chooses the all-reduce (and refuses a second symmetric-memory engine in this
         # process) before any rank starts: a rank that chose differently would wait in another collective
         reduce = resolve(cfg.tensor_parallel_all_reduce, size, device)
@@ -366,12 +367,26 @@ def _start_ranks(ranks: range, first: int, size: int, where: Rendezvous, base: t
     return procs
 
 
+def check_devices(device: torch.device, ranks: int, available: int | None = None) -> None:
+    """Refuse, before any rank starts, ``ranks`` GPUs of this host from ``device`` on when fewer are visible
+    (a rank on a missing GPU dies before it joins, and the others would wait for it until the timeout)."""
+    if device.type != "cuda":
+        return
+    available = torch.cuda.device_count() if available is None else available
+    first = device.index or 0
+    if first + ranks > available:
+        raise ValueError(f"EngineConfig.tensor_parallel_size: {ranks} ranks on this host need GPUs {first}.."
+                         f"{first + ranks - 1}, but {available} are visible (CUDA_VISIBLE_DEVICES); lower it or "
+                         "spread the ranks over several nodes")
+
+
 def run_node(cfg: EngineConfig, device: torch.device) -> int:
     """Node ``cfg.distributed.node_rank > 0``: run its ranks until node 0's engine closes; the exit status
     (0 when every rank left cleanly). The ranks get their spec and weights from rank 0."""
     nodes, size = cfg.distributed, cfg.tensor_parallel_size
     k = size // nodes.nnodes
     first = nodes.node_rank * k
+    check_devices(device, k)
     procs = _start_ranks(range(first, first + k), first, size, Rendezvous(None, nodes), device)
     print(f"oscarkv: node {nodes.node_rank} of {nodes.nnodes}: ranks {first}..{first + k - 1} of {size}, "
           f"rendezvous tcp://{nodes.master_addr}:{nodes.master_port}", file=sys.stderr)

@@ -138,3 +138,15 @@ def test_a_device_elsewhere_than_the_model(llama):
     """``device=`` places tensor-parallel ranks; a single-device engine runs where its model is, and says so."""
     with pytest.raises(ValueError, match="runs where its model is"):
         LLMEngine.from_hf(llama, engine_config("bf16"), device=torch.device("meta"))
+
+
+def test_more_ranks_than_visible_gpus_is_refused_before_any_rank_starts():
+    """On 2 visible GPUs, tp 4 from GPU 0 (or tp 2 from GPU 1) names the flag's field at once instead of
+    leaving rank 0 waiting for ranks that died on a missing device."""
+    from oscarkv.engine.workers import check_devices
+
+    check_devices(torch.device("cuda", 0), 2, available=2)
+    check_devices(torch.device("cpu"), 8, available=0)
+    for dev, ranks in ((torch.device("cuda", 0), 4), (torch.device("cuda", 1), 2)):
+        with pytest.raises(ValueError, match="tensor_parallel_size.*2 are visible"):
+            check_devices(dev, ranks, available=2)
