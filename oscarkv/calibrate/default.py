@@ -19,6 +19,8 @@ the model, or else :func:`cached_artifact`, for any model:
 default model) reproduces the shipped artifact in full: the serving recipe the development search
 chose is data (``oscarkv/data/default_recipe.json``, with the options it holds for and its provenance),
 written into an artifact fitted from the default model with those options, never re-searched.
+:func:`frontier_artifacts` puts the reference recipes that file also holds (the uniform INT2 recipe shipped
+before, K4V2) on an artifact's rotations: the points ``oscarkv demo`` compares the shipped recipe with.
 
 No printing: which artifact was used, and any calibration, goes to the ``oscarkv`` logger.
 """
@@ -64,6 +66,14 @@ def attach_validated_recipe(loaded: LoadedModel, artifact: Artifact) -> str | No
         return None
     artifact.manifest["recipe"] = entry["recipe"]
     return entry["provenance"]
+
+
+def frontier_artifacts(artifact: Artifact) -> dict[str, Artifact]:
+    """``artifact`` and the default model's reference recipes on its rotations, by variant name as ``oscarkv eval
+    --rotations NAME=DIR`` reports them (``oscar:NAME+win``): ``""`` the artifact as it is (the shipped one: the
+    validated per-layer allocation), ``int2`` the uniform INT2 recipe shipped before it, ``k4v2`` 4-bit keys at
+    INT2's windows (``oscarkv/data/default_recipe.json``'s ``frontier``)."""
+    return {"": artifact, **{name: artifact.with_recipe(recipe) for name, recipe in default_recipe()["frontier"].items()}}
 
 
 def startup_config(loaded: LoadedModel) -> CalibrationConfig:
