@@ -120,11 +120,16 @@ def test_calibrate_as_documented_reproduces_the_shipped_artifact_on_two_layers(s
     monkeypatch.setattr(cd, "calibrate", lambda *a: pytest.fail("the default model was calibrated"))
     assert cached_artifact(loaded, tmp_path).manifest == shipped.manifest
     monkeypatch.setattr(cli, "load", lambda *args: cut(loaded, 2))
+    # the recipe's per-layer bits name 30 layers: the model cut to two gets them cut too (the full reproduction
+    # below writes the shipped recipe as it is)
+    entry = default_recipe()
+    two = {**entry["recipe"], **{k: entry["recipe"][k][:2] for k in ("layer_key_bits", "layer_value_bits")}}
+    monkeypatch.setattr(cd, "default_recipe", lambda: {**entry, "recipe": two})
     assert main(["calibrate", "--model", "default", "--out", str(tmp_path / "out")]) == 0
     assert "serving recipe: the validated one for the default model" in capsys.readouterr().out
     got = Artifact.load(tmp_path / "out")
     assert_reproduces(got, shipped, 2)
-    assert got.manifest["recipe"] == shipped.manifest["recipe"]  # exactly: windows, per-layer bits, key clip, the study
+    assert got.manifest["recipe"] == two  # exactly: windows, per-layer bits, key clip, the study
     for field in ("options", "group_size", "method", "format_version"):
         assert got.manifest[field] == shipped.manifest[field], field
     assert got.manifest["calibration"]["source"] == shipped.manifest["calibration"]["source"]
