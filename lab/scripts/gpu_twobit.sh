@@ -10,7 +10,7 @@
 #   bash lab/scripts/gpu_twobit.sh eval CONTEXT single|multi   # served evaluation as docs/RESULTS.md runs it
 #        (seed 0, haystacks eval + gazetteer, 20 samples each: 40 a cell; niah_single, or the three multi-needle
 #        tasks; free-running through the engine, bf16 model): the unquantized cache (always: the paired
-#        reference), INT2+win (the shipped recipe), each allocation of RECIPES and K4V2+win; writes
+#        reference), INT2+win (the uniform recipe shipped before the allocation), each allocation of RECIPES and K4V2+win; writes
 #        $OUT/eval_CONTEXT_SET/ (results.json, results.md: each configuration paired against the unquantized cache)
 #        RECIPES: NAME=FILE,... allocations (manifest or recipe JSON each), reported as oscar:NAME+win; default
 #        alloc=RECIPE (RECIPE: default $OUT/search_CONTEXT/manifest.json, else lab/scripts/twobit_recipe_cpu_CONTEXT.json).
@@ -40,7 +40,7 @@ search() {
         "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_allocation.py 2>&1 | tee "$OUT/pytest.log" || status=1
     fi
     BUDGET=$("$PY" lab/scripts/twobit_artifacts.py budget "$CTX")
-    echo "INT2+win (the shipped recipe) stores $BUDGET bits per element at $CTX tokens: the budget"
+    echo "INT2+win (the uniform INT2 recipe) stores $BUDGET bits per element at $CTX tokens: the budget"
     "$PY" -m oscarkv.cli calibrate --model "${MODEL:-default}" --device cuda --dtype bfloat16 --rotations "$SHIPPED" \
         --max-bpe "$BUDGET" --context "$CTX" --allocate key --dev-samples 16 --dev-context "$CTX" --protocol served \
         --sinks 64 --recents 64,128,256 --rungs int2 --key-clips 0.95 --out "$OUT/search_$CTX" \
@@ -54,7 +54,6 @@ evaluate() {
     TASKS=niah_single
     [ "$SET" = multi ] && TASKS=niah_multikey,niah_multivalue,niah_multiquery
     ROT=""
-    [[ ",$CONFIGS," == *,int2,* ]] && ROT="=$SHIPPED"
     IFS=, read -ra ENTRIES <<< "${RECIPES:-alloc=$RECIPE}"
     for entry in "${ENTRIES[@]}"; do
         name="${entry%%=*}"; file="${entry#*=}"
@@ -62,6 +61,7 @@ evaluate() {
         "$PY" lab/scripts/twobit_artifacts.py write "$file" "$OUT/artifacts_$CTX/$name" | tee "$OUT/artifacts_${CTX}_$name.txt" || status=1
         ROT="$ROT${ROT:+,}$name=$OUT/artifacts_$CTX/$name/alloc"
     done
+    [[ ",$CONFIGS," == *,int2,* ]] && ROT="$ROT,int2=$OUT/artifacts_$CTX/$name/int2"
     [[ ",$CONFIGS," == *,k4v2,* ]] && ROT="$ROT,k4v2=$OUT/artifacts_$CTX/$name/k4v2"
     "$PY" -m oscarkv.cli eval --model "${MODEL:-default}" --haystacks eval,gazetteer --methods bf16,oscar --windows on \
         --rotations "$ROT" \

@@ -1,18 +1,20 @@
 """Artifacts for the two-bit study (issue 26): the shipped rotations with another recipe in the manifest.
 
-    python lab/scripts/twobit_artifacts.py budget 4096            # INT2's bits per element at 4096 tokens (the shipped recipe)
-    python lab/scripts/twobit_artifacts.py write RECIPE.json OUT  # OUT/alloc (RECIPE's allocation) and OUT/k4v2
+    python lab/scripts/twobit_artifacts.py budget 4096            # INT2's bits per element at 4096 tokens
+    python lab/scripts/twobit_artifacts.py write RECIPE.json OUT  # OUT/alloc (RECIPE's allocation), OUT/int2, OUT/k4v2
 
 ``RECIPE.json``: a recipe as ``oscarkv calibrate --allocate`` writes it into a manifest (``sink``, ``recent``,
 ``layer_key_bits``, optionally ``layer_value_bits`` and ``key_clip``), or a whole manifest holding one. The
 rotations, clips and fingerprint are the shipped artifact's; only the recipe differs, and each artifact is
-validated on load as ``serve`` loads it.
+validated on load as ``serve`` loads it. INT2 and K4V2 are the default recipe's ``frontier`` (the uniform INT2
+recipe shipped before the allocation; ``oscarkv.calibrate.default.frontier_artifacts``, as ``oscarkv demo`` runs them).
 """
 
 import json
 import sys
 from pathlib import Path
 
+from oscarkv.calibrate.default import frontier_artifacts
 from oscarkv.config import KVConfig
 from oscarkv.quant.artifact import Artifact, apply_recipe
 from oscarkv.quant.codec import build_codec
@@ -21,7 +23,7 @@ SHIPPED = Path("oscarkv/data/default_rotations")
 
 
 def budget(context: int) -> float:
-    art = Artifact.load(SHIPPED)
+    art = frontier_artifacts(Artifact.load(SHIPPED))["int2"]
     kv = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art)
     return build_codec(kv, *art.fingerprint.kv_dims, art).bpe(context)
 
@@ -29,13 +31,11 @@ def budget(context: int) -> float:
 def write(recipe_file: Path, out: Path) -> None:
     rec = json.loads(recipe_file.read_text())
     rec = rec.get("recipe", rec)
-    shipped = Artifact.load(SHIPPED)
-    base = {k: v for k, v in shipped.manifest["recipe"].items() if k != "candidates"}
-    recipes = {"alloc": {**base, **{k: v for k, v in rec.items() if k != "candidates"}},
-               "k4v2": {**base, "key_bits": 4}}
-    recipes["k4v2"].pop("key_clip", None)  # 4-bit keys are not clipped
-    for name, r in recipes.items():
-        art = Artifact({**shipped.manifest, "recipe": r}, shipped.tensors)
+    frontier = frontier_artifacts(Artifact.load(SHIPPED))
+    base = {k: v for k, v in frontier["int2"].manifest["recipe"].items() if k != "candidates"}
+    arts = {"alloc": frontier["int2"].with_recipe({**base, **{k: v for k, v in rec.items() if k != "candidates"}}),
+            "int2": frontier["int2"], "k4v2": frontier["k4v2"]}
+    for name, art in arts.items():
         art.save(out / name)
         kv = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), Artifact.load(out / name))
         codec = build_codec(kv, *art.fingerprint.kv_dims, art)

@@ -21,6 +21,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from oscarkv.calibrate.default import frontier_artifacts
 from oscarkv.config import KVConfig
 from oscarkv.eval import allocate as alloc
 from oscarkv.quant.artifact import Artifact, apply_recipe
@@ -62,7 +63,7 @@ def main() -> None:
     a = p.parse_args()
     sens = [alloc.Sensitivity(**r) for r in json.loads(a.sensitivity.read_text())]
     art = Artifact.load(SHIPPED)
-    base = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art)
+    base = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), frontier_artifacts(art)["int2"])
 
     def build(kv: KVConfig):
         return build_codec(kv, *art.fingerprint.kv_dims, art)

@@ -2,8 +2,8 @@
 
 Two disjoint sets of development samples (needles in the calibration haystack, never evaluation's seed):
 ``--sens-seeds`` measure each layer's sensitivity (development answer NLL, teacher-forced protocol, when that
-layer alone stores 4-bit keys, the shipped INT2 recipe elsewhere); ``--eval-seeds`` then score, paired sample by
-sample, the unquantized cache, INT2 (the shipped recipe), K4V2 and the greedy allocation within the budget
+layer alone stores 4-bit keys, the uniform INT2 recipe elsewhere); ``--eval-seeds`` then score, paired sample by
+sample, the unquantized cache, INT2 (the uniform recipe shipped before the allocation), K4V2 and the greedy allocation within the budget
 (``--max-bpe``, default: INT2's own bits per element at ``--context``) for each candidate window, so the
 allocation is chosen on one set and measured on another. One full-precision prefill per sample, shared by every
 configuration (``oscarkv.eval.objective.dev_scores``, ``forced``). Writes JSON lines per sample and a summary.
@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from oscarkv.cli.flags import load
+from oscarkv.calibrate.default import frontier_artifacts
 from oscarkv.config import KVConfig
 from oscarkv.eval import allocate as alloc
 from oscarkv.eval.objective import DevScore, dev_samples, dev_scores
@@ -70,7 +71,7 @@ def main() -> None:
     def build(kv: KVConfig):
         return build_codec(kv, *dims, art, SlidingLayers.from_config(c))
 
-    base = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art)  # the shipped INT2 recipe
+    base = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), frontier_artifacts(art)["int2"])  # the uniform INT2 recipe
     budget = a.max_bpe or build(base).bpe(a.context)
     seeds = [tuple(int(x) for x in s.split(",")) for s in (a.sens_seeds, a.eval_seeds)]
     if a.sensitivity:  # a sensitivity.json, or the per-sample log of a run cut short

@@ -16,6 +16,7 @@ import json
 import re
 from pathlib import Path
 
+from oscarkv.calibrate.default import frontier_artifacts
 from oscarkv.config import KVConfig
 from oscarkv.quant.artifact import Artifact, apply_recipe
 from oscarkv.quant.codec import build_codec
@@ -33,9 +34,9 @@ def chosen_row(rows: dict, sink: int, recent: int) -> dict:
 
 
 def recipe(row: dict, sink: int, recent: int, study: dict, a: argparse.Namespace) -> dict:
-    """The recipe: the shipped INT2 recipe's fields with the allocation's windows and per-layer key bits."""
+    """The recipe: the uniform INT2 recipe's fields with the allocation's windows and per-layer key bits."""
     art = Artifact.load(SHIPPED)
-    base = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art)
+    base = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), frontier_artifacts(art)["int2"])
     keys = row["layer_key_bits"]
     kv = KVConfig("oscar", sink=sink, recent=recent, page_size=base.page_size, group_size=base.group_size,
                   key_bits=2, value_bits=2, key_clip=base.key_clip, layer_key_bits=tuple(keys),

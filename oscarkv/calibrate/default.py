@@ -19,6 +19,8 @@ the model, or else :func:`cached_artifact`, for any model:
 default model) reproduces the shipped artifact in full: the serving recipe the development search
 chose is data (``oscarkv/data/default_recipe.json``, with the options it holds for and its provenance),
 written into an artifact fitted from the default model with those options, never re-searched.
+:func:`frontier_artifacts` puts the reference recipes that file also holds (the uniform INT2 recipe shipped
+before, K4V2) on an artifact's rotations: the points ``oscarkv demo`` compares the shipped recipe with.
 
 No printing: which artifact was used, and any calibration, goes to the ``oscarkv`` logger.
 """
@@ -56,14 +58,25 @@ def current_recipe() -> dict:
 
 def attach_validated_recipe(loaded: LoadedModel, artifact: Artifact) -> str | None:
     """Write the default model's validated serving recipe into ``artifact`` (fitted from ``loaded``) when
-    ``loaded`` is the default model, the artifact was fitted with the options the recipe holds for, and
-    it carries no recipe yet; return the recipe's provenance, else ``None`` (nothing written)."""
+    ``loaded`` is the default model, the artifact was fitted with the options the recipe holds for, its
+    per-layer bits name each of the artifact's layers, and it carries no recipe yet; return the recipe's
+    provenance, else ``None`` (nothing written)."""
     entry = default_recipe()
     fitted_with = as_stored(artifact.manifest["options"])  # a fresh artifact's manifest holds tuples
-    if not is_default_model(loaded) or "recipe" in artifact.manifest or fitted_with != entry["options"]:
+    layers = artifact.fingerprint.num_layers
+    fits = all(len(entry["recipe"].get(f"layer_{kind}_bits", ())) in (0, layers) for kind in ("key", "value"))
+    if not is_default_model(loaded) or "recipe" in artifact.manifest or fitted_with != entry["options"] or not fits:
         return None
     artifact.manifest["recipe"] = entry["recipe"]
     return entry["provenance"]
+
+
+def frontier_artifacts(artifact: Artifact) -> dict[str, Artifact]:
+    """``artifact`` and the default model's reference recipes on its rotations, by variant name as ``oscarkv eval
+    --rotations NAME=DIR`` reports them (``oscar:NAME+win``): ``""`` the artifact as it is (the shipped one: the
+    validated per-layer allocation), ``int2`` the uniform INT2 recipe shipped before it, ``k4v2`` 4-bit keys at
+    INT2's windows (``oscarkv/data/default_recipe.json``'s ``frontier``)."""
+    return {"": artifact, **{name: artifact.with_recipe(recipe) for name, recipe in default_recipe()["frontier"].items()}}
 
 
 def startup_config(loaded: LoadedModel) -> CalibrationConfig:

@@ -15,8 +15,10 @@ artifact of the default model (``rotations.safetensors`` + ``manifest.json``, ~6
 ``calibration.txt`` with the recipe's defaults, so that the default model starts without the
 one-time calibration (``oscarkv.calibrate.default``), and ``default_recipe.json``
 (:func:`default_recipe`), the serving recipe the development search chose for that artifact (its
-windows, bits and INT2 key clip), with the calibration options it holds for and its provenance:
-``oscarkv calibrate --model default`` writes it into the artifact it fits with those options.
+windows, per-layer key bits and INT2 key clip), with the calibration options it holds for and its provenance:
+``oscarkv calibrate --model default`` writes it into the artifact it fits with those options. Its
+``frontier`` holds the reference recipes ``oscarkv demo`` compares it with (the uniform INT2 recipe shipped
+before it, K4V2).
 The files ship as package data (``[tool.setuptools.package-data]`` in ``pyproject.toml``).
 """
 
@@ -32,7 +34,7 @@ DEFAULT_ROTATIONS = "default_rotations"
 """The folder of the default model's shipped OSCAR artifact."""
 
 DEFAULT_RECIPE = "default_recipe.json"
-"""The default model's validated serving recipe: ``{"options": ..., "provenance": ..., "recipe": ...}``."""
+"""The default model's validated serving recipe: ``{"options": ..., "provenance": ..., "recipe": ..., "frontier": ...}``."""
 
 
 def data_path(name: str) -> pathlib.Path:

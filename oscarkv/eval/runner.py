@@ -89,13 +89,25 @@ def build_codecs(model, cfg: EvalConfig, artifacts: dict[str, object] | None = N
     dims = ModelFingerprint.from_config(c).kv_dims
     out = {}
     for kv in kv_configs(cfg):
+        windowed = kv.sink or kv.recent
         variants = (artifacts or {"": None}) if kv.method == "oscar" else {"": None}
-        for name, art in variants.items():
+        for name, art in (variants if windowed else _distinct_rotations(variants)).items():
             label = kv.label().replace("oscar", f"oscar:{name}", 1) if name else kv.label()
             if kv.method == "bf16":
                 label = baseline_label(next(model.parameters()).dtype)
-            windowed = kv.sink or kv.recent
             out[label] = build_codec(apply_recipe(kv, art) if windowed else kv, *dims, art, SlidingLayers.from_config(c))
+    return out
+
+
+def _distinct_rotations(variants: dict[str, object]) -> dict[str, object]:
+    """The first variant of each set of rotations: without windows no recipe applies, so variants that differ
+    only in their recipe (``Artifact.with_recipe`` shares the tensors) are one configuration."""
+    out, seen = {}, set()
+    for name, art in variants.items():
+        key = id(art.tensors) if art is not None else None
+        if key not in seen:
+            seen.add(key)
+            out[name] = art
     return out
 
 

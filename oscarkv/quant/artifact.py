@@ -155,6 +155,13 @@ class Artifact:
             raise ArtifactError(f"rotation artifact {path / where}: {e}") from e
         return art
 
+    def with_recipe(self, recipe: dict) -> Artifact:
+        """The same rotations and clips (tensors shared, not copied) with another serving ``recipe`` in the manifest,
+        as ``oscarkv calibrate --max-bpe`` writes one; its per-layer bits are validated."""
+        art = Artifact({**self.manifest, "recipe": recipe}, self.tensors)
+        art._validate_layer_bits(art.fingerprint)
+        return art
+
     def validate(self, expect: ModelFingerprint | None = None) -> None:
         """Check version, fingerprint, shapes, orthogonality and finiteness; raise naming the field."""
         m = self.manifest

@@ -1,9 +1,9 @@
 """The default model's artifact ships with the package and is what ``oscarkv calibrate --model default`` makes.
 
 The shipped files (``oscarkv/data/default_rotations``) were written by that command with the
-recipe's defaults; their manifest's ``recipe`` (the INT2 key clip 0.95 at the default windows) is
-what the served development search then chose for them (``calibrate --rotations DIR --key-clips``),
-kept as data (``oscarkv/data/default_recipe.json``, with the options it holds for and its provenance)
+recipe's defaults; their manifest's ``recipe`` (4-bit keys in nine layers, sink 64, recent 64, the INT2 key
+clip 0.95 elsewhere) is what the per-layer allocation study then chose for them on development samples
+(``lab/scripts/twobit_dev.py``, ``lab/results/dev_twobit_8k/``), kept as data (``oscarkv/data/default_recipe.json``, with the options it holds for and its provenance)
 that the command writes into what it fits, so that it makes the shipped artifact in full, recipe included.
 Reproducing them in full streams 16K tokens through all 30 layers (~90 s of
 CPU on one core), so the default suite runs the command on the model cut to two layers instead: a layer's
@@ -33,19 +33,43 @@ def shipped() -> Artifact:
 
 
 def test_shipped_recipe_is_the_development_search(shipped):
-    """The shipped recipe is what the served development search chose for this artifact (``calibrate --rotations
-    DIR --key-clips 0.95 ...``, DEVELOPMENT.md; its manifest in lab/results/dev_keyclip/), and the serving
-    entry points apply it: the INT2 key clip 0.95 at the default windows."""
+    """The shipped recipe is the allocation the development study chose for this artifact
+    (``lab/scripts/twobit_recipe.py`` wrote it from ``lab/results/dev_twobit_8k/``), and the serving entry points
+    apply it: 4-bit keys in layers 3, 7, 8, 10, 17-20 and 23, 2-bit values, sink 64, recent 64, key clip 0.95."""
     import json
     from pathlib import Path
 
     from oscarkv.config import KVConfig
     from oscarkv.quant.artifact import apply_recipe
 
-    searched = json.loads((Path(__file__).parents[2] / "lab/results/dev_keyclip/keyclip_manifest.json").read_text())
-    assert shipped.manifest["recipe"] == searched["recipe"]
+    chosen = json.loads((Path(__file__).parents[2] / "lab/scripts/twobit_recipe_cpu_8192_dev8k.json").read_text())
+    assert shipped.manifest["recipe"] == chosen
     kv = apply_recipe(KVConfig("oscar"), shipped)
-    assert (kv.key_clip, kv.sink, kv.recent, kv.key_bits, kv.value_bits, kv.levels) == (0.95, 64, 256, 2, 2, "uniform")
+    assert (kv.key_clip, kv.sink, kv.recent, kv.value_bits, kv.levels) == (0.95, 64, 64, 2, "uniform")
+    assert [i for i, b in enumerate(kv.layer_key_bits) if b == 4] == [3, 7, 8, 10, 17, 18, 19, 20, 23]
+    assert kv.layer_value_bits == (2,) * 30
+
+
+def test_shipped_recipe_stores_no_more_than_int2(shipped):
+    """Within the bytes of the uniform INT2 recipe shipped before it (``frontier.int2``: the served key-clip search's
+    recipe, lab/results/dev_keyclip/) at 4K and 8K, at the bits per element its provenance states."""
+    import json
+    from pathlib import Path
+
+    from oscarkv.calibrate.default import frontier_artifacts
+    from oscarkv.config import KVConfig
+    from oscarkv.quant.artifact import apply_recipe
+    from oscarkv.quant.codec import build_codec
+
+    searched = json.loads((Path(__file__).parents[2] / "lab/results/dev_keyclip/keyclip_manifest.json").read_text())
+    arts = frontier_artifacts(shipped)
+    assert arts["int2"].manifest["recipe"] == searched["recipe"] and arts["int2"].tensors is shipped.tensors
+    bpe = {name: build_codec(apply_recipe(KVConfig("oscar", group_size=shipped.manifest["group_size"]), a),
+                             *shipped.fingerprint.kv_dims, a).bpe for name, a in arts.items()}
+    for context in (4096, 8192):
+        assert bpe[""](context) <= bpe["int2"](context) < bpe["k4v2"](context)
+    assert round(bpe[""](8192), 4) == shipped.manifest["recipe"]["bpe"]
+    assert round(bpe["k4v2"](4096), 4) == arts["k4v2"].manifest["recipe"]["bpe"]
 
 
 def test_shipped_artifact_is_current(shipped):
@@ -76,7 +100,7 @@ def test_the_validated_recipe_is_the_shipped_one(shipped):
     """``default_recipe.json`` holds the shipped manifest's recipe, for the options the artifact was fitted with."""
     entry = default_recipe()
     assert entry["recipe"] == shipped.manifest["recipe"] and entry["options"] == shipped.manifest["options"]
-    assert "--key-clips 0.95" in entry["provenance"]
+    assert "lab/scripts/twobit_dev.py" in entry["provenance"] and "lab/results/gpu_twobit_dev8k/" in entry["provenance"]
 
 
 SKIP = {"calibration", "oscarkv_version"}  # seconds taken; the version
@@ -96,11 +120,16 @@ def test_calibrate_as_documented_reproduces_the_shipped_artifact_on_two_layers(s
     monkeypatch.setattr(cd, "calibrate", lambda *a: pytest.fail("the default model was calibrated"))
     assert cached_artifact(loaded, tmp_path).manifest == shipped.manifest
     monkeypatch.setattr(cli, "load", lambda *args: cut(loaded, 2))
+    # the recipe's per-layer bits name 30 layers: the model cut to two gets them cut too (the full reproduction
+    # below writes the shipped recipe as it is)
+    entry = default_recipe()
+    two = {**entry["recipe"], **{k: entry["recipe"][k][:2] for k in ("layer_key_bits", "layer_value_bits")}}
+    monkeypatch.setattr(cd, "default_recipe", lambda: {**entry, "recipe": two})
     assert main(["calibrate", "--model", "default", "--out", str(tmp_path / "out")]) == 0
     assert "serving recipe: the validated one for the default model" in capsys.readouterr().out
     got = Artifact.load(tmp_path / "out")
     assert_reproduces(got, shipped, 2)
-    assert got.manifest["recipe"] == shipped.manifest["recipe"]  # exactly: windows, bits, key clip 0.95, the search
+    assert got.manifest["recipe"] == two  # exactly: windows, per-layer bits, key clip, the study
     for field in ("options", "group_size", "method", "format_version"):
         assert got.manifest[field] == shipped.manifest[field], field
     assert got.manifest["calibration"]["source"] == shipped.manifest["calibration"]["source"]

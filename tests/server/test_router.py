@@ -26,7 +26,13 @@ TOKENS = 4
 
 
 def expected(prompts: list[str]) -> list[str]:
-    llm = LLM("default", device="cpu", config=EngineConfig(kv_memory_bytes=MEMORY))
+    """``LLM.generate``'s answers with the recipe ``serve`` applies (the shipped artifact's) and the replicas' memory."""
+    from oscarkv.config import KVConfig
+    from oscarkv.data import default_rotations_dir
+    from oscarkv.quant.artifact import Artifact, apply_recipe
+
+    kv = apply_recipe(KVConfig(), Artifact.load(default_rotations_dir()))
+    llm = LLM("default", device="cpu", config=EngineConfig(kv, kv_memory_bytes=MEMORY))
     with llm:
         return [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=TOKENS, temperature=0))]
 
