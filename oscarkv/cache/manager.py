@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Protocol
 
+import numpy as np
+
 from oscarkv.cache.events import BlockTracker, CacheObserver
 from oscarkv.cache.page_pool import PagePool
 from oscarkv.cache.seq_kv import ChunkSchedule, SeqKV
@@ -114,11 +116,21 @@ class KVCacheManager:
         # NOTE: once the recent window is full, a decode step's BF16 need repeats with period P,
         # and before that it only grows, so the last W + 2P steps hold the maximum.
         first = max(schedule.prompt_len + 1, num_tokens - W - 2 * P)
-        steps = [(t0, schedule.end(t0)) for t0 in schedule.starts()] + [(t - 1, t) for t in range(first, num_tokens + 1)]
-        bf16 = max(self._bf16_pages_in_step(t0, t1) for t0, t1 in steps)
+        starts, ends = np.array(schedule.starts(), dtype=np.int64), np.arange(first, num_tokens + 1, dtype=np.int64)
+        t0, t1 = np.concatenate([starts, ends - 1]), np.concatenate([schedule.ends(starts), ends])
+        bf16 = int(self._bf16_pages_in_steps(t0, t1).max())
         int2 = (self.hist_end(num_tokens) - self.kv.sink) // P if self.quantized else 0
-        window = max(self.window.pages_in_step(t0, t1) for t0, t1 in steps) if self.window else 0
+        window = max(self.window.pages_in_step(int(a), int(b)) for a, b in zip(t0, t1)) if self.window else 0
         return bf16, int2, window
+
+    def _bf16_pages_in_steps(self, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
+        """:meth:`_bf16_pages_in_step` of every step ``[t0[i], t1[i])`` (a 100K-token prompt has 1,600 chunks:
+        admission checks them all)."""
+        S0, P, W = self.kv.sink, self.P, self.kv.recent
+        hist = S0 + P * (np.maximum(0, t0 - S0 - W) // P) if self.quantized else np.full_like(t0, S0)
+        hist = np.where(t0 <= S0, S0, hist)
+        recent = np.where(t1 > S0, -(-(t1 - hist) // P), 0)
+        return -(-np.minimum(t1, S0) // P) + recent
 
     def _bf16_pages_in_step(self, t0: int, t1: int) -> int:
         S0, P = self.kv.sink, self.P

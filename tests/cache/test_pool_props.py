@@ -10,6 +10,9 @@ zero references at the end.
 from collections import Counter
 from dataclasses import dataclass, field
 
+from itertools import accumulate
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -193,3 +196,18 @@ def test_release_all_is_release_in_order():
     pools[0].check()
     with pytest.raises(AssertionError, match="double free"):
         pools[0].release_all([pages[0]])
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.sampled_from(["bf16", "oscar"]), st.integers(0, 2), st.integers(1, 12), st.sampled_from([1, 2, 4]),
+       st.lists(st.integers(1, 80), min_size=1, max_size=6), st.integers(1, 60))
+def test_pages_needed_steps_vectorized_equal_one_by_one(method, sink_pages, recent, page, cuts, gen):
+    """Every step's BF16 pages, as ``pages_needed`` computes them at once, equal the one-step formula, for
+    explicit chunk boundaries too."""
+    kv = KVConfig(method, sink=sink_pages * page, recent=recent, page_size=page)
+    mgr = KVCacheManager(kv, PagePool(512), PagePool(512) if method != "bf16" else None, prefix_caching=False)
+    bounds = tuple(sorted(set(accumulate(cuts))))
+    sched = ChunkSchedule(bounds[-1] + 1, 4 * page, boundaries=bounds[:-1])
+    t0 = np.array(sched.starts() + list(range(sched.prompt_len, sched.prompt_len + gen)), dtype=np.int64)
+    t1 = sched.ends(t0)
+    assert mgr._bf16_pages_in_steps(t0, t1).tolist() == [mgr._bf16_pages_in_step(a, b) for a, b in zip(t0.tolist(), t1.tolist())]
