@@ -60,6 +60,7 @@ def main() -> None:
     p.add_argument("--max-bpe", type=float, default=None)
     p.add_argument("--out", type=Path, default=Path("runs/twobit_dev"))
     p.add_argument("--sensitivity", type=Path, default=None, help="reuse a sensitivity.json, or a sensitivity_samples.jsonl of a run cut short")
+    p.add_argument("--windows", default="all", help="'all' (WINDOWS) or 'none': skip the greedy allocations and score only --recipes beside the references")
     p.add_argument("--recipes", default="", help="recipe JSONs (comma-separated, twobit_recipe_cpu_*.json) scored beside the allocations")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +92,7 @@ def main() -> None:
         (a.out / "sensitivity.json").write_text(json.dumps([s.__dict__ for s in sens], indent=1))
     print("\n".join(alloc.report(sens)))
     codecs = {"bf16": build(KVConfig("bf16")), "int2": build(base), "k4v2": build(replace(base, key_bits=4, key_clip=None))}
-    for s0, r in WINDOWS:
+    for s0, r in WINDOWS if a.windows == "all" else ():
         kv = alloc.allocate(sens, replace(base, sink=s0, recent=r), dims[0], build, a.context, budget)
         if kv is not None and kv.allocated:
             codecs[f"alloc s={s0} r={r} ({sum(b == 4 for b in kv.layer_key_bits)} layers)"] = build(kv)

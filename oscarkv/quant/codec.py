@@ -59,7 +59,8 @@ class TensorCodec:
     def to_rotated(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H, d]`` original domain → fp32 rotated, centered domain."""
         # NOTE: x (bf16) minus the fp32 mean promotes to fp32 exactly: one kernel where x.float() - mean took two
-        x = x - self.mean.to(x.device, torch.float32) if self.mean is not None else x.float()
+        # (.float() launches nothing then; it only brings an fp64 input down)
+        x = (x - self.mean.to(x.device, torch.float32)).float() if self.mean is not None else x.float()
         if self.rotation is not None:
             x = torch.einsum("thd,hde->the", x, self.rotation.to(x.device))
         return x
