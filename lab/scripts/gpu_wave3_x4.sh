@@ -43,11 +43,11 @@ lane3() {
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"; } > "$W/machine.txt" 2>&1
 if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
   lane01 & lane2 & lane3 & wait
+  step decode_8b_tp4_one_shot_bf16 90 0,1,2,3 $OSC $DEC --tensor-parallel-size 4 --all-reduce one_shot --methods bf16 --out "$W/decode_8b_tp4_one_shot_bf16.json"
+  step decode_8b_tp4_one_shot_oscar 100 0,1,2,3 $OSC $DEC --tensor-parallel-size 4 --all-reduce one_shot --methods oscar --profile --out "$W/decode_8b_tp4_one_shot_oscar.json"
 else  # 2 GPUs: the one-GPU lanes first, side by side, then tensor parallel on both; no tp 4
   G2=0 G3=1; lane2 & lane3 & wait; lane01
 fi
-step decode_8b_tp4_one_shot_bf16 90 0,1,2,3 $OSC $DEC --tensor-parallel-size 4 --all-reduce one_shot --methods bf16 --out "$W/decode_8b_tp4_one_shot_bf16.json"
-step decode_8b_tp4_one_shot_oscar 100 0,1,2,3 $OSC $DEC --tensor-parallel-size 4 --all-reduce one_shot --methods oscar --profile --out "$W/decode_8b_tp4_one_shot_oscar.json"
 { cat "$W/machine.txt"; echo; cat "$W/steps.txt"; echo
   python3 -m lab.scripts.tp_speed_table "$OUT/tp_speed.json" "$W"/decode_8b_*.json
   echo; python3 -m lab.scripts.tp_full_summary "$W"
