@@ -11,7 +11,8 @@ what a user waits for. Its wall time is timed, synchronized, from ``add_request`
 (validation and page hashing, scheduling, the prefix match, the step, sampling; ``repeats`` requests per k, the last reported: the first of a
 shape builds kernels and plans). Each timed request is checked: the prefix-cache hit is exactly ``context``
 tokens and one model launch computed exactly k tokens. Last, a request of the prefix plus one token decodes
-``steps`` timed steps at the same context (``oscarkv.bench.decode.timed_steps``): the decode step beside it.
+``steps`` timed steps at the same context (``oscarkv.bench.decode.timed_steps``): the decode step beside it. On a
+GPU each row also carries its target, two decode steps plus the k tokens' GEMMs (``prefill.linear_seconds``).
 
 Runs on the CPU at tiny shapes too (:func:`followup_rows` takes any :class:`~oscarkv.models.llama.PagedLM`; the
 tests check the hits and the computed tokens there).
@@ -92,6 +93,17 @@ def decode_step(engine: LLMEngine, prefix: list[int], steps: int) -> float:
     return us / 1e6
 
 
+def target(model: PagedLM, k: int, decode_s: float) -> dict:
+    """The bound a follow-up step is held to: two decode steps plus the k tokens' GEMMs (every layer's linear
+    layers on k rows, timed); on a CUDA model only (``{}`` elsewhere)."""
+    if not next(model.parameters()).is_cuda:
+        return {}
+    from oscarkv.bench.prefill import linear_seconds
+
+    gemm = linear_seconds(model, k)
+    return dict(gemm_s=gemm, target_s=2 * decode_s + gemm)
+
+
 def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[dict]:
     """Every (method, context, k) row for one model: the follow-up steps and the decode step beside them."""
     rows = []
@@ -106,7 +118,7 @@ def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[d
                 decode_s = decode_step(engine, prefix, cfg.steps)
                 for k, got in runs.items():
                     rows.append(dict(shape=shape, method=method, context=ctx, new_tokens=k, decode_s=decode_s,
-                                     **got[-1], all_step_s=[g["step_s"] for g in got]))
+                                     **got[-1], all_step_s=[g["step_s"] for g in got], **target(model, k, decode_s)))
                     print(json.dumps(rows[-1]), flush=True)
         finally:
             engine.close()
@@ -129,16 +141,18 @@ def run(cfg: FollowupBench, out: Path | None) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """ms per (shape, context, method): the decode step, then the first step of each k; step / decode."""
+    """ms per (shape, context, method): the decode step, then the first step of each k; step / target (two
+    decode steps plus the k tokens' GEMMs) where the target was measured, else step / decode."""
     ks = list(dict.fromkeys(r["new_tokens"] for r in rows))
     by = {(r["shape"], r["context"], r["method"], r["new_tokens"]): r for r in rows}
+    bound = "target" if all("target_s" in r for r in rows) else "decode"
     lines = ["| shape | context | kv | decode step ms | " + " | ".join(f"k = {k} ms" for k in ks)
-             + " | " + " | ".join(f"k = {k} / decode" for k in ks) + " |",
+             + " | " + " | ".join(f"k = {k} / {bound}" for k in ks) + " |",
              "|---|---:|---|---:|" + "---:|" * (2 * len(ks))]
     for s, n, m in dict.fromkeys((r["shape"], r["context"], r["method"]) for r in rows):
         got = [by.get((s, n, m, k)) for k in ks]
         dec = next(g for g in got if g)["decode_s"]
         lines.append(f"| {s} | {n} | {m} | {1e3 * dec:.2f} | "
                      + " | ".join(f"{1e3 * g['step_s']:.1f}" if g else "-" for g in got) + " | "
-                     + " | ".join(f"{g['step_s'] / dec:.1f}x" if g else "-" for g in got) + " |")
+                     + " | ".join(f"{g['step_s'] / g.get(bound + '_s', dec):.1f}x" if g else "-" for g in got) + " |")
     return "\n".join(lines)

@@ -57,20 +57,27 @@ def floor(model, context: int, chunk: int) -> dict:
     sdpa = torch.nn.functional.scaled_dot_product_attention
     attn = e2e.event_seconds(lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True), reps=3) * L
     q = k = v = None  # NOTE: frees them (rebound, not del: the timed lambda closes over these names)
-    layer = model.model.layers[0]
-    x = torch.randn(chunk, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-    xo = torch.randn(chunk, hq * d, device="cuda", dtype=torch.bfloat16)
-    xi = torch.randn(chunk, cfg.intermediate_size, device="cuda", dtype=torch.bfloat16)
-    a, m = layer.self_attn, layer.mlp
+    gemm = linear_seconds(model, chunk) * context / chunk
+    return dict(attention_s=attn, gemm_s=gemm, floor_s=attn + gemm,
+                attention_tflops=4 * hq * d * context * context / 2 * L / attn / 1e12)
 
+
+@torch.inference_mode()
+def linear_seconds(model, tokens: int) -> float:
+    """Seconds of every decoder layer's linear layers (qkv, o, gate-up, down) on ``tokens`` rows, timed on layer
+    0's weights (CUDA events) times the layer count: the GEMM term of the prefill floor and of a follow-up's bound."""
+    cfg, d = model.config, model.head_dim
+    layer = model.model.layers[0]
+    x = torch.randn(tokens, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    xo = torch.randn(tokens, cfg.num_attention_heads * d, device="cuda", dtype=torch.bfloat16)
+    xi = torch.randn(tokens, cfg.intermediate_size, device="cuda", dtype=torch.bfloat16)
+    a, m = layer.self_attn, layer.mlp
     lin = torch.nn.functional.linear
 
     def linears():  # NOTE: the weights, not the modules: a row-parallel module's all-reduce waits for the other ranks
         for p, inp in ((a.qkv_proj, x), (a.o_proj, xo), (m.gate_up_proj, x), (m.down_proj, xi)):
             lin(inp, p.weight, p.bias)
-    gemm = e2e.event_seconds(linears, reps=10) * L * context / chunk
-    return dict(attention_s=attn, gemm_s=gemm, floor_s=attn + gemm,
-                attention_tflops=4 * hq * d * context * context / 2 * L / attn / 1e12)
+    return e2e.event_seconds(linears, reps=10) * cfg.num_hidden_layers
 
 
 _PARTS = {"prefill.prefix": "prefix_attention", "prefill.chunk": "chunk_attention", "prefill.merge": "merge"}

@@ -38,3 +38,11 @@ def test_a_followup_that_misses_the_cache_is_refused():
             followup.followup_step(engine, list(range(128)), 8, seed=0)
     finally:
         engine.close()
+
+
+def test_table_holds_each_step_to_its_target_where_measured():
+    """On a GPU each row carries its bound (two decode steps plus the k tokens' GEMMs): the ratio is to it."""
+    rows = [dict(shape="s", context=4096, method="oscar", new_tokens=k, decode_s=0.005, step_s=step,
+                 gemm_s=gemm, target_s=0.01 + gemm) for k, step, gemm in ((1, 0.015, 0.0), (8, 0.024, 0.002))]
+    table = followup.format_table(rows)
+    assert "k = 8 / target" in table and "| 1.5x | 2.0x |" in table
