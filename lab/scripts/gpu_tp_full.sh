@@ -25,13 +25,7 @@ NGPU=$(nvidia-smi -L | wc -l)
 OSC="python3 -m lab.scripts.with_stacks oscarkv.cli.main"
 DEC="bench decode --contexts 102400 --steps 12 --kv-gib 16"
 
-left() { echo $((BUDGET - ($(date +%s) - START))); }
-# step NAME CAP GPUS CMD...: CMD on GPUS, timed out at min(CAP, what is left - 15 s), its output in $W/NAME.log
-step() { local name=$1 cap=$2 gpus=$3; shift 3; local l; l=$(left); local t=$(( cap < l - 15 ? cap : l - 15 ))
-  if [ "$t" -lt 40 ]; then echo "== $name: skipped (${l}s left)" | tee -a "$W/steps.txt"; return; fi
-  local s; s=$(date +%s)
-  CUDA_VISIBLE_DEVICES=$gpus timeout -s USR1 -k 15 "$t" "$@" > "$W/$name.log" 2>&1
-  echo "== $name: exit $? in $(( $(date +%s) - s ))s (cap ${t}s, GPUs $gpus)" | tee -a "$W/steps.txt"; }
+MARGIN=15 MIN_STEP=40; . "$(dirname "$0")/budget_steps.sh"  # left, step
 # decode NAME CAP GPUS SHAPE TP ALLREDUCE METHODS [FLAGS]
 decode() { local name=$1 cap=$2 gpus=$3 shape=$4 tp=$5 ar=$6 methods=$7; shift 7
   step "$name" "$cap" "$gpus" $OSC $DEC --shapes "$shape" --tensor-parallel-size "$tp" --all-reduce "$ar" \

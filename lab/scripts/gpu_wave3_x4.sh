@@ -17,13 +17,7 @@ BUDGET=${BUDGET:-575}; START=$(date +%s)
 OSC="python3 -m lab.scripts.with_stacks oscarkv.cli.main"
 DEC="bench decode --contexts 102400 --steps 12 --kv-gib 16 --shapes qwen3-8b"
 RECIPES=lab/scripts/twobit_recipe_cpu_8192_dev8k.json,lab/scripts/twobit_recipe_8192_b3.7.json
-left() { echo $((BUDGET - ($(date +%s) - START))); }
-# step NAME CAP GPUS CMD...: CMD on GPUS with timeout min(CAP, what is left - 10 s); its output in $W/NAME.log
-step() { local name=$1 cap=$2 gpus=$3; shift 3; local l; l=$(left); local t=$(( cap < l - 10 ? cap : l - 10 ))
-  if [ "$t" -lt 30 ]; then echo "== $name: skipped (${l}s left)" | tee -a "$W/steps.txt"; return; fi
-  local s; s=$(date +%s)
-  CUDA_VISIBLE_DEVICES=$gpus timeout -s USR1 -k 10 "$t" "$@" > "$W/$name.log" 2>&1
-  echo "== $name: exit $? in $(( $(date +%s) - s ))s (cap ${t}s, GPUs $gpus, at $(( $(date +%s) - START ))s)" | tee -a "$W/steps.txt"; }
+MARGIN=10 MIN_STEP=30; . lab/scripts/budget_steps.sh  # left, step (after the cd above)
 lane01() {
   step decode_8b_tp2_one_shot_bf16 90 0,1 $OSC $DEC --tensor-parallel-size 2 --all-reduce one_shot --methods bf16 --out "$W/decode_8b_tp2_one_shot_bf16.json"
   step decode_8b_tp2_one_shot_oscar 100 0,1 $OSC $DEC --tensor-parallel-size 2 --all-reduce one_shot --methods oscar --profile --out "$W/decode_8b_tp2_one_shot_oscar.json"

@@ -93,20 +93,19 @@ def decode_step(engine: LLMEngine, prefix: list[int], steps: int) -> float:
     return us / 1e6
 
 
-def target(model: PagedLM, k: int, decode_s: float) -> dict:
-    """The bound a follow-up step is held to: two decode steps plus the k tokens' GEMMs (every layer's linear
-    layers on k rows, timed); on a CUDA model only (``{}`` elsewhere)."""
+def gemm_seconds(model: PagedLM, ks) -> dict[int, float]:
+    """The k tokens' GEMMs of each k (every layer's linear layers on k rows, timed once per k): the second term of
+    the bound a follow-up step is held to (two decode steps plus these); on a CUDA model only (``{}`` elsewhere)."""
     if not next(model.parameters()).is_cuda:
         return {}
     from oscarkv.bench.prefill import linear_seconds
 
-    gemm = linear_seconds(model, k)
-    return dict(gemm_s=gemm, target_s=2 * decode_s + gemm)
+    return {k: linear_seconds(model, k) for k in ks}
 
 
 def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[dict]:
     """Every (method, context, k) row for one model: the follow-up steps and the decode step beside them."""
-    rows = []
+    rows, gemm = [], gemm_seconds(model, cfg.new_tokens)
     for method in cfg.methods:
         engine = followup_engine(model, method, int(cfg.kv_gib * 2**30), max(cfg.new_tokens))
         try:
@@ -117,8 +116,9 @@ def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[d
                         for k in cfg.new_tokens}
                 decode_s = decode_step(engine, prefix, cfg.steps)
                 for k, got in runs.items():
+                    bound = dict(gemm_s=gemm[k], target_s=2 * decode_s + gemm[k]) if gemm else {}
                     rows.append(dict(shape=shape, method=method, context=ctx, new_tokens=k, decode_s=decode_s,
-                                     **got[-1], all_step_s=[g["step_s"] for g in got], **target(model, k, decode_s)))
+                                     **got[-1], all_step_s=[g["step_s"] for g in got], **bound))
                     print(json.dumps(rows[-1]), flush=True)
         finally:
             engine.close()

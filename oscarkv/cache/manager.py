@@ -42,7 +42,7 @@ from oscarkv.cache.page_pool import PagePool
 from oscarkv.cache.seq_kv import ChunkSchedule, SeqKV
 from oscarkv.cache.window import WindowCache, WindowPlan
 from oscarkv.config import KVConfig
-from oscarkv.quant.bpe import history_end
+from oscarkv.quant.bpe import history_end, history_ends
 
 
 class CachedSequence(Protocol):
@@ -124,18 +124,12 @@ class KVCacheManager:
         return bf16, int2, window
 
     def _bf16_pages_in_steps(self, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
-        """:meth:`_bf16_pages_in_step` of every step ``[t0[i], t1[i])`` (a 100K-token prompt has 1,600 chunks:
-        admission checks them all)."""
-        S0, P, W = self.kv.sink, self.P, self.kv.recent
-        hist = S0 + P * (np.maximum(0, t0 - S0 - W) // P) if self.quantized else np.full_like(t0, S0)
-        hist = np.where(t0 <= S0, S0, hist)
-        recent = np.where(t1 > S0, -(-(t1 - hist) // P), 0)
-        return -(-np.minimum(t1, S0) // P) + recent
-
-    def _bf16_pages_in_step(self, t0: int, t1: int) -> int:
+        """BF16 pages held during each step ``[t0[i], t1[i])``: the sink's, then the recent ones from the history end
+        at ``t0`` to ``t1``, before demotion (a 100K-token prompt has 1,600 chunks: admission checks them all)."""
         S0, P = self.kv.sink, self.P
-        recent = -(-(t1 - self.hist_end(t0)) // P) if t1 > S0 else 0  # [h(t0), t1) before demotion
-        return -(-min(t1, S0) // P) + recent
+        hist = np.maximum(S0, history_ends(t0, S0, self.kv.recent, P)) if self.quantized else np.full_like(t0, S0)
+        recent = np.where(t1 > S0, -(-(t1 - hist) // P), 0)  # [h(t0), t1) before demotion
+        return -(-np.minimum(t1, S0) // P) + recent
 
     # ------------------------------------------------------------------------- a step
     def _new_pages(self, s: SeqKV, t1: int) -> tuple[int, int, int]:

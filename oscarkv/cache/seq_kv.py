@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,7 +67,7 @@ class ChunkSchedule:
         return repr(self.boundaries).encode() if self.boundaries else b""
 
 
-def page_keys(prev: bytes, tokens: list[int], pages: range, schedule: ChunkSchedule, page: int) -> list[bytes]:
+def page_keys(prev: bytes, tokens: Sequence[int], pages: range, schedule: ChunkSchedule, page: int) -> list[bytes]:
     """Content keys of the full pages ``pages`` (consecutive), chained from ``prev`` (the key of page
     ``pages.start - 1``, ``b""`` for page 0): key ``i`` = SHA-256 of key ``i - 1``, then page ``i``'s
     tokens and the ends of the chunks that computed its first and last token as int32, then the salt.

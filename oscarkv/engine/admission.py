@@ -70,7 +70,7 @@ class Admission:
         if not self.manager.prefix_caching:
             return ()
         P = self.cfg.kv.page_size
-        return tuple(page_keys(b"", list(prompt), range(len(prompt) // P), schedule, P))
+        return tuple(page_keys(b"", prompt, range(len(prompt) // P), schedule, P))
 
     def _check_pages(self, request_id: str, schedule: ChunkSchedule, num_tokens: int) -> None:
         need = self.manager.pages_needed(schedule, num_tokens)

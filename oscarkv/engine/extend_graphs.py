@@ -43,6 +43,7 @@ from oscarkv.cache.manager import WritePlan
 from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.engine.cuda_graphs import StagedTable, _capture
 
+
 class _FixedSplitK(TritonAttention):
     """The Triton backend whose ``extend`` is always the split-K chunk kernel at ``max_chunk`` (a fixed grid)."""
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 
 class Tiers(NamedTuple):
     """Token counts per tier."""
@@ -31,6 +33,11 @@ def history_end(t: int, sink: int, recent: int, page: int) -> int:
         return t
     demoted = page * (max(0, t - sink - recent) // page)
     return sink + demoted
+
+
+def history_ends(t: np.ndarray, sink: int, recent: int, page: int) -> np.ndarray:
+    """:func:`history_end` of every length in the integer array ``t``."""
+    return np.where(t <= sink, t, sink + page * (np.maximum(0, t - sink - recent) // page))
 
 
 def tiers(t: int, sink: int, recent: int, page: int) -> Tiers:
