@@ -69,19 +69,26 @@ def pick_page(pages, c0, n0, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.c
 
 @triton.jit
 def _reduce_kernel(MidO, MidL, Out, NUM_SPLITS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                   stride_b, stride_h, HQ: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr):
+                   stride_b, stride_h, HQ: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                   BLOCK_S: tl.constexpr):
     b = tl.program_id(0) // HQ
     hq = tl.program_id(0) % HQ
-    s = tl.arange(0, SPLITS_PAD)
     cols = tl.arange(0, D)
-    ok = s < NUM_SPLITS
-    lse = tl.load(MidL + b * stride_lb + hq * stride_lh + s, mask=ok, other=float("-inf"))
-    top = tl.max(lse, 0)
+    lp = MidL + b * stride_lb + hq * stride_lh
+    s = tl.arange(0, SPLITS_PAD)
+    top = tl.max(tl.load(lp + s, mask=s < NUM_SPLITS, other=float("-inf")), 0)
     top = tl.where(top == float("-inf"), 0.0, top)  # empty sequence: every weight is 0
-    w = tl.exp2(lse - top)
-    o = tl.load(MidO + b * stride_ob + hq * stride_oh + s[:, None] * stride_os + cols[None, :], mask=ok[:, None], other=0.0)
-    den = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
+    acc = tl.zeros([D], dtype=tl.float32)
+    den = 0.0
+    for s0 in range(0, NUM_SPLITS, BLOCK_S):  # NOTE: tiles of BLOCK_S splits keep [BLOCK_S, D] in registers at any S
+        t = s0 + tl.arange(0, BLOCK_S)
+        ok = t < NUM_SPLITS
+        w = tl.exp2(tl.load(lp + t, mask=ok, other=float("-inf")) - top)
+        o = tl.load(MidO + b * stride_ob + hq * stride_oh + t[:, None] * stride_os + cols[None, :], mask=ok[:, None],
+                    other=0.0)
+        acc += tl.sum(w[:, None] * o, 0)
+        den += tl.sum(w, 0)
+    out = acc / tl.where(den > 0, den, 1.0)
     tl.store(Out + b * stride_b + hq * stride_h + cols, out.to(Out.dtype.element_ty))
 
 
@@ -92,4 +99,4 @@ def merge_splits(mid_o: torch.Tensor, mid_l: torch.Tensor, out: torch.Tensor, nu
     _reduce_kernel[(bsz * hq,)](
         mid_o, mid_l, out, splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1),
         out.stride(0), out.stride(1), HQ=hq, D=d, SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
-        num_warps=num_warps)
+        BLOCK_S=min(64, max(2, triton.next_power_of_2(splits))), num_warps=num_warps)

@@ -58,6 +58,7 @@ CPU_CASES = [  # (lens, Hq, H, d, group, int2, splits)
     ([403, 1], 8, 2, 128, None, True, 1),  # raw-code kernel, one split: several page-id chunks (CHUNK 4 here)
     ([300, 45], 8, 2, 64, None, True, 7),  # raw-code kernel: splits holding tiles of both tiers
     ([300], 4, 1, 64, None, True, 40),  # raw-code kernel: more splits than tiles (empty splits)
+    ([2000], 4, 1, 64, None, True, 150),  # the merge loops over tiles of 64 splits (150: a partial last tile)
 ]
 
 

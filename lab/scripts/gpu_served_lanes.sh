@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The default model served on one GPU, three lanes at once (the model is small: each lane is host-bound), <= 540 s:
+#   fallback  8K single needle, 40 samples per haystack (80 a cell): the unquantized cache, 27 layers of 4-bit keys
+#             with a 128-token window (3.75 BPE), 4-bit keys and values everywhere (k4v4_r64) and K4V2+win:
+#             which is the cheapest recipe that keeps >= 95% of the unquantized cache at 8K (issue 26's fallback)
+#   multi     the shipped recipe's multi-needle mean at 4K, then at 8K (three tasks, 20 per haystack each)
+#   spec      lab/scripts/gpu_spec.sh part2 (speculative decoding on the default model; verify-step cost)
+# The GGUF travels in two halves (lab/scripts/pack_default_model.sh): call 1 carries .spec_model/a and copies it
+# to /tmp/oscarkv_spec_model (`bash lab/scripts/gpu_served_lanes.sh keep`), call 2, on the same warm machine,
+# carries .spec_model/b and runs the lanes (`bash lab/scripts/gpu_served_lanes.sh run`).
+# Out ($OUT): lanes.tgz (every result and log), summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+MODEL_DIR=/tmp/oscarkv_spec_model
+if [ "${1:-run}" = keep ]; then mkdir -p "$MODEL_DIR" && cp .spec_model/a/* "$MODEL_DIR/" && ls -la "$MODEL_DIR"; exit; fi
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
+OUT=${OUT:-/tmp/served_lanes}; W=$(mktemp -d /tmp/lanes.XXXX); mkdir -p "$OUT"
+mkdir -p /tmp/lanes_model; GGUF=/tmp/lanes_model/SmolLM2-135M-Instruct.Q4_1.gguf  # NOTE: the name makes it the default
+# model; its own folder, as gpu_spec.sh part2 rewrites the one in $MODEL_DIR while the other lanes read theirs
+cat "$MODEL_DIR/model.part0" .spec_model/b/model.part1 > "$GGUF" || exit 1
+[ "$(sha256sum "$GGUF" | cut -d' ' -f1)" = "$(cat .spec_model/b/model.sha256)" ] || { echo "GGUF checksum mismatch"; exit 1; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$MODEL_DIR"/gguf-*.whl || exit 1
+export PYTHONPATH="$PYTHONPATH:/tmp/site" MODEL="$GGUF" PY=python3
+R=lab/scripts/twobit_recipe_8192
+fallback() { OUT=$W/fallback SAMPLES=40 CONFIGS=k4v2 RECIPES=b3.7=${R}_b3.7.json,k4v4_r64=${R}_k4v4_r64.json \
+  timeout 520 bash lab/scripts/gpu_twobit.sh eval 8192 single > "$W/fallback.log" 2>&1; }
+multi() { for c in 4096 8192; do OUT=$W/multi CONFIGS= RECIPES=shipped=oscarkv/data/default_recipe.json \
+  timeout $(( 530 - ($(date +%s) - START) )) bash lab/scripts/gpu_twobit.sh eval $c multi > "$W/multi_$c.log" 2>&1; done; }
+spec() { OUT=$W/spec timeout 520 bash lab/scripts/gpu_spec.sh part2 > "$W/spec.log" 2>&1; }
+START=$(date +%s)
+fallback & multi & spec & wait
+{ nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md "$W"/spec/spec.md; do
+    echo "== $f"; cat "$f"; done; echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1
+find "$W" -name "*.safetensors" -delete
+tar -czf "$OUT/lanes.tgz" -C /tmp "$(basename "$W")"
+cat "$OUT/summary.txt"; echo "== done in $(( $(date +%s) - START ))s"
