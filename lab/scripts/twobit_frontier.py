@@ -32,7 +32,9 @@ def label(method: str, kv: dict) -> str:
     if kv["method"] == "bf16":
         return "bf16"
     n = sum(b == 4 for b in kv.get("layer_key_bits") or [])
-    name = f"K4×{n}" if n else "INT2" if kv["key_bits"] == 2 else f"K{kv['key_bits']}V{kv['value_bits']}"
+    nv = sum(b == 4 for b in kv.get("layer_value_bits") or [])
+    name = f"K4×{n}" + (f" V4×{nv}" if nv else "") if n else \
+        "INT2" if kv["key_bits"] == 2 else f"K{kv['key_bits']}V{kv['value_bits']}"
     return f"{method.removeprefix('oscar:').removesuffix('+win')}: {name} s{kv['sink']}/r{kv['recent']}" \
         if n else f"{name} s{kv['sink']}/r{kv['recent']}"
 
