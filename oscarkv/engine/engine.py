@@ -276,6 +276,7 @@ class LLMEngine:
         graphs = self.runner.extend_graphs
         if graphs is not None and graphs.verifies([c.plan for c in out.chunks]):
             rows = out.chunks  # one verify chunk, replayed as an extend graph (its logits: every row)
+            self.spec.stats.graph_steps += 1
         else:
             rows = [r for c in out.chunks
                     for r in (speculative.verify_rows(c, self.cfg.kv.page_size) if c.drafts else [c])]
