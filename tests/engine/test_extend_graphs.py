@@ -137,3 +137,35 @@ def test_verify_buckets_captured_before_steps(llama, artifact):
     st = engine.spec.stats
     assert st.verify_steps > 5 and st.graph_steps == st.verify_steps == graphs.replays and not any(built)
     assert engine.runner.capture_graphs(5) == 0
+
+
+@pytest.mark.parametrize("wrong", [True, False], ids=["all-rejected", "half-accepted"])
+def test_verify_chunks_store_what_decode_steps_store(llama, artifact, wrong):
+    """The GPU's route of a verify step (one chunk through an extend graph, alone in its step) over oscar pools
+    whose recent window demotes during speculation: after every step, each stored length has the tiers of a run
+    without speculation (no rejected draft pushed a page into INT2) and the same stored K/V — the BF16 slots up to
+    the CPU's batch-shape rounding, every INT2 page byte for byte."""
+    from tests.engine.test_speculative import _count_demoting_verify_steps, _snapshots
+
+    p = prompts(1, 30, seed=7)[0]
+    base = _snapshots(_engine(llama, "oscar", artifact, False), [p])
+    truth = list(p) + run(_engine(llama, "oscar", artifact, False), [p], GREEDY)[0].token_ids
+
+    def drafter(seq, limit):
+        nxt = truth[len(seq.token_ids):len(seq.token_ids) + min(limit, 4)]
+        keep = 0 if wrong else len(nxt) // 2
+        return nxt[:keep] + [(t + 1) % 128 for t in nxt[keep:]]
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, min_acceptance=0.0)
+    engine = _engine(llama, "oscar", artifact, True, speculative=spec)
+    demoting = _count_demoting_verify_steps(engine)
+    got = _snapshots(engine, [p], drafter)
+    st = engine.spec.stats
+    assert st.graph_steps == st.verify_steps > 5 and demoting[0] >= 2 and (st.accepted == 0) == wrong
+    common = got.keys() & base.keys()
+    assert len(common) >= (len(base) if wrong else 8)
+    for key in common:
+        a, b = got[key], base[key]
+        assert [t.shape for t in a] == [t.shape for t in b], key  # the same tiers at this length
+        for x, y in zip(a[:2], b[:2]):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-2 * y.abs().max().item())  # a bf16 ulp
+        assert all(torch.equal(x, y) for x, y in zip(a[2:], b[2:])), key

@@ -160,12 +160,25 @@ def test_stored_pages_equal_without_speculation(llama, artifact, wrong):
         keep = 0 if wrong else len(nxt) // 2
         return nxt[:keep] + [(t + 1) % 128 for t in nxt[keep:]]
     engine = make_engine(llama, "oscar", artifact, speculative=NGRAM)
+    demoting = _count_demoting_verify_steps(engine)
     got = _snapshots(engine, ps, drafter)
     assert engine.spec.stats.drafted > 50 and (engine.spec.stats.accepted == 0) == wrong
+    assert demoting[0] >= 4  # demotions happen during speculation: on verify steps too, not only between them
     common = got.keys() & base.keys()
     assert len(common) >= (len(base) if wrong else 12)
     for key in common:
         assert all(torch.equal(a, b) for a, b in zip(got[key], base[key])), key
+
+
+def _count_demoting_verify_steps(engine) -> list[int]:
+    """A counter (``[n]``) of the engine's verify steps that demote a page (their row 0 / chunk carries it)."""
+    count, real = [0], engine._run_verify
+
+    def spy(out):
+        count[0] += any(c.plan.demote_src for c in out.chunks if c.drafts)
+        return real(out)
+    engine._run_verify = spy
+    return count
 
 
 def test_abort_and_tp2(llama, artifact):
