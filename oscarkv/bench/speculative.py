@@ -14,7 +14,7 @@ Two measurements, combined in a third table — each table says which it is:
    between the runs' step shapes: ~1e-2 in bf16) and the margin there: K = 0's log-probability of its token minus
    this run's of its own, both computed after the same tokens. A near-tie (two tokens within rounding) shows a
    margin near 0 after tiny differences; a bug, large differences before it or a large margin. Each engine as
-   served: overlap on CUDA without speculation, off with it; with speculation its graphs for every verify size are
+   served: overlap on CUDA (with speculation, for steps whose draft gate is closed); with speculation its graphs for every verify size are
    captured when it is built (``ModelRunner.capture_graphs``), so no capture lands in a timed request.
 2. **Verify-step cost at real shapes** (``--shapes``, CUDA; random weights, :mod:`oscarkv.bench.e2e`): random
    weights give no meaningful acceptance, so this times steps only. One ``context``-token request is filled fast,

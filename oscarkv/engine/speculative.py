@@ -33,6 +33,10 @@ sampling — the standard rejection sampler for a point-mass draft: draft ``x`` 
 probability ``p(x)`` (``p`` the request's processed distribution: temperature, top-k, top-p), else
 the token is drawn from ``p`` with ``x`` removed (renormalized); after ``k`` acceptances a bonus
 token is drawn from the last row. This keeps the output distribution exactly ``p`` per position.
+
+Overlap (``LLMEngine``): drafts need the step's input token on the host, so a step is planned ahead of its
+input (``Scheduler.schedule_ahead``) only while every sequence's :class:`DraftGate` is closed — text that does
+not copy then decodes as fast as without speculation; a verify step is never planned ahead.
 """
 
 from __future__ import annotations
@@ -143,6 +147,17 @@ class SpeculativeDecoder:
         if index is None:
             index = self._index[seq] = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
         return index.propose(seq.token_ids, k)
+
+    def drafts_next(self, seq) -> bool:
+        """Whether ``seq``'s next decode step may draft (its gate is open, or it has none yet): if none of a
+        step's sequences may, the engine plans the next step ahead (overlap), without asking :meth:`propose`."""
+        gate = self._gate.get(seq)
+        return gate is None or gate.wait == 0
+
+    def skip(self, seq) -> None:
+        """``seq``'s decode step planned ahead, without drafts (its gate closed: :meth:`drafts_next`)."""
+        self.stats.decode_steps += 1
+        self._gate[seq].open()
 
     def accept(self, logits: torch.Tensor, drafts: list[int], params: SamplingParams,
                generator: torch.Generator | None, seq=None) -> tuple[list[int], list[float]]:
