@@ -234,6 +234,12 @@ class BenchRunner:
     def replay(self, bucket: int) -> None:
         self.inner.replay(bucket)
 
+    def capture_graphs(self, rows: int) -> int:  # NOTE: a single-device inner runner's (ModelRunner)
+        return self.inner.capture_graphs(rows)
+
+    def num_graphs(self) -> int:
+        return self.inner.num_graphs()
+
     def profile(self, bucket: int, reps: int = 5) -> list[dict]:
         return self.inner.profile(bucket, reps)
 

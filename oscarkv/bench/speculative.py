@@ -8,14 +8,26 @@ Two measurements, combined in a third table — each table says which it is:
    unrelated to it (drafts found in the document are mostly rejected). Per KV method and K (0 = no speculation,
    then each ``num_speculative_tokens``) one engine serves one untimed warm-up request, then each task: acceptance
    rate and tokens per decode step (the engine's :class:`~oscarkv.engine.speculative.SpecStats`, this task's
-   share), ms per output token over the decode phase (first token to the last, wall), and whether the tokens
-   equal those of K = 0. Each engine as served: overlap on CUDA without speculation, off with it.
+   share; ``graph`` the share of verify steps an extend CUDA graph ran as one chunk), ms per output token over the
+   decode phase (first token to the last, wall), and whether the tokens equal those of K = 0 — where not, the
+   first output position that differs, the largest log-probability difference of the tokens before it (rounding
+   between the runs' step shapes: ~1e-2 in bf16) and the margin there: K = 0's log-probability of its token minus
+   this run's of its own, both computed after the same tokens. A near-tie (two tokens within rounding) shows a
+   margin near 0 after tiny differences; a bug, large differences before it or a large margin. Each engine as
+   served: overlap on CUDA (with speculation, for steps whose draft gate is closed); with speculation its graphs for every verify size are
+   captured when it is built (``ModelRunner.capture_graphs``), so no capture lands in a timed request.
 2. **Verify-step cost at real shapes** (``--shapes``, CUDA; random weights, :mod:`oscarkv.bench.e2e`): random
    weights give no meaningful acceptance, so this times steps only. One ``context``-token request is filled fast,
    then ``steps`` engine steps are timed: a plain engine's decode steps (overlap on, as served, and off), and on an
    engine with speculation a drafter that proposes K random tokens every step (all rejected: each step verifies
    ``1 + K`` rows — fewer where ``KVCacheManager.draft_end`` stops before a demotion; the mean rows per step are
-   reported).
+   reported). ``draft_end`` keeps a verify step from making the demotion of a recent page: a step ``d`` tokens
+   before the next demotion (every ``page_size`` tokens, 64 by default) verifies at most ``d - 1`` drafts. Each
+   step advances one token (all drafts rejected), so timed steps that pass the K steps before a demotion run
+   1, 2, ... K rows there: at K = 8 the mean over 16 steps falls to about 7 (qwen3-4b 32K and 100K, oscar: 6.88),
+   at K = 4 the steps may miss the run-up (5.00). bf16 never demotes. Before timing, every graph the steps can
+   replay is captured and one untimed step of each K runs; a row reports the graphs captured inside its timed
+   steps (``captured``: 0 when warm) and the share of its verify steps an extend graph ran (``graph``).
 3. **Projection** (both present): a task's ms per token at a shape = (verify steps × the verify-step cost at K +
    other decode steps × the sequential decode step) / decode steps / tokens per step — the step costs of (2),
    the acceptance counts of (1). It is a projection, not a measurement: the two come from different models.
@@ -25,6 +37,7 @@ NOTE: (2) replaces the engine's drafter (``scheduler.drafter``) to force K draft
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import asdict, fields, replace
@@ -77,7 +90,7 @@ def serve_one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> d
     """One greedy request to completion: its tokens, the decode phase's wall time and steps, its speculative
     counters (``SpecStats`` of this request: zeros without speculation)."""
     before = engine.stats().speculative
-    engine.add_request(rid, ids, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    engine.add_request(rid, ids, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=True))
     first, steps, out = None, 0, None
     while engine.has_unfinished():
         for o in engine.step():
@@ -91,9 +104,9 @@ def serve_one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> d
         raise RuntimeError(f"bench speculative: request {rid} failed (finish reason {out and out.finish_reason})")
     decode_s = time.perf_counter() - first
     st = _delta(engine.stats().speculative, before)
-    return dict(tokens=out.token_ids, decode_steps=steps, ms_per_token=1e3 * decode_s / (len(out.token_ids) - n_first),
+    return dict(tokens=out.token_ids, logprobs=out.logprobs, decode_steps=steps, ms_per_token=1e3 * decode_s / (len(out.token_ids) - n_first),
                 acceptance_rate=st.acceptance_rate, tokens_per_step=st.tokens_per_step or 1.0,
-                spec=asdict(st))
+                graph=st.graph_steps / st.verify_steps if st.verify_steps else 0.0, spec=asdict(st))
 
 
 def task_rows(make_engine, prompts: dict[str, list[int]], method: str, ks: tuple[int, ...],
@@ -107,13 +120,25 @@ def task_rows(make_engine, prompts: dict[str, list[int]], method: str, ks: tuple
             serve_one(engine, "warm-up", prompts["copy"], min(16, max_tokens))
             for task, ids in prompts.items():
                 r = serve_one(engine, f"{task}-{k}", ids, max_tokens)
-                ref.setdefault(task, r["tokens"])
+                got = r.pop("tokens"), r.pop("logprobs")
+                ref.setdefault(task, got)
                 rows.append(dict(part="model", method=method, task=task, k=k, prompt_tokens=len(ids),
-                                 tokens_equal=r.pop("tokens") == ref[task], **r))
+                                 tokens_equal=got[0] == ref[task][0], **divergence(ref[task], got), **r))
                 print(json.dumps(rows[-1]), flush=True)
         finally:
             engine.close()
     return rows
+
+
+def divergence(ref: tuple[list[int], list[float]], got: tuple[list[int], list[float]]) -> dict:
+    """Where greedy outputs ``(tokens, logprobs)`` first differ (``first_diff``: output index, ``None`` if never),
+    the largest log-probability difference of the tokens before it (``drift``), and the ``margin`` there: ``ref``'s
+    log-probability of its token minus ``got``'s of its own (both after the same tokens; near 0: a near-tie)."""
+    (a, la), (b, lb) = ref, got
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    n = min(len(a), len(b)) if i is None else i
+    drift = max((abs(x - y) for x, y in zip(la[:n], lb[:n])), default=0.0)
+    return dict(first_diff=i, drift=drift, margin=None if i is None else la[i] - lb[i])
 
 
 def model_engine_factory(loaded, artifact, kv_bytes: int = 1 << 28):
@@ -135,14 +160,19 @@ class ForcedDrafter:
         return torch.randint(0, self.vocab, (min(self.k, limit),), generator=self.g).tolist()
 
 
-def timed_rows(engine: LLMEngine, steps: int) -> tuple[float, float]:
-    """(µs per engine step over ``steps`` steps, mean tokens run per model launch in them)."""
+def timed_rows(engine: LLMEngine, steps: int) -> dict:
+    """µs per engine step over ``steps`` steps (after one untimed step), the mean tokens run per model launch in
+    them, the graphs captured while timed (0 when warm) and the share of verify steps an extend graph ran."""
     from oscarkv.bench.decode import timed_steps
 
-    n = len(engine.runner.launches)
+    n, graphs = len(engine.runner.launches), engine.runner.num_graphs()
+    before = dataclasses.replace(engine.spec.stats) if engine.spec else None
     us = timed_steps(engine, steps)
     launched = [launch.tokens for launch in engine.runner.launches[n:] if launch.batch]
-    return us, sum(launched) / max(len(launched), 1)
+    st = _delta(engine.spec.stats if engine.spec else None, before)
+    return dict(step_us=us, rows_per_step=sum(launched) / max(len(launched), 1),
+                captured=engine.runner.num_graphs() - graphs,
+                graph=st.graph_steps / st.verify_steps if st.verify_steps else 0.0)
 
 
 def verify_cost(engine: LLMEngine, ctx: int, ks: tuple[int, ...], steps: int) -> list[dict]:
@@ -150,12 +180,12 @@ def verify_cost(engine: LLMEngine, ctx: int, ks: tuple[int, ...], steps: int) ->
     steps of each K (:class:`ForcedDrafter`)."""
     e2e.add_prompts(engine, 1, ctx, 8 + (2 + len(ks)) * (steps + 2), seed=ctx)
     e2e.drive(engine, max_steps=4)  # fill and first tokens
+    engine.runner.capture_graphs(1 + max(ks))  # NOTE: done when built (speculation on); a no-op unless not
     drafter, out = engine.scheduler.drafter, []
     try:
         for k in (0, *ks):
             engine.scheduler.drafter = ForcedDrafter(k, engine.vocab_size) if k else None
-            us, rows = timed_rows(engine, steps)
-            out.append(dict(k=k, step_us=us, rows_per_step=rows))
+            out.append(dict(k=k, **timed_rows(engine, steps)))
     finally:
         engine.scheduler.drafter = drafter
         for seq in list(engine.scheduler.running):
@@ -176,7 +206,7 @@ def shape_rows(model, cfg: SpeculativeBench, shape: str = "") -> list[dict]:
             for ctx in cfg.contexts:
                 e2e.add_prompts(plain, 1, ctx, 2 * cfg.steps + 16, seed=ctx)
                 e2e.drive(plain, max_steps=4)
-                overlap_us, _ = timed_rows(plain, cfg.steps)
+                overlap_us = timed_rows(plain, cfg.steps)["step_us"]
                 for seq in list(plain.scheduler.running):
                     plain.abort(seq.request_id)
                 plain.drain()
@@ -239,13 +269,15 @@ def model_table(rows: list[dict]) -> str:
     """Measured on the real model: acceptance, tokens per step, ms per output token and the speed-up over K = 0."""
     base = {(r["method"], r["task"]): r["ms_per_token"] for r in rows if r["k"] == 0}
     lines = ["measured, real model, batch 1 (greedy):",
-             "| kv | task | K | acceptance | tokens/step | decode steps | ms/token | speed-up vs K = 0 | tokens equal |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| kv | task | K | acceptance | tokens/step | graph | decode steps | ms/token | speed-up vs K = 0 "
+             "| tokens equal | first diff (drift before, margin) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
-        acc = f"{r['acceptance_rate']:.2f}" if r["k"] else "-"
-        lines.append(f"| {r['method']} | {r['task']} | {r['k']} | {acc} | {r['tokens_per_step']:.2f} | "
+        acc, graph = (f"{r['acceptance_rate']:.2f}", f"{r['graph']:.2f}") if r["k"] else ("-", "-")
+        diff = "-" if r["first_diff"] is None else f"{r['first_diff']} ({r['drift']:.3f}, {r['margin']:.3f})"
+        lines.append(f"| {r['method']} | {r['task']} | {r['k']} | {acc} | {r['tokens_per_step']:.2f} | {graph} | "
                      f"{r['decode_steps']} | {r['ms_per_token']:.2f} | "
-                     f"{base[r['method'], r['task']] / r['ms_per_token']:.2f}x | {r['tokens_equal']} |")
+                     f"{base[r['method'], r['task']] / r['ms_per_token']:.2f}x | {r['tokens_equal']} | {diff} |")
     return "\n".join(lines)
 
 
@@ -253,12 +285,14 @@ def shape_table(rows: list[dict]) -> str:
     """Measured at real shapes (random weights): a verify step of K drafts against a decode step."""
     dec = {(r["shape"], r["context"], r["method"]): r["step_us"] for r in rows if r["k"] == 0}
     lines = ["measured, random weights at real shapes, batch 1: engine step ms",
-             "| shape | context | kv | K | rows/step | step ms | / decode step (sequential) | decode ms, overlap on |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
+             "| shape | context | kv | K | rows/step | graph | captured | step ms | / decode step (sequential) "
+             "| decode ms, overlap on |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         d = dec[r["shape"], r["context"], r["method"]]
         lines.append(f"| {r['shape']} | {r['context']} | {r['method']} | {r['k']} | {r['rows_per_step']:.2f} | "
-                     f"{r['step_us'] / 1e3:.2f} | {r['step_us'] / d:.2f}x | {r['decode_overlap_us'] / 1e3:.2f} |")
+                     f"{r['graph']:.2f} | {r['captured']} | {r['step_us'] / 1e3:.2f} | {r['step_us'] / d:.2f}x | "
+                     f"{r['decode_overlap_us'] / 1e3:.2f} |")
     return "\n".join(lines)
 
 

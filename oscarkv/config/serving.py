@@ -288,8 +288,8 @@ class EngineConfig:
     the smallest bucket ``>= k``, padded. Used with the decode graphs (CUDA, the Triton backend); empty: such
     steps run eagerly."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
-    """Speculative decoding (off by default); it turns ``overlap`` off (a verify step's tokens are needed on
-    the host before the next step is planned)."""
+    """Speculative decoding (off by default). With ``overlap`` a step is planned ahead only while none of its
+    sequences may draft (drafts and a verify step's plan need the tokens on the host)."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """Hosts the ranks run on (one by default)."""
 

@@ -191,7 +191,12 @@ class DecodeGraphs:
         if x.demote_src:
             src, dst = (device_tensor(p, r.device) for p in (x.demote_src, x.demote_dst))
             r.backend.demote_all(r.pools, r.storage, src, dst)
-        bp = self.bucket(len(x.ids))
+        return self.graphs[self.capture(len(x.ids))].replay(x, fill_ids)
+
+    def capture(self, batch: int) -> int:
+        """Capture the graph of ``batch``'s bucket unless it exists (capturing writes only the scratch page, so at
+        any time between steps); the bucket."""
+        bp = self.bucket(batch)
         if bp not in self.graphs:
-            self.graphs[bp] = _Graph(r, bp, self.pool)
-        return self.graphs[bp].replay(x, fill_ids)
+            self.graphs[bp] = _Graph(self.runner, bp, self.pool)
+        return bp

@@ -90,7 +90,6 @@ class LLMEngine:
         self.num_prompt_tokens = 0  # statistics: prompt tokens of added requests ...
         self.num_generated_tokens = 0  # ... and tokens sampled
         self.overlap = cfg.overlap if cfg.overlap is not None else runner.device.type == "cuda"
-        self.overlap = self.overlap and self.spec is None  # a verify step's tokens decide the next step's plan
         self._ahead: _Step | None = None  # the step launched ahead (overlap), finished by the next step()
         self.num_ahead_steps = 0  # statistics: steps launched ahead
         log.info("oscarkv engine: %s", self.describe())
@@ -276,6 +275,7 @@ class LLMEngine:
         graphs = self.runner.extend_graphs
         if graphs is not None and graphs.verifies([c.plan for c in out.chunks]):
             rows = out.chunks  # one verify chunk, replayed as an extend graph (its logits: every row)
+            self.spec.stats.graph_steps += 1
         else:
             rows = [r for c in out.chunks
                     for r in (speculative.verify_rows(c, self.cfg.kv.page_size) if c.drafts else [c])]
@@ -324,9 +324,13 @@ class LLMEngine:
             return None
         continuing = [c.seq for c in chunks if c.seq.status is Status.RUNNING
                       and len(c.seq.output_ids) + 1 < c.seq.params.max_tokens]
+        if self.spec is not None and any(map(self.spec.drafts_next, continuing)):
+            return None  # it may draft: drafts need its input token on the host
         out = self.scheduler.schedule_ahead(cur.out, continuing) if continuing else None
         if out is None:
             return None
+        for c in out.chunks if self.spec is not None else ():
+            self.spec.skip(c.seq)
         row = {id(c.seq): i for i, c in enumerate(chunks)}
         self.num_ahead_steps += 1
         return self._launch(out, PendingIds(cur.tokens.tokens, [row[id(c.seq)] for c in out.chunks]))

@@ -158,15 +158,21 @@ class ExtendGraphs:
         if plan.demote_src:
             src, dst = (device_tensor(v, r.device) for v in (plan.demote_src, plan.demote_dst))
             r.backend.demote_all(r.pools, r.storage, src, dst)
-        kb = self.bucket(len(ids))
-        if kb not in self.graphs:
-            self.graphs[kb] = _Graph(r, kb, self.pool)
-        g = self.graphs[kb]
+        g = self.graphs[self.capture(len(ids))]
         g.inputs.stage(plan, ids, r.pools.geo.page_size)
         if fill_ids is not None:  # with tensor parallelism, rank 0's ids (after the staging copy)
             fill_ids(g.inputs.ids)
         self.replays += 1
         return g.replay()[:len(ids)]
+
+
+    def capture(self, tokens: int) -> int:
+        """Build (on CUDA: capture) the graph of ``tokens``' bucket unless it exists; the bucket. Capturing writes
+        only the scratch page (the static inputs start as padding rows), so it may run at any time between steps."""
+        kb = self.bucket(tokens)
+        if kb not in self.graphs:
+            self.graphs[kb] = _Graph(self.runner, kb, self.pool)
+        return kb
 
 
 def _prefers_splitk(k: int, plan: WritePlan, page: int) -> bool:

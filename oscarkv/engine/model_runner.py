@@ -191,6 +191,23 @@ class ModelRunner:
             fill(ids_t)
         return self.model(ids_t, pos_t, self.context(plans, cu, decode)), None
 
+    def capture_graphs(self, rows: int) -> int:
+        """Capture now every graph a step of up to ``rows`` decode rows or one sequence's chunk of up to ``rows``
+        tokens replays — the routes of a verify step of ``rows - 1`` drafts (one chunk, or ``rows`` decode rows,
+        ``oscarkv.engine.speculative``) and of the shorter ones ``draft_end`` makes near a demotion — so that no
+        capture (nor the Triton compiles of its warm-up) lands in a later step; the number of graphs captured."""
+        before = self.num_graphs()
+        for n in range(1, rows + 1):
+            if self.graphs is not None and self.graphs.bucket(n) is not None:
+                self.graphs.capture(n)
+            if self.extend_graphs is not None and n >= 2 and self.extend_graphs.bucket(n) is not None:
+                self.extend_graphs.capture(n)
+        return self.num_graphs() - before
+
+    def num_graphs(self) -> int:
+        """Decode and extend graphs captured so far (a step that raises it captured one)."""
+        return sum(len(g.graphs) for g in (self.graphs, self.extend_graphs) if g is not None)
+
     def _fill_ids(self, pending: PendingIds | None) -> Callable[[torch.Tensor], None] | None:
         """What completes a step's device ids once the host's are staged: the pending tokens (overlap), then,
         with tensor parallelism, rank 0's ids broadcast to every rank (on the device: pending ones never
@@ -260,6 +277,10 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     runner = ModelRunner(model, pools, storage, backend, graph_buckets, tp)
     if graph_buckets and cfg.extend_graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
         runner.extend_graphs = ExtendGraphs(runner, cfg.extend_graph_buckets)
+    if cfg.speculative.enabled and (tp is None or tp.size == 1):
+        # NOTE: verify steps take many bucket sizes (drafts shorter than K, draft_end near a demotion): captured
+        # lazily, each would cost a served step a capture. Tensor-parallel ranks capture lazily, in step.
+        runner.capture_graphs(1 + cfg.speculative.num_speculative_tokens)
     return runner
 
 

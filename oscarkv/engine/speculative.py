@@ -33,6 +33,10 @@ sampling — the standard rejection sampler for a point-mass draft: draft ``x`` 
 probability ``p(x)`` (``p`` the request's processed distribution: temperature, top-k, top-p), else
 the token is drawn from ``p`` with ``x`` removed (renormalized); after ``k`` acceptances a bonus
 token is drawn from the last row. This keeps the output distribution exactly ``p`` per position.
+
+Overlap (``LLMEngine``): drafts need the step's input token on the host, so a step is planned ahead of its
+input (``Scheduler.schedule_ahead``) only while every sequence's :class:`DraftGate` is closed — text that does
+not copy then decodes as fast as without speculation; a verify step is never planned ahead.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class SpecStats:
 
     decode_steps: int = 0  # sequence-steps that could speculate (one sampled decode step of one sequence)
     verify_steps: int = 0  # of them, those that verified at least one draft
+    graph_steps: int = 0  # verify chunks computed as one chunk by an extend graph (the others: decode rows)
     drafted: int = 0
     accepted: int = 0
 
@@ -143,24 +148,46 @@ class SpeculativeDecoder:
             index = self._index[seq] = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
         return index.propose(seq.token_ids, k)
 
+    def drafts_next(self, seq) -> bool:
+        """Whether ``seq``'s next decode step may draft (its gate is open, or it has none yet): if none of a
+        step's sequences may, the engine plans the next step ahead (overlap), without asking :meth:`propose`."""
+        gate = self._gate.get(seq)
+        return gate is None or gate.wait == 0
+
+    def skip(self, seq) -> None:
+        """``seq``'s decode step planned ahead, without drafts (its gate closed: :meth:`drafts_next`)."""
+        self.stats.decode_steps += 1
+        self._gate[seq].open()
+
     def accept(self, logits: torch.Tensor, drafts: list[int], params: SamplingParams,
                generator: torch.Generator | None, seq=None) -> tuple[list[int], list[float]]:
         """Emitted tokens (accepted drafts, then one more) and their log-probabilities from the rows'
         ``logits [1 + k, V]``; ``seq``'s draft gate learns the acceptance."""
         k = len(drafts)
         if params.greedy:
-            best = logits.argmax(-1).tolist()
+            # NOTE: every emitted token is its row's argmax, so one device-to-host copy brings tokens and log-probs
+            best, logp = _argmax_logp(logits)
             a = next((j for j in range(k) if drafts[j] != best[j]), k)
-            tokens = drafts[:a] + [best[a]]
+            tokens, logp = drafts[:a] + [best[a]], logp[:a + 1]
         else:
             tokens = rejection_sample(filter_logits(logits, [params] * (k + 1)).softmax(-1), drafts, generator)
-        logp = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), torch.tensor(tokens, device=logits.device)]
+            rows = torch.arange(len(tokens), device=logits.device)
+            logp = torch.log_softmax(logits, -1)[rows, torch.tensor(tokens, device=logits.device)].tolist()
         self.stats.verify_steps += 1
         self.stats.drafted += k
         self.stats.accepted += len(tokens) - 1
         if seq is not None and seq in self._gate:
             self._gate[seq].update(k, len(tokens) - 1)
-        return tokens, logp.tolist()
+        return tokens, logp
+
+
+def _argmax_logp(logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    """Each row's argmax of ``logits [R, V]`` (the decode sampler's choice) and its log-probability, through one
+    host copy (ids < 2^24 are exact in fp32)."""
+    best = logits.argmax(-1)
+    logp = torch.log_softmax(logits.float(), -1).gather(1, best[:, None])[:, 0]
+    host = torch.stack([best.float(), logp]).tolist()
+    return [int(b) for b in host[0]], host[1]
 
 
 def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None) -> list[int]:

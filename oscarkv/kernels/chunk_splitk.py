@@ -55,13 +55,16 @@ MAX_CHUNK = 64
 """The longest chunk the engine routes here (``SPLITK_SHAPES``; beyond, the staged path's tensor-core attention
 wins). NOTE: at 512 tokens over a 20K prefix on an H100 the kernel's error against the oracle was 1.2-1.4x the
 bf16 bound of ``tests/kernels/test_chunk_splitk.py`` (a small systematic shift, not investigated)."""
-SPLITK_SHAPES = {"bf16": ((8, 1024),), "int2": ((8, 1024), (64, 16384))}
+SPLITK_SHAPES = {"bf16": ((16, 1024),), "int2": ((16, 1024), (64, 16384))}
 """Per cache kind (a prefix with INT2 history or BF16 only), ``(longest chunk, shortest cached prefix)`` pairs: a
 chunk at most the first over a prefix at least the second takes this kernel. Measured on one H100 (2026-11-27,
 Triton 3.6, ``python -m lab.benchmarks.chunk_attention OUT.json``, Qwen3-4B/8B attention shape, ms per layer):
 split-K beats the staged path at k <= 8 tokens for both kinds (100K INT2: 0.27 against 1.82 ms at k = 1), and at
 k = 64 only over INT2 history (100K: 1.84 against 2.24; BF16: 3.41 against 1.67); at k = 512 staged wins
-(100K INT2: 2.0 against 13.3). Prefixes under 32K were not timed: the 1024 bound is the decode kernel's habit."""
+(100K INT2: 2.0 against 13.3). The 16-token bound covers speculative verify chunks (``1 + K`` rows, K <= 15) and
+is interpolated, not timed: over BF16 split-K grows linearly from k = 8 to 64 (100K: 0.50 to 3.41 ms; 32K: 0.26 to
+0.96) and crosses the staged path (1.65; 0.63) near k = 30 at both contexts. Prefixes under 32K were not timed:
+the 1024 bound is the decode kernel's habit."""
 
 
 @triton.jit

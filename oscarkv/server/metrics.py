@@ -65,6 +65,9 @@ def speculative_metrics(st: SpecStats | None):
         return
     yield CounterMetricFamily("oscarkv_spec_draft_tokens", "Drafted tokens verified", value=st.drafted)
     yield CounterMetricFamily("oscarkv_spec_accepted_tokens", "Drafted tokens accepted", value=st.accepted)
+    yield CounterMetricFamily("oscarkv_spec_verify_steps", "Decode steps that verified drafts", value=st.verify_steps)
+    yield CounterMetricFamily("oscarkv_spec_verify_graph_steps", "Verify steps replayed as one chunk by an extend "
+                              "CUDA graph (the others ran as decode rows)", value=st.graph_steps)
     yield GaugeMetricFamily("oscarkv_spec_acceptance_rate", "Accepted / drafted tokens", value=st.acceptance_rate)
     yield GaugeMetricFamily("oscarkv_spec_tokens_per_step", "Tokens a sequence gains per decode step",
                             value=st.tokens_per_step)

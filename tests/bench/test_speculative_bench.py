@@ -33,7 +33,7 @@ def test_model_rows_count_what_was_generated(rows):
     assert [(r["task"], r["k"]) for r in rows] == [(t, k) for k in (0, 2, 4) for t in ("copy", "no-copy")]
     for r in rows:
         st = r["spec"]
-        assert r["tokens_equal"] and r["ms_per_token"] > 0
+        assert r["tokens_equal"] and r["first_diff"] is None and r["drift"] < 1e-4 and r["ms_per_token"] > 0
         if r["k"] == 0:
             assert st["drafted"] == 0 and r["tokens_per_step"] == 1.0 and r["decode_steps"] == 19
             continue
@@ -65,3 +65,35 @@ def test_projection_weighs_verify_and_plain_steps():
     got = {p["task"]: p for p in sb.projection(model, cost)}
     assert got["copy"]["ms_per_token"] == pytest.approx(1.5) and got["copy"]["speedup"] == pytest.approx(0.6)
     assert got["no-copy"]["ms_per_token"] == pytest.approx(1.0)
+
+
+def test_divergence_names_the_first_difference_and_its_margin():
+    """Equal outputs: no position; else the first differing one, the drift of the log-probs before it, and K = 0's
+    log-prob there minus the other run's (a near-tie: close to 0)."""
+    ref = ([5, 6, 7, 8], [-0.1, -0.2, -0.69, -0.3])
+    assert sb.divergence(ref, ref) == dict(first_diff=None, drift=0.0, margin=None)
+    got = sb.divergence(ref, ([5, 6, 9, 1], [-0.1, -0.25, -0.70, -2.0]))
+    assert got["first_diff"] == 2 and got["drift"] == pytest.approx(0.05) and got["margin"] == pytest.approx(0.01)
+
+
+def test_verify_cost_is_timed_warm_through_the_graphs():
+    """Every graph the timed steps replay is built before timing (``captured`` 0) and each verify step (one
+    sequence, a backend with decode steps) runs as one chunk through an extend graph: the bench times verify
+    steps as served. The CPU builds no CUDA graph; extend graphs are installed as ``tests/engine`` does."""
+    from oscarkv.bench import e2e
+    from oscarkv.config import EngineConfig, KVConfig
+    from oscarkv.engine.assembly import build_runner_and_codec
+    from oscarkv.engine.engine import LLMEngine
+    from oscarkv.engine.extend_graphs import ExtendGraphs
+    from tests.engine.test_gpu_engine import _DecodeTorch
+
+    model = PagedLM.random(CONFIG)
+    cfg = EngineConfig(KVConfig("oscar"), kv_memory_bytes=1 << 24, max_num_seqs=1, prefill_chunk=1024,
+                       max_num_batched_tokens=1025, enable_prefix_caching=False,
+                       speculative=SpeculativeConfig("ngram", num_speculative_tokens=3))
+    runner, codec = build_runner_and_codec(model, cfg, e2e.random_artifact(model.config), backend=_DecodeTorch())
+    runner.extend_graphs = ExtendGraphs(runner, (2, 4, 8))
+    engine = LLMEngine(e2e.BenchRunner(runner), codec, cfg)
+    got = sb.verify_cost(engine, 752, (3,), 6)  # the K = 3 steps end at a demotion (768): 4, 4, 3, 2, 1 rows
+    assert set(runner.extend_graphs.graphs) == {2, 4} and [r["captured"] for r in got] == [0, 0]  # cold: 1
+    assert got[1]["graph"] == 1.0 and got[1]["rows_per_step"] < 4 and runner.extend_graphs.replays >= 6

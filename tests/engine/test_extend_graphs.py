@@ -103,7 +103,8 @@ def test_speculative_verify_chunks_match_without(llama, artifact, method, tol):
     base = [run(_engine(llama, method, artifact, False), [p], GREEDY)[0] for p in ps]
     engine = _engine(llama, method, artifact, True, speculative=spec)
     outs = [run(engine, [p], GREEDY)[0] for p in ps]
-    assert engine.spec.stats.accepted > 5 and engine.runner.extend_graphs.replays == engine.spec.stats.verify_steps
+    st = engine.spec.stats
+    assert st.accepted > 5 and engine.runner.extend_graphs.replays == st.verify_steps == st.graph_steps
     for a, b in zip(base, outs):
         assert a.token_ids == b.token_ids
         assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < tol
@@ -118,3 +119,53 @@ def test_verify_without_decode_steps_stays_rows(llama, artifact):
                      speculative=SpeculativeConfig("ngram", num_speculative_tokens=4, min_acceptance=0.0))
     run(engine, copy_prompts()[:1], GREEDY)
     assert engine.spec.stats.verify_steps > 0 and engine.runner.extend_graphs.replays == 0
+
+
+def test_verify_buckets_captured_before_steps(llama, artifact):
+    """``capture_graphs(1 + K)`` builds every extend bucket a verify step of up to K drafts replays (shorter ones
+    too: drafts run out, ``draft_end`` stops before a demotion); the steps after it build none, and every verify
+    step is counted as a graph hit."""
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3,
+                             min_acceptance=0.0)
+    engine = _engine(llama, "oscar", artifact, True, speculative=spec)
+    graphs = engine.runner.extend_graphs
+    assert engine.runner.capture_graphs(5) == 3 and set(graphs.graphs) == {2, 4, 8}
+    built = []
+    graphs.capture = lambda n, real=graphs.capture: (built.append(graphs.bucket(n) not in graphs.graphs), real(n))[1]
+    for p in copy_prompts():  # one at a time: a verify chunk is one chunk only alone in its step
+        run(engine, [p], GREEDY)
+    st = engine.spec.stats
+    assert st.verify_steps > 5 and st.graph_steps == st.verify_steps == graphs.replays and not any(built)
+    assert engine.runner.capture_graphs(5) == 0
+
+
+@pytest.mark.parametrize("wrong", [True, False], ids=["all-rejected", "half-accepted"])
+def test_verify_chunks_store_what_decode_steps_store(llama, artifact, wrong):
+    """The GPU's route of a verify step (one chunk through an extend graph, alone in its step) over oscar pools
+    whose recent window demotes during speculation: after every step, each stored length has the tiers of a run
+    without speculation (no rejected draft pushed a page into INT2) and the same stored K/V — the BF16 slots up to
+    the CPU's batch-shape rounding, every INT2 page byte for byte."""
+    from tests.engine.test_speculative import _count_demoting_verify_steps, _snapshots
+
+    p = prompts(1, 30, seed=7)[0]
+    base = _snapshots(_engine(llama, "oscar", artifact, False), [p])
+    truth = list(p) + run(_engine(llama, "oscar", artifact, False), [p], GREEDY)[0].token_ids
+
+    def drafter(seq, limit):
+        nxt = truth[len(seq.token_ids):len(seq.token_ids) + min(limit, 4)]
+        keep = 0 if wrong else len(nxt) // 2
+        return nxt[:keep] + [(t + 1) % 128 for t in nxt[keep:]]
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, min_acceptance=0.0)
+    engine = _engine(llama, "oscar", artifact, True, speculative=spec)
+    demoting = _count_demoting_verify_steps(engine)
+    got = _snapshots(engine, [p], drafter)
+    st = engine.spec.stats
+    assert st.graph_steps == st.verify_steps > 5 and demoting[0] >= 2 and (st.accepted == 0) == wrong
+    common = got.keys() & base.keys()
+    assert len(common) >= (len(base) if wrong else 8)
+    for key in common:
+        a, b = got[key], base[key]
+        assert [t.shape for t in a] == [t.shape for t in b], key  # the same tiers at this length
+        for x, y in zip(a[:2], b[:2]):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-2 * y.abs().max().item())  # a bf16 ulp
+        assert all(torch.equal(x, y) for x, y in zip(a[2:], b[2:])), key

@@ -98,6 +98,27 @@ def test_gate_keeps_outputs_and_skips_drafts_on_text_that_does_not_copy(llama, a
 
 
 @pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_overlap_runs_ahead_while_gates_are_closed(llama, artifact, method):
+    """With overlap, steps whose sequences' gates are all closed are planned ahead (text that does not copy
+    decodes as without speculation); the others verify drafts as before: greedy tokens and stored pages' pools
+    come back as without speculation and overlap, and the counters add up (every decode step counted once)."""
+    ps = prompts(2, 40, seed=11) + [copy_prompts()[0]]  # two random prompts (gates close), one that copies
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, logprobs=True)
+    kw = dict(kv_memory_bytes=4 * MEMORY["bf16"]["kv_memory_bytes"])
+    base = run(make_engine(llama, method, artifact, overlap=False, **kw), ps, params)
+    engine = make_engine(llama, method, artifact, overlap=True, speculative=SpeculativeConfig(
+        "ngram", num_speculative_tokens=4, prompt_lookup_max=3), **kw)
+    outs = [run(engine, [p], params)[0] for p in ps]  # one at a time: each sequence's own gate decides
+    for a, b in zip(base, outs):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    st = engine.spec.stats
+    assert engine.num_ahead_steps > 20 and st.verify_steps > 10 and st.accepted > 0
+    assert st.decode_steps + st.accepted == 3 * 47  # every token after a request's first: one step or a draft
+    assert engine.manager.bf16.num_used == 0
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
 def test_greedy_equals_without_speculation(llama, artifact, method):
     """Two waves (the second hits the prefix cache), pools too small for the batch (preemptions)."""
     kw = {**TIGHT, **MEMORY[method]}
@@ -160,12 +181,25 @@ def test_stored_pages_equal_without_speculation(llama, artifact, wrong):
         keep = 0 if wrong else len(nxt) // 2
         return nxt[:keep] + [(t + 1) % 128 for t in nxt[keep:]]
     engine = make_engine(llama, "oscar", artifact, speculative=NGRAM)
+    demoting = _count_demoting_verify_steps(engine)
     got = _snapshots(engine, ps, drafter)
     assert engine.spec.stats.drafted > 50 and (engine.spec.stats.accepted == 0) == wrong
+    assert demoting[0] >= 4  # demotions happen during speculation: on verify steps too, not only between them
     common = got.keys() & base.keys()
     assert len(common) >= (len(base) if wrong else 12)
     for key in common:
         assert all(torch.equal(a, b) for a, b in zip(got[key], base[key])), key
+
+
+def _count_demoting_verify_steps(engine) -> list[int]:
+    """A counter (``[n]``) of the engine's verify steps that demote a page (their row 0 / chunk carries it)."""
+    count, real = [0], engine._run_verify
+
+    def spy(out):
+        count[0] += any(c.plan.demote_src for c in out.chunks if c.drafts)
+        return real(out)
+    engine._run_verify = spy
+    return count
 
 
 def test_abort_and_tp2(llama, artifact):
