@@ -7,7 +7,8 @@
 #   spec      lab/scripts/gpu_spec.sh part2 (speculative decoding on the default model; verify-step cost)
 # The GGUF travels in two halves (lab/scripts/pack_default_model.sh): call 1 carries .spec_model/a and copies it
 # to /tmp/oscarkv_spec_model (`bash lab/scripts/gpu_served_lanes.sh keep`), call 2, on the same warm machine,
-# carries .spec_model/b and runs the lanes (`bash lab/scripts/gpu_served_lanes.sh run`).
+# carries .spec_model/b and runs the lanes (`bash lab/scripts/gpu_served_lanes.sh run [LANE ...]`, default all three).
+# MULTI_CONTEXTS (default "4096 8192") and MULTI_RECIPES (NAME=FILE,...; default the shipped recipe) set the multi lane.
 # Out ($OUT): lanes.tgz (every result and log), summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,12 +24,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH="$PYTHONPATH:/tmp/site" MODEL="$GGUF" PY=python3
 R=lab/scripts/twobit_recipe_8192
 fallback() { OUT=$W/fallback SAMPLES=40 CONFIGS=k4v2 RECIPES=b3.7=${R}_b3.7.json,k4v4_r64=${R}_k4v4_r64.json \
-  timeout 520 bash lab/scripts/gpu_twobit.sh eval 8192 single > "$W/fallback.log" 2>&1; }
-multi() { for c in 4096 8192; do OUT=$W/multi CONFIGS= RECIPES=shipped=oscarkv/data/default_recipe.json \
-  timeout $(( 530 - ($(date +%s) - START) )) bash lab/scripts/gpu_twobit.sh eval $c multi > "$W/multi_$c.log" 2>&1; done; }
-spec() { OUT=$W/spec timeout 520 bash lab/scripts/gpu_spec.sh part2 > "$W/spec.log" 2>&1; }
+  timeout "$T" bash lab/scripts/gpu_twobit.sh eval 8192 single > "$W/fallback.log" 2>&1; }
+multi() { for c in ${MULTI_CONTEXTS:-4096 8192}; do OUT=$W/multi CONFIGS= RECIPES=${MULTI_RECIPES:-shipped=oscarkv/data/default_recipe.json} \
+  timeout $(( T - ($(date +%s) - START) )) bash lab/scripts/gpu_twobit.sh eval $c multi > "$W/multi_$c.log" 2>&1; done; }
+T=${LANE_TIMEOUT:-520}  # each lane's limit, seconds (the call's must exceed it: the results are packed after)
+spec() { OUT=$W/spec timeout "$T" bash lab/scripts/gpu_spec.sh part2 > "$W/spec.log" 2>&1; }
+# spectests: spec, then the GPU tests of speculation and extend graphs in what is left of the lane's time
+spectests() { spec; local l=$(( T - ($(date +%s) - START) )); [ "$l" -gt 20 ] && timeout "$l" python3 -m pytest -q \
+  -p no:cacheprovider -m gpu -rA tests/engine/test_speculative_gpu.py tests/engine/test_extend_graphs_gpu.py > "$W/gpu_tests.log" 2>&1; }
 START=$(date +%s)
-fallback & multi & spec & wait
+shift; for lane in ${*:-fallback multi spec}; do $lane & done; wait
 { nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md "$W"/spec/spec.md; do
     echo "== $f"; cat "$f"; done; echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1
 find "$W" -name "*.safetensors" -delete
