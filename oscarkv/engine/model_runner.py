@@ -200,8 +200,9 @@ class ModelRunner:
         for n in range(1, rows + 1):
             if self.graphs is not None and self.graphs.bucket(n) is not None:
                 self.graphs.capture(n)
-            if self.extend_graphs is not None and n >= 2 and self.extend_graphs.bucket(n) is not None:
-                self.extend_graphs.capture(n)
+            ext = self.extend_graphs  # NOTE: none where the split-K kernel does not read the layout (steps run eagerly)
+            if ext is not None and ext.serves and n >= 2 and ext.bucket(n) is not None:
+                ext.capture(n)
         return self.num_graphs() - before
 
     def num_graphs(self) -> int:

@@ -22,8 +22,10 @@ def test_greedy_equals_without_speculation_gpu(method):
     base = run(make_engine(model, method, art), ps + ps, GREEDY)
     engine = make_engine(model, method, art, speculative=spec)
     assert type(engine.runner.backend).__name__ == "TritonAttention" and engine.runner.graphs
-    # at build: every bucket a verify step of one sequence with <= K drafts replays (rows or one chunk)
-    assert set(engine.runner.graphs.graphs) == {1, 2, 4, 6} and set(engine.runner.extend_graphs.graphs) == {2, 4, 8}
+    # at build: every bucket a verify step of one sequence with <= K drafts replays (rows, or one chunk where the
+    # split-K kernel reads the layout: not this tiny model's, whose verify steps run as decode rows)
+    ext = engine.runner.extend_graphs
+    assert set(engine.runner.graphs.graphs) == {1, 2, 4, 6} and set(ext.graphs) == ({2, 4, 8} if ext.serves else set())
     outs = run(engine, ps + ps, GREEDY)
     _compare_prefix(base, outs, 0.25)
     # NOTE: one wave of requests, so no prefix hits here (the CPU test runs two waves and checks them)
