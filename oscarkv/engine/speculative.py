@@ -104,7 +104,9 @@ class DraftGate:
     """Whether one sequence drafts at its next decode step: an exponential average of its verify steps'
     accepted / drafted; below ``SpeculativeConfig.min_acceptance`` drafting pauses for 2, 4, ... 64 steps
     (doubling while probes keep failing), then one probe verifies drafts again. Text that does not copy then
-    costs plain decode steps; outputs never depend on it (drafts only change how many tokens a step emits)."""
+    costs plain decode steps; outputs never depend on it (drafts only change how many tokens a step emits).
+    A lookup that finds no n-gram counts as a probe that accepted nothing: an open gate keeps its step from
+    running ahead (overlap), so text whose suffixes never recur must close it too (:meth:`SpeculativeDecoder.propose`)."""
 
     DECAY, MAX_PAUSE = 0.5, 64
 
@@ -146,7 +148,10 @@ class SpeculativeDecoder:
         index = self._index.get(seq)
         if index is None:
             index = self._index[seq] = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
-        return index.propose(seq.token_ids, k)
+        drafts = index.propose(seq.token_ids, k)
+        if not drafts:  # NOTE: no draft is a miss for the gate (else text that never repeats loses overlap)
+            gate.update(1, 0)
+        return drafts
 
     def drafts_next(self, seq) -> bool:
         """Whether ``seq``'s next decode step may draft (its gate is open, or it has none yet): if none of a
