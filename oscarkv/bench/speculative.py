@@ -20,12 +20,10 @@ Two measurements, combined in a third table — each table says which it is:
    weights give no meaningful acceptance, so this times steps only. One ``context``-token request is filled fast,
    then ``steps`` engine steps are timed: a plain engine's decode steps (overlap on, as served, and off), and on an
    engine with speculation a drafter that proposes K random tokens every step (all rejected: each step verifies
-   ``1 + K`` rows — fewer where ``KVCacheManager.draft_end`` stops before a demotion; the mean rows per step are
-   reported). ``draft_end`` keeps a verify step from making the demotion of a recent page: a step ``d`` tokens
-   before the next demotion (every ``page_size`` tokens, 64 by default) verifies at most ``d - 1`` drafts. Each
-   step advances one token (all drafts rejected), so timed steps that pass the K steps before a demotion run
-   1, 2, ... K rows there: at K = 8 the mean over 16 steps falls to about 7 (qwen3-4b 32K and 100K, oscar: 6.88),
-   at K = 4 the steps may miss the run-up (5.00). bf16 never demotes. Before timing, every graph the steps can
+   ``1 + K`` rows; the mean rows per step are reported). ``draft_end`` keeps a verify step from making the
+   demotion of a recent page: a step ``d`` tokens before the next demotion (every ``page_size`` tokens, 64 by
+   default) verifies at most ``d - 1`` drafts, so untimed plain steps first bring the request clear of a demotion
+   for the timed steps (:func:`clear_span`); the projection refuses a cost whose steps still shrank. bf16 never demotes. Before timing, every graph the steps can
    replay is captured and one untimed step of each K runs; a row reports the graphs captured inside its timed
    steps (``captured``: 0 when warm) and the share of its verify steps an extend graph ran (``graph``).
 3. **Projection** (both present): a task's ms per token at a shape = (verify steps × the verify-step cost at K +
@@ -175,15 +173,31 @@ def timed_rows(engine: LLMEngine, steps: int) -> dict:
                 graph=st.graph_steps / st.verify_steps if st.verify_steps else 0.0)
 
 
+def clear_span(engine: LLMEngine, span: int) -> None:
+    """Untimed plain decode steps until the next ``span`` tokens of the one request make no demotion, so that every
+    timed step verifies all its drafts (``KVCacheManager.draft_end``: a step ``d`` tokens before a demotion verifies
+    at most ``d - 1``); at most ``page_size`` + ``span`` steps (a span longer than a page never clears)."""
+    seq, manager = engine.scheduler.running[0], engine.manager
+    for _ in range(manager.P + span):
+        n = seq.kv.num_tokens
+        if manager.draft_end(seq, n + 1, n + 1 + span) == n + 1 + span:
+            return
+        engine.step()
+
+
 def verify_cost(engine: LLMEngine, ctx: int, ks: tuple[int, ...], steps: int) -> list[dict]:
     """On an engine with speculation: one ``ctx``-token request; sequential decode steps (no drafts), then the
-    steps of each K (:class:`ForcedDrafter`)."""
-    e2e.add_prompts(engine, 1, ctx, 8 + (2 + len(ks)) * (steps + 2), seed=ctx)
+    steps of each K (:class:`ForcedDrafter`), timed where no demotion cuts their drafts short (:func:`clear_span`)."""
+    P = engine.manager.P
+    e2e.add_prompts(engine, 1, ctx, 8 + (2 + len(ks)) * (steps + 2) + len(ks) * (P + steps + max(ks)), seed=ctx)
     e2e.drive(engine, max_steps=4)  # fill and first tokens
     engine.runner.capture_graphs(1 + max(ks))  # NOTE: done when built (speculation on); a no-op unless not
     drafter, out = engine.scheduler.drafter, []
     try:
         for k in (0, *ks):
+            engine.scheduler.drafter = None
+            if k:
+                clear_span(engine, steps + 2 + k)
             engine.scheduler.drafter = ForcedDrafter(k, engine.vocab_size) if k else None
             out.append(dict(k=k, **timed_rows(engine, steps)))
     finally:
@@ -228,7 +242,9 @@ def projection(model_rows: list[dict], shape_rows_: list[dict]) -> list[dict]:
     cost = {(r["shape"], r["context"], r["method"], r["k"]): r for r in shape_rows_}
     for r in (r for r in model_rows if r["k"]):
         for (shape, ctx, method, k), c in cost.items():
-            if (method, k) != (r["method"], r["k"]):
+            # NOTE: timed verify steps that shrank before a demotion (rows/step well below 1 + K) cost less than
+            # the K-draft steps the real model's counts describe: no projection from them
+            if (method, k) != (r["method"], r["k"]) or c.get("rows_per_step", 1 + k) < 0.9 * (1 + k):
                 continue
             dec, st = cost[shape, ctx, method, 0], r["spec"]
             other = st["decode_steps"] - st["verify_steps"]
