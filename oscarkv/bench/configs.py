@@ -261,10 +261,17 @@ class FollowupBench:
     """Timed decode steps at the same context."""
     kv_gib: float = 24.0
     """KV pool budget in GiB."""
+    prefill_chunk: int = 0
+    """0: the prefill chunk is the largest k (rounded up to a page), so the cached prefix is hit whole (a
+    diagnostic); N (e.g. 512, ``EngineConfig.prefill_chunk``'s default): chunks as a server makes them, the cached
+    prompt ``context + N // 2`` tokens long (half a chunk past a multiple: the mean misalignment), so a follow-up
+    also recomputes the cached prompt's last partial chunk — what a user of ``serve`` waits for."""
 
     def __post_init__(self) -> None:
         _check_methods(self)
         _check_positive(self, "contexts", "new_tokens", "repeats", "steps")
+        if self.prefill_chunk < 0:
+            raise ValueError(f"--prefill-chunk must be >= 0 (0: one chunk of k tokens), got {self.prefill_chunk}")
 
 
 @dataclass(frozen=True)

@@ -46,3 +46,17 @@ def test_table_holds_each_step_to_its_target_where_measured():
                  gemm_s=gemm, target_s=0.01 + gemm) for k, step, gemm in ((1, 0.015, 0.0), (8, 0.024, 0.002))]
     table = followup.format_table(rows)
     assert "k = 8 / target" in table and "| 1.5x | 2.0x |" in table
+
+
+def test_the_servers_chunking_recomputes_the_cached_prompts_last_partial_chunk():
+    """``prefill_chunk`` N: the cached prompt runs N // 2 tokens past a multiple of N; a follow-up hits it up to that
+    multiple and computes the rest with its k tokens, which the row and the table report."""
+    cfg = FollowupBench(contexts=(640,), new_tokens=(1, 8), methods=("oscar",), repeats=1, steps=2, kv_gib=1 / 64,
+                        prefill_chunk=128)
+    rows = followup.followup_rows(PagedLM.random(CONFIG), cfg, "tiny")
+    for r in rows:
+        assert r["cached_tokens"] == 704 and r["hit_tokens"] == 640
+        assert r["computed_tokens"] == 64 + r["new_tokens"]
+    assert "(65 computed)" in followup.format_table(rows)
+    with pytest.raises(ValueError, match="--prefill-chunk"):
+        FollowupBench(prefill_chunk=-1)
