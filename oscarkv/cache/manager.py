@@ -100,6 +100,12 @@ class KVCacheManager:
             return self.kv.sink
         return max(self.kv.sink, history_end(t, self.kv.sink, self.kv.recent, self.P))
 
+    def hist_ends(self, t: np.ndarray) -> np.ndarray:
+        """:meth:`hist_end` of every length in the integer array ``t``."""
+        if not self.quantized:
+            return np.full_like(t, self.kv.sink)
+        return np.maximum(self.kv.sink, history_ends(t, self.kv.sink, self.kv.recent, self.P))
+
     def check_schedule(self, schedule: ChunkSchedule) -> None:
         """Raise if a prefill chunk would demote a page holding tokens of both its prefix and itself."""
         for t0 in schedule.starts():
@@ -127,8 +133,7 @@ class KVCacheManager:
         """BF16 pages held during each step ``[t0[i], t1[i])``: the sink's, then the recent ones from the history end
         at ``t0`` to ``t1``, before demotion (a 100K-token prompt has 1,600 chunks: admission checks them all)."""
         S0, P = self.kv.sink, self.P
-        hist = np.maximum(S0, history_ends(t0, S0, self.kv.recent, P)) if self.quantized else np.full_like(t0, S0)
-        recent = np.where(t1 > S0, -(-(t1 - hist) // P), 0)  # [h(t0), t1) before demotion
+        recent = np.where(t1 > S0, -(-(t1 - self.hist_ends(t0)) // P), 0)  # [h(t0), t1) before demotion
         return -(-np.minimum(t1, S0) // P) + recent
 
     # ------------------------------------------------------------------------- a step

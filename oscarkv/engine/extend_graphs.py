@@ -165,7 +165,6 @@ class ExtendGraphs:
         self.replays += 1
         return g.replay()[:len(ids)]
 
-
     def capture(self, tokens: int) -> int:
         """Build (on CUDA: capture) the graph of ``tokens``' bucket unless it exists; the bucket. Capturing writes
         only the scratch page (the static inputs start as padding rows), so it may run at any time between steps."""

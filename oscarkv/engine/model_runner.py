@@ -196,12 +196,12 @@ class ModelRunner:
         tokens replays — the routes of a verify step of ``rows - 1`` drafts (one chunk, or ``rows`` decode rows,
         ``oscarkv.engine.speculative``) and of the shorter ones ``draft_end`` makes near a demotion — so that no
         capture (nor the Triton compiles of its warm-up) lands in a later step; the number of graphs captured."""
-        before = self.num_graphs()
+        before, ext = self.num_graphs(), self.extend_graphs
+        ext = ext if ext is not None and ext.serves else None  # NOTE: a layout split-K does not read runs eagerly
         for n in range(1, rows + 1):
             if self.graphs is not None and self.graphs.bucket(n) is not None:
                 self.graphs.capture(n)
-            ext = self.extend_graphs  # NOTE: none where the split-K kernel does not read the layout (steps run eagerly)
-            if ext is not None and ext.serves and n >= 2 and ext.bucket(n) is not None:
+            if ext is not None and n >= 2 and ext.bucket(n) is not None:
                 ext.capture(n)
         return self.num_graphs() - before
 
