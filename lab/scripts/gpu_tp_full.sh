@@ -8,6 +8,7 @@
 #   s2  qwen3-8b tp 4 one_shot (bf16, then oscar + per-rank profile)
 #   s3  qwen3-32b tp 2 one_shot (bf16, oscar)  ||  qwen3-8b tp 2 nccl (bf16, oscar; the comparison)
 #   s4  qwen3-32b tp 4 one_shot (bf16, oscar)
+#   s6  qwen3-32b tp 2 one_shot (bf16, oscar)  ||  qwen3-32b tp 1 (bf16, oscar; needs ~100 GB: H200)
 #   s5  TTFT at 100K, qwen3-8b tp 2 (bf16, oscar; chunk 8192)  ||  whole jobs at tp 2 (qwen3-8b, 4 x 100K)
 #   kill  the dying-worker tp test alone (not in the default list; s1 runs it with the others)
 # "||": on 4 GPUs the two run at once on GPUs 0,1 and 2,3 (disjoint NVLink pairs; decode is GPU-bound);
@@ -44,9 +45,10 @@ s1a() { symm decode_8b_tp2_one_shot 100 "$A" qwen3-8b 2 --profile
 s1b() { step pytest_tp 210 "$B" python3 -m pytest -v -x -p no:cacheprovider -m gpu -rA \
           tests/engine/test_tensor_parallel_gpu.py; cp "$W/pytest_tp.log" "$OUT/pytest_tp.txt"; }
 s2() { symm decode_8b_tp4_one_shot 100 0,1,2,3 qwen3-8b 4 --profile; }
-s3a() { symm decode_32b_tp2_one_shot 130 "$A" qwen3-32b 2; }
+s3a() { symm decode_32b_tp2_one_shot 150 "$A" qwen3-32b 2; }
 s3b() { decode decode_8b_tp2_nccl 150 "$B" qwen3-8b 2 nccl bf16,oscar; }
 s4() { symm decode_32b_tp4_one_shot 130 0,1,2,3 qwen3-32b 4; }
+s6b() { decode decode_32b_tp1 240 "${B%%,*}" qwen3-32b 1 nccl bf16,oscar --kv-gib 32; }
 s5a() { step prefill_tp2 170 "$A" $OSC bench prefill --shapes qwen3-8b --contexts 102400 --chunks 8192 \
           --methods bf16,oscar --kv-gib 16 --profile-context 0 --tensor-parallel-size 2 --out "$W/prefill_tp2.json"; }
 kill() { step pytest_tp_kill 150 0,1 python3 -m pytest -v -x -p no:cacheprovider -m gpu -rA -k "dying_worker and kill" \
@@ -57,7 +59,7 @@ s5b() { step jobs_tp2 200 "$B" $OSC bench jobs --shape qwen3-8b --kv-gib 24 --re
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader; nvidia-smi topo -m | head -6
   python3 -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"; } > "$W/machine.txt" 2>&1
 for p in $parts; do
-  case $p in s1) both s1a s1b;; s2) quad s2;; s3) both s3a s3b;; s4) quad s4;; s5) both s5a s5b;; kill) kill;;
+  case $p in s1) both s1a s1b;; s2) quad s2;; s3) both s3a s3b;; s4) quad s4;; s6) both s3a s6b;; s5) both s5a s5b;; kill) kill;;
     *) echo "unknown part $p";; esac
 done
 { cat "$W/machine.txt"; echo; cat "$W/steps.txt"; echo
