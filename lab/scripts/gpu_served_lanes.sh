@@ -5,6 +5,9 @@
 #             which is the cheapest recipe that keeps >= 95% of the unquantized cache at 8K (issue 26's fallback)
 #   multi     the shipped recipe's multi-needle mean at 4K, then at 8K (three tasks, 20 per haystack each)
 #   spec      lab/scripts/gpu_spec.sh part2 (speculative decoding on the default model; verify-step cost)
+#   spectests spec, then the GPU tests of speculation;  gputests  those tests alone
+#   timing    spec, then bench followup --prefill-chunk 512 (follow-up turns as served): run it as the only lane
+# FALLBACK_RECIPES (NAME=FILE,...) and FALLBACK_CONFIGS (default k4v2) set the fallback lane.
 # The GGUF travels in two halves (lab/scripts/pack_default_model.sh): call 1 carries .spec_model/a and copies it
 # to /tmp/oscarkv_spec_model (`bash lab/scripts/gpu_served_lanes.sh keep`), call 2, on the same warm machine,
 # carries .spec_model/b and runs the lanes (`bash lab/scripts/gpu_served_lanes.sh run [LANE ...]`, default all three).
@@ -23,7 +26,8 @@ cat "$MODEL_DIR/model.part0" .spec_model/b/model.part1 > "$GGUF" || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$MODEL_DIR"/gguf-*.whl || exit 1
 export PYTHONPATH="$PYTHONPATH:/tmp/site" MODEL="$GGUF" PY=python3
 R=lab/scripts/twobit_recipe_8192
-fallback() { OUT=$W/fallback SAMPLES=40 CONFIGS=k4v2 RECIPES=b3.7=${R}_b3.7.json,k4v4_r64=${R}_k4v4_r64.json \
+fallback() { OUT=$W/fallback SAMPLES=40 CONFIGS=${FALLBACK_CONFIGS-k4v2} \
+  RECIPES=${FALLBACK_RECIPES:-b3.7=${R}_b3.7.json,k4v4_r64=${R}_k4v4_r64.json} \
   timeout "$T" bash lab/scripts/gpu_twobit.sh eval 8192 single > "$W/fallback.log" 2>&1; }
 multi() { for c in ${MULTI_CONTEXTS:-4096 8192}; do OUT=$W/multi CONFIGS= RECIPES=${MULTI_RECIPES:-shipped=oscarkv/data/default_recipe.json} \
   timeout $(( T - ($(date +%s) - START) )) bash lab/scripts/gpu_twobit.sh eval $c multi > "$W/multi_$c.log" 2>&1; done; }
@@ -32,10 +36,19 @@ spec() { OUT=$W/spec timeout "$T" bash lab/scripts/gpu_spec.sh part2 > "$W/spec.
 # spectests: spec, then the GPU tests of speculation and extend graphs in what is left of the lane's time
 spectests() { spec; local l=$(( T - ($(date +%s) - START) )); [ "$l" -gt 20 ] && timeout "$l" python3 -m pytest -q \
   -p no:cacheprovider -m gpu -rA tests/engine/test_speculative_gpu.py tests/engine/test_extend_graphs_gpu.py > "$W/gpu_tests.log" 2>&1; }
+# gputests: the GPU tests of speculation and extend graphs alone (beside evaluation lanes: no timing in them)
+gputests() { timeout "$T" python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/engine/test_speculative_gpu.py \
+  tests/engine/test_extend_graphs_gpu.py > "$W/gpu_tests.log" 2>&1; }
+# timing: speculation (spec), then follow-up turns as a server chunks them (--prefill-chunk 512: the cached prompt
+# half a chunk past a multiple, so the follow-up recomputes that partial chunk), one after the other and alone
+timing() { spec; mkdir -p "$W/followup"; timeout $(( T - ($(date +%s) - START) )) python3 -m oscarkv.cli bench followup \
+  --shapes qwen3-4b --contexts 32768,102400 --new-tokens 1,8,64,512 --methods bf16,oscar --kv-gib 24 \
+  --prefill-chunk 512 --out "$W/followup/followup_served.json" > "$W/followup.log" 2>&1; }
 START=$(date +%s)
 shift; for lane in ${*:-fallback multi spec}; do $lane & done; wait
 { nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md "$W"/spec/spec.md; do
-    echo "== $f"; cat "$f"; done; echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1
+    echo "== $f"; cat "$f"; done; echo "== followup"; grep '^|' "$W/followup.log" 2>/dev/null
+  echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1
 find "$W" -name "*.safetensors" -delete
 tar -czf "$OUT/lanes.tgz" -C /tmp "$(basename "$W")"
 cat "$OUT/summary.txt"; echo "== done in $(( $(date +%s) - START ))s"
