@@ -62,7 +62,8 @@ def geometry(cfg: CapacityBench, method: str, chunk: int | None = None, max_num_
     s = SHAPES[cfg.shape]
     kv = KVConfig(method)
     step = dict(max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk) if chunk else {}
-    ecfg = EngineConfig(kv, kv_memory_bytes=int(cfg.kv_gib * 2**30), max_num_seqs=max_num_seqs, **step)
+    ecfg = EngineConfig(kv, kv_memory_bytes=int(cfg.kv_gib * 2**30), max_num_seqs=max_num_seqs,
+                        enable_prefix_caching=False, **step)  # as build_engine: no room for cached windows
     d, heads = s["head_dim"], max(1, s["num_key_value_heads"] // cfg.tensor_parallel_size)  # one rank's
     return plan_pools(ecfg, s["num_hidden_layers"], heads, d, default_group(d, kv.group_size), torch.bfloat16,
                       kv.stored_bits())

@@ -6,8 +6,8 @@ calibrated model's. :func:`allocation_config` turns one such spec into the ``osc
 bench engine is built with (``oscarkv.bench.e2e.build_engine``):
 
 - ``FILE``: a recipe JSON (``lab/scripts/twobit_recipe_*.json``, or a manifest holding one under ``recipe``):
-  its windows, and its share of 4-bit-key layers spread over the shape's layers as the recipe spreads them
-  (:func:`spread`);
+  its windows, and its shares of 4-bit-key (and 4-bit-value) layers spread over the shape's layers as the
+  recipe spreads them (:func:`spread`);
 - ``FRACTION`` in (0, 1]: that share of the layers, evenly spaced, the default windows.
 
 Decode time depends on how many layers read 4-bit keys (bytes) and on the per-layer pools (launches), not on
@@ -57,5 +57,7 @@ def allocation_config(spec: str, num_layers: int) -> KVConfig:
     rec = rec.get("recipe", rec)
     if not rec.get("layer_key_bits"):
         raise ValueError(f"{spec}: a recipe with layer_key_bits (per-layer key bits) expected")
+    values = rec.get("layer_value_bits") or ()
     return KVConfig("oscar", sink=rec.get("sink", KVConfig.sink), recent=rec.get("recent", KVConfig.recent),
-                    layer_key_bits=spread(rec["layer_key_bits"], num_layers))
+                    layer_key_bits=spread(rec["layer_key_bits"], num_layers),
+                    layer_value_bits=spread(values, num_layers) if 4 in values else ())

@@ -10,8 +10,9 @@ INT2 page ``L H P ((b_K + b_V) d/8 + 8 d/G)`` bytes (``b`` the key and value bit
 per-layer allocation each layer's own, summed: ``PoolGeometry.layer_bits``, and the history pools are
 one tensor per kind and bit width, each holding the layers at those bits). Unless ``EngineConfig.bf16_fraction`` is set, the
 BF16 pool gets what ``max_num_seqs`` sequences need for their sink and windows
-(``S0 + W + P`` tokens each, plus one partial page) and one step's worth of chunk tokens; the
-INT2 pool gets the rest. ``kv=bf16`` puts the whole budget into BF16 pages.
+(``S0 + W + P`` tokens each, plus one partial page) and one step's worth of chunk tokens, plus
+``prefix_windows`` more windows with prefix caching (the cached windows hits need); the INT2 pool
+gets the rest. ``kv=bf16`` puts the whole budget into BF16 pages.
 
 Sliding-window layers (Gemma 3, :class:`~oscarkv.quant.bpe.SlidingLayers`): the pools above hold
 only the global layers (``num_layers`` counts those); the sliding layers get a window pool of their
@@ -106,7 +107,8 @@ def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: 
     else:
         window_pages = -(-(kv.sink + kv.recent + P) // P) + 1
         step_pages = -(-cfg.max_num_batched_tokens // P) + cfg.max_num_seqs
-        n_bf16 = min(cfg.max_num_seqs * window_pages + step_pages, budget // 2 // geo.bf16_page_bytes())
+        cached = cfg.prefix_windows if cfg.enable_prefix_caching else 0  # room for windows a later hit needs
+        n_bf16 = min((cfg.max_num_seqs + cached) * window_pages + step_pages, budget // 2 // geo.bf16_page_bytes())
     n_int2 = 0 if kv.method == "bf16" else (budget - n_bf16 * geo.bf16_page_bytes()) // geo.int2_page_bytes()
     if n_bf16 < 2 or (kv.method != "bf16" and n_int2 < 2):
         raise ValueError(f"EngineConfig.kv_memory_bytes={cfg.kv_memory_bytes} is too small: {n_bf16} BF16 and "

@@ -252,7 +252,7 @@ class EngineConfig:
     with tensor parallelism each rank's pools get this much for its KV heads."""
     bf16_fraction: float | None = None
     """Share of ``kv_memory_bytes`` given to BF16 pages; ``None`` sizes the BF16 pool for
-    ``max_num_seqs`` full windows plus one step's chunks and gives the rest to INT2."""
+    ``max_num_seqs`` full windows plus one step's chunks (and ``prefix_windows``) and gives the rest to INT2."""
     max_num_seqs: int = 32
     """Sequences decoded together (the running batch)."""
     max_num_batched_tokens: int = 2048
@@ -263,6 +263,10 @@ class EngineConfig:
     of the position: a prefix-cache hit and a preempted request replay them exactly."""
     enable_prefix_caching: bool = True
     """Share full pages between requests by content hash (per prefix and tier)."""
+    prefix_windows: int = 4
+    """With prefix caching and a quantized cache: BF16 room for this many cached windows (sink and recent pages)
+    beyond what the running sequences need. A hit needs the BF16 window at its chunk start; without the room a
+    follow-up longer than the free pages evicts the window the next follow-up on the same document would hit."""
     seed: int = 0
     """Sampling seed of requests that do not set their own."""
     overlap: bool | None = None
@@ -314,6 +318,8 @@ class EngineConfig:
                              "so prefill never starves")
         if self.bf16_fraction is not None and not 0 < self.bf16_fraction <= 1:
             raise ValueError(f"EngineConfig.bf16_fraction must lie in (0, 1], got {self.bf16_fraction}")
+        if self.prefix_windows < 0:
+            raise ValueError(f"EngineConfig.prefix_windows must be >= 0, got {self.prefix_windows}")
         if self.kv_memory_bytes <= 0:
             raise ValueError(f"EngineConfig.kv_memory_bytes must be > 0, got {self.kv_memory_bytes}")
         if self.tensor_parallel_size < 1:

@@ -60,3 +60,14 @@ def test_the_servers_chunking_recomputes_the_cached_prompts_last_partial_chunk()
     assert "(65 computed)" in followup.format_table(rows)
     with pytest.raises(ValueError, match="--prefill-chunk"):
         FollowupBench(prefill_chunk=-1)
+
+
+def test_followups_longer_than_a_chunk_keep_hitting_the_document():
+    """One sequence at a time (the smallest BF16 pool) and follow-ups longer than a prefill chunk: each one still
+    hits the document, because the pool keeps room for cached windows (``EngineConfig.prefix_windows``); without it
+    the first long follow-up evicted the window at the document's last chunk start and the next one missed."""
+    cfg = FollowupBench(contexts=(1024,), new_tokens=(512,), methods=("oscar",), repeats=2, steps=2, kv_gib=1 / 64,
+                        prefill_chunk=512)
+    rows = followup.followup_rows(PagedLM.random(CONFIG), cfg, "tiny")
+    assert [(r["hit_tokens"], r["computed_tokens"]) for r in rows] == [(1024, 768)]
+    assert all(s > 0 for s in rows[0]["all_step_s"])

@@ -59,6 +59,16 @@ def test_recipe_file_brings_its_windows(tmp_path):
     assert labels == ["bf16", "oscar-k4x12+win", "oscar-k4x18+win"]
 
 
+def test_recipe_file_brings_its_value_bits(tmp_path):
+    """A recipe with 4-bit values in some layers (lab/scripts/twobit_recipe_8192_k4_v7.json) keeps their share too."""
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"sink": 64, "recent": 64, "layer_key_bits": [4] * 30,
+                             "layer_value_bits": [4 if i in (1, 2, 7, 14, 18, 20, 23) else 2 for i in range(30)]}))
+    kv = allocation_config(str(f), 36)
+    assert kv.layer_key_bits == (4,) * 36 and kv.layer_value_bits.count(4) == 8 and len(kv.layer_value_bits) == 36
+    assert allocation_config(str(f), 30).layer_value_bits[18] == 4
+
+
 def _running(engine, prompt: int):
     engine.add_request("r", torch.randint(0, 128, (prompt,)).tolist(),
                        SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
