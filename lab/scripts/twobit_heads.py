@@ -73,8 +73,9 @@ class Setup:
         art = Artifact.load("oscarkv/data/default_rotations", expect=ModelFingerprint.from_config(c))
         self.art, self.sliding, self.context = art, SlidingLayers.from_config(c), context
         uniform = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), frontier_artifacts(art)["int2"])
-        rec = json.loads(SHIPPED.read_text())["recipe"] if "recipe" in json.loads(SHIPPED.read_text()) else {}
+        rec = json.loads(SHIPPED.read_text()).get("recipe", {})
         self.base = replace(uniform, sink=64, recent=64)
+        self.base_codec = self.build(self.base)
         self.shipped_bits = tuple(rec.get("layer_key_bits", ()))
         self.k4 = self.build(replace(self.base, layer_key_bits=(4,) * self.layers))
 
@@ -86,7 +87,7 @@ class Setup:
 
     def by_heads(self, heads: set[tuple[int, int]]) -> KVCodec:
         """The base codec with the key heads ``(layer, head)`` at 4 bits (a whole layer: its own 4-bit codec)."""
-        base = self.build(self.base)
+        base = self.base_codec
         out = []
         for i, layer in enumerate(base.layers):
             mine = tuple(sorted(h for li, h in heads if li == i))
@@ -134,7 +135,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     setup, seeds = Setup(a.context), tuple(int(x) for x in a.seeds.split(","))
     if a.mode == "sens":
-        codecs = {"base": setup.build(setup.base)}
+        codecs = {"base": setup.base_codec}
         codecs |= {f"head {i}.{h}": setup.by_heads({(i, h)}) for i in range(setup.layers) for h in range(setup.heads)}
         score(setup, codecs, seeds, a.samples, a.out / f"sens_{a.seeds.replace(',', '_')}.jsonl")
         return
@@ -143,7 +144,7 @@ def main() -> None:
     layer_gain = {i: sum(g for (li, _), g in gains.items() if li == i) for i in range(setup.layers)}
     top_layers = sorted(layer_gain, key=lambda i: -layer_gain[i])
     shipped = {i for i, b in enumerate(setup.shipped_bits) if b == 4}
-    codecs = {"bf16": setup.build(KVConfig("bf16")), "base": setup.build(setup.base),
+    codecs = {"bf16": setup.build(KVConfig("bf16")), "base": setup.base_codec,
               f"shipped ({len(shipped)} layers)": setup.by_layers(shipped)}
     for n in (6, 9, 12):
         codecs[f"layers by summed head gain ({n})"] = setup.by_layers(set(top_layers[:n]))

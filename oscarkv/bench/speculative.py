@@ -35,7 +35,6 @@ NOTE: (2) replaces the engine's drafter (``scheduler.drafter``) to force K draft
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import asdict, fields, replace
@@ -164,7 +163,7 @@ def timed_rows(engine: LLMEngine, steps: int) -> dict:
     from oscarkv.bench.decode import timed_steps
 
     n, graphs = len(engine.runner.launches), engine.runner.num_graphs()
-    before = dataclasses.replace(engine.spec.stats) if engine.spec else None
+    before = replace(engine.spec.stats) if engine.spec else None
     us = timed_steps(engine, steps)
     launched = [launch.tokens for launch in engine.runner.launches[n:] if launch.batch]
     st = _delta(engine.spec.stats if engine.spec else None, before)
