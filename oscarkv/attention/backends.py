@@ -90,7 +90,7 @@ class TritonAttention(AttentionBackend):
     def demote_all(self, pools: KVPools, storage: list[LayerStorage], src: torch.Tensor, dst: torch.Tensor) -> None:
         from oscarkv.kernels.write import demote_layers
 
-        if pools.geo.layer_bits:  # a per-layer allocation: no one pool holds every layer, so one launch per layer
+        if pools.geo.layer_bits or pools.sliding:  # no one pool holds every layer: one launch per (global) layer
             return super().demote_all(pools, storage, src, dst)
         demote_layers(pools.bf16_k, src, pools.int2_k, dst, [st.key for st in storage])
         demote_layers(pools.bf16_v, src, pools.int2_v, dst, [st.value for st in storage])
@@ -112,7 +112,9 @@ class TritonAttention(AttentionBackend):
         if r is None or not q.is_cuda or q.dtype != torch.bfloat16:
             return super().extend_queries(st, q)
         t, hq, d = q.shape
-        return torch.einsum("thrd,hde->thre", q.view(t, r.shape[0], hq // r.shape[0], d), r).reshape(t, hq, d)
+        h = r.shape[0]  # NOTE: einsum("thrd,hde->thre") as one batched matmul (to_rotated's note)
+        qh = q.view(t, h, hq // h, d).transpose(0, 1).reshape(h, t * hq // h, d)  # [H, t·rep, d]
+        return torch.matmul(qh, r).view(h, t, hq // h, d).transpose(0, 1).reshape(t, hq, d)
 
     def decode_qk(self, st: LayerStorage, x: torch.Tensor, rope: QKRope):
         maps = st.decode_maps

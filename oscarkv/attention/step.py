@@ -68,9 +68,11 @@ class AttentionBackend(ABC):
         """Encode full BF16 pages ``src [n]`` into INT2 pages ``dst [n]`` (``TensorCodec.encode``)."""
 
     def demote_all(self, pools: KVPools, storage: list[LayerStorage], src: torch.Tensor, dst: torch.Tensor) -> None:
-        """:meth:`demote` of the same pages in every layer (CUDA graphs run it before the replay)."""
+        """:meth:`demote` of the same pages in every global layer (CUDA graphs run it before the replay; eager
+        steps before and after the forward, ``ModelRunner.forward``); sliding layers hold no INT2 pages."""
         for i, st in enumerate(storage):
-            self.demote(pools.layer(i), st.key, st.value, src, dst)
+            if i not in pools.sliding:
+                self.demote(pools.layer(i), st.key, st.value, src, dst)
 
     def decode_inputs(self, st: LayerStorage, q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

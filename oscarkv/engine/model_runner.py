@@ -121,8 +121,10 @@ class ModelRunner:
                             [p.view_int2 for p in plans], [len(p.view_int2) * P for p in plans],
                             [s for p in plans for s in p.demote_src], [s for p in plans for s in p.demote_dst])
 
-    def context(self, plans: list[WritePlan], cu: list[int], decode: bool = False) -> StepContext:
-        """Slots, demotions and prefix views of a step as tensors (decode: views include the new token)."""
+    def context(self, plans: list[WritePlan], cu: list[int], decode: bool = False,
+                demote: bool = True) -> StepContext:
+        """Slots, demotions and prefix views of a step as tensors (decode: views include the new token);
+        ``demote`` off: the layers demote nothing (the caller demotes every layer at once, :meth:`forward`)."""
         dev = self.device
         views = [self.decode_view(p) if decode else (p.view_bf16, p.view_bf16_len) for p in plans]
         bf16_lens = tuple(v[1] for v in views)
@@ -134,8 +136,8 @@ class ModelRunner:
             int2_lens=device_tensor(list(int2_lens), dev), host_lens=(bf16_lens, int2_lens))
         return StepContext(self.backend, self.pools, self.storage, tables, device_tensor(cu, dev),
                            device_tensor([s for p in plans for s in p.slots], dev),
-                           device_tensor([s for p in plans for s in p.demote_src], dev),
-                           device_tensor([s for p in plans for s in p.demote_dst], dev), self.scale, decode,
+                           device_tensor([s for p in plans for s in p.demote_src] if demote else [], dev),
+                           device_tensor([s for p in plans for s in p.demote_dst] if demote else [], dev), self.scale, decode,
                            cu_host=tuple(cu), window=self._window(plans))
 
     def _window(self, plans: list[WritePlan]) -> WindowStep | None:
@@ -189,7 +191,19 @@ class ModelRunner:
         ids_t, pos_t = (device_tensor(v, self.device, torch.int64) for v in (ids, pos))
         if fill is not None:
             fill(ids_t)
-        return self.model(ids_t, pos_t, self.context(plans, cu, decode)), None
+        old, own = _demotions(plans, self.pools.geo.page_size)
+        self._demote_all(old)  # pages of the prefix: INT2 before any layer reads the view
+        hidden = self.model(ids_t, pos_t, self.context(plans, cu, decode, demote=False))
+        self._demote_all(own)  # pages this step wrote: once every layer has written them
+        return hidden, None
+
+    def _demote_all(self, pages: tuple[list[int], list[int]]) -> None:
+        """Encode BF16 pages ``pages[0]`` into INT2 pages ``pages[1]`` in every layer (two launches per clip rank
+        rather than two per layer: an eager 512-token prefill step spent ~0.5 ms of host time per layer on
+        demotion, H100, 2026-11-27, ``lab/scripts/prefill_host_profile.py``)."""
+        if pages[0]:
+            src, dst = (device_tensor(p, self.device) for p in pages)
+            self.backend.demote_all(self.pools, self.storage, src, dst)
 
     def capture_graphs(self, rows: int) -> int:
         """Capture now every graph a step of up to ``rows`` decode rows or one sequence's chunk of up to ``rows``
@@ -247,6 +261,20 @@ class ModelRunner:
             if c.seq.params.prompt_logprobs is not None and n > 0:
                 out[i] = hidden[cu[i]:cu[i] + n].clone()  # logits formed blockwise by the engine
         return out
+
+
+def _demotions(plans: list[WritePlan], page_size: int) -> tuple[tuple[list[int], list[int]], ...]:
+    """A step's demotions (BF16 source, INT2 destination pages) split into those of pages it does not write
+    (demoted before the forward: the chunk reads them as INT2) and those of pages it writes (after it)."""
+    old: tuple[list[int], list[int]] = ([], [])
+    own: tuple[list[int], list[int]] = ([], [])
+    for p in plans:
+        written = {s // page_size for s in p.slots if s >= 0}
+        for src, dst in zip(p.demote_src, p.demote_dst):
+            part = own if src in written else old
+            part[0].append(src)
+            part[1].append(dst)
+    return old, own
 
 
 def _cu(plans: list[WritePlan]) -> list[int]:

@@ -61,8 +61,9 @@ class TensorCodec:
         # NOTE: x (bf16) minus the fp32 mean promotes to fp32 exactly: one kernel where x.float() - mean took two
         # (.float() launches nothing then; it only brings an fp64 input down)
         x = (x - self.mean.to(x.device, torch.float32)).float() if self.mean is not None else x.float()
-        if self.rotation is not None:
-            x = torch.einsum("thd,hde->the", x, self.rotation.to(x.device))
+        if self.rotation is not None:  # NOTE: einsum("thd,hde->the") as one batched matmul: the same product
+            # without einsum's planning on the host (~0.1 ms a call on an H100 machine); a [T, H, d] view of [H, T, d]
+            x = torch.matmul(x.transpose(0, 1), self.rotation.to(x.device)).transpose(0, 1)
         return x
 
     def from_rotated(self, x: torch.Tensor) -> torch.Tensor:

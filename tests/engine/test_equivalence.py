@@ -113,3 +113,16 @@ def test_write_path_bit_identical_to_oscar_cache(llama, artifact, key_bits):
             assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])
         else:
             assert (mine[0] != theirs[0]).float().mean() < 0.01
+
+
+def test_eager_step_demotes_prefix_pages_before_and_its_own_after():
+    """An eager step demotes every layer at once: pages it does not write before the forward (its chunk reads
+    them as INT2), pages it writes after it (each layer has written them by then)."""
+    from oscarkv.cache.manager import WritePlan
+    from oscarkv.engine.model_runner import _demotions
+
+    P = 4
+    a = WritePlan(8, 16, slots=[20 + i for i in range(8)], demote_src=[2, 5], demote_dst=[0, 1])  # writes pages 5, 6
+    b = WritePlan(3, 4, slots=[33], demote_src=[7], demote_dst=[2])  # a decode row: page 7 is old
+    old, own = _demotions([a, b], P)
+    assert old == ([2, 7], [0, 2]) and own == ([5], [1])
