@@ -158,18 +158,22 @@ def prefers_splitk(chunk: int, prefix: int, int2: bool) -> bool:
     return any(chunk <= c and prefix >= n for c, n in SPLITK_SHAPES["int2" if int2 else "bf16"])
 
 
-def _config(device: torch.device, rows: int) -> dict:
-    """Tiles and launch options keyed by the query rows per program ``R = BLOCK_T · REP_PAD``.
+def _config(device: torch.device, rows: int, int2: bool) -> dict:
+    """Tiles and launch options keyed by the query rows per program ``R = BLOCK_T · REP_PAD`` (``PER_SM``: programs
+    per SM the split count aims at).
 
-    ``PER_SM``: resident programs per SM at the registers the sm_90 compile gives (``lab.benchmarks.compile_sm90
-    --table OUT.json SASS_DIR chunk``, Qwen3 shape, G = 128): ``R = 8`` one warp at 254 registers (capped at 168
-    as the decode kernel is, the chunk's own loop spills 128 bytes), 16 two warps at 246, 32 four warps at 255
-    (24 bytes of spills), 64 eight warps at 255 (no spills; 4 warps spilled 96 bytes). NOTE: not yet timed on a
-    GPU (``lab/scripts/gpu_chunk.sh``)."""
+    Timed on one H100 (2026-11-27, ``python -m lab.scripts.chunk_sweep``, ``lab/results/gpu_prefill_host/
+    chunk_sweep.json``: 100K cached tokens, Qwen3-4B/8B attention, every rows × warps × stages × key tile × splits):
+    over INT2 history, k = 1 (R = 8): 2 warps, 8 per SM, 0.21 ms per layer (the register-count table before it:
+    0.29); k = 8 (R = 32): 2 warps, 3 stages, 4 per SM, 0.26 (0.31); k = 32 and 64 (R = 64): 4 warps, 3 stages,
+    32-key tiles, 2 per SM, 0.44 and 0.76 (1.09 and 1.76; the staged path 1.8). Over BF16 only R = 8 and 32 were
+    timed (0.30 and 0.36 ms against 0.39 and 0.44, the same settings win); R = 16, and R = 64 over BF16, keep the
+    register-count table (``lab.benchmarks.compile_sm90 --table OUT.json SASS_DIR chunk``)."""
     if device.type != "cuda":
         return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0, CHUNK=4, PER_SM=2)
-    warps, per_sm = {8: (1, 8), 16: (2, 4), 32: (4, 2)}.get(rows, (8, 1))
-    return dict(BLOCK_N=64, num_warps=warps, num_stages=3 if rows <= 16 else 2, CONV=2, CHUNK=32, PER_SM=per_sm)
+    warps, per_sm, stages, block_n = {8: (2, 8, 2, 64), 16: (2, 4, 3, 64), 32: (2, 4, 3, 64)}.get(
+        rows, (4, 2, 3, 32) if int2 else (8, 1, 2, 64))
+    return dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, CONV=2, CHUNK=32, PER_SM=per_sm)
 
 
 def _rows(device: torch.device, max_chunk: int, rep_pad: int) -> int:
@@ -199,7 +203,7 @@ def chunk_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     rep = hq // h
     rep_pad = triton.next_power_of_2(rep)
     rows = (config or {}).get("ROWS") or _rows(q.device, max_chunk, rep_pad)
-    cfg = {**_config(q.device, rows), **(config or {})}
+    cfg = {**_config(q.device, rows, int2), **(config or {})}
     cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)  # NOTE: INT2 tiles must not straddle pages (decode_int2)
     grid_t = triton.cdiv(max_chunk, rows // rep_pad)
     splits = num_splits or max(1, min(256, cfg["PER_SM"] * _num_sms(q.device) // (bsz * h * grid_t)))
