@@ -2,7 +2,7 @@
 # One GPU, ~6 min: TTFT as served (serve's 512-token chunks) before and after a host change, in one run on one
 # machine: `bench prefill` at 32K and 100K, BF16 and OSCAR, for the working tree ("after") and for the tree in
 # $BEFORE (a copy of the previous `oscarkv/`, e.g. `git archive HEAD oscarkv | tar -x -C .ab_before`); then a host
-# profile of the after tree (lab/scripts/prefill_host_profile.py) and the engine and kernel GPU tests.
+# profile of the after tree (lab/scripts/prefill_host_profile.py; PROFILE=0 skips it) and the engine and prefill GPU tests.
 # Usage (repository root, a CUDA torch): BEFORE=.ab_before bash lab/scripts/gpu_prefill_host.sh
 # Out ($OUT): after.json, before.json, prefill_host_profile.json, host_oscar.txt, gpu_tests.log, summary.txt
 export PYTHONUNBUFFERED=1
@@ -24,8 +24,8 @@ print("einsum == matmul (fp32 keys, bf16 queries):", torch.equal(a, b), torch.eq
 EOF
   echo "== after"; bench . after
   [ -n "${BEFORE:-}" ] && { echo "== before"; bench "$BEFORE" before; }
-  PYTHONPATH=. timeout 150 python3 -m lab.scripts.prefill_host_profile --methods oscar --out "$OUT" | grep -v Warn
-  PYTHONPATH=. timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu_engine.py \
+  [ "${PROFILE:-1}" = 1 ] && PYTHONPATH=. timeout 150 python3 -m lab.scripts.prefill_host_profile --methods oscar --out "$OUT" | grep -v Warn
+  PYTHONPATH=. timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_prefill.py tests/engine/test_gpu_engine.py \
     tests/engine/test_extend_graphs_gpu.py tests/engine/test_speculative_gpu.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"
 } 2>&1 | tee "$OUT/summary.txt"

@@ -43,7 +43,11 @@ from oscarkv.kernels.pools import format_args, history_arg, window_arg
 SEGMENT_BYTES = 512 << 20
 """Workspace of the staged K and V of one segment (bf16)."""
 BLOCK = 64
-"""Cached tokens per gather program."""
+"""Cached BF16 tokens per gather program."""
+BLOCK_INT2 = 32
+"""Cached INT2 tokens per gather program (4 warps): 0.32 ms for 100K tokens of one layer's K and V on an H100
+against 0.48 at 64 (``python -m lab.scripts.gather_sweep``, 2026-11-27,
+``lab/results/gpu_prefill_host/gather_sweep_partial.txt``; 64 tokens on fewer warps spill, ~7 ms)."""
 MIN_CHUNK = 64
 """Chunks of at least this many tokens take this path (``TritonAttention.extend``); shorter ones the tile
 kernel of :mod:`oscarkv.kernels.extend`, which reads the prefix once per ``64 / rep`` query tokens."""
@@ -106,13 +110,13 @@ def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
     if count <= 0:
         return
     _, h, p, d = kv.bf16_k.shape
-    grid = (triton.cdiv(count, BLOCK), h)
     out, span = (out_k, out_v, out_k.stride(1)), (t0, count, out0)
     if not int2:
-        _gather_bf16_kernel[grid](window_arg(kv), table, out, span, D=d, P=p, BLOCK=BLOCK)
+        _gather_bf16_kernel[(triton.cdiv(count, BLOCK), h)](window_arg(kv), table, out, span, D=d, P=p, BLOCK=BLOCK)
     else:
-        _gather_int2_kernel[grid](history_arg(kv), table, out, span, D=d, G=kv.int2_k.group, P=p, BLOCK=BLOCK,
-                                  **format_args(kv))
+        _gather_int2_kernel[(triton.cdiv(count, BLOCK_INT2), h)](history_arg(kv), table, out, span, D=d,
+                                                                 G=kv.int2_k.group, P=p, BLOCK=BLOCK_INT2,
+                                                                 num_warps=4, **format_args(kv))
 
 
 def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

@@ -1,0 +1,86 @@
+"""The staged path's gather kernels (``kernels.prefill``) at 100K cached tokens: tokens per program × warps (one GPU).
+
+A 512-token prefill step stages its whole cached prefix per layer: BF16 pages copied, INT2 pages dequantized into a
+bf16 workspace. On an H200 (``lab/results/gpu_prefill_chunk512/profile_32k.json``) the INT2 gather took twice the
+BF16 one for fewer bytes. This times both at 100K tokens (Qwen3-4B/8B: 8 KV heads, d = 128, page 64, G = 128) for
+BLOCK ∈ {32, 64, 128, 256} × num_warps ∈ {1, 2, 4, 8}, checks each against the default's output (bit-equal), and
+prints ms and the bytes rate (read + written).
+
+    python -m lab.scripts.gather_sweep --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import triton
+
+H, D, CTX = 8, 128, 102400
+
+
+def ms(fn, reps: int = 10) -> float:
+    fn(), fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main() -> None:
+    from oscarkv.kernels import prefill
+    from oscarkv.kernels.pools import format_args, history_arg, window_arg
+    from oscarkv.kernels.synthetic import random_cache
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    res = dict(device=torch.cuda.get_device_name(), ctx=CTX, rows=[])
+    for int2 in (True, False):
+        kv, tables = random_cache([CTX], H, D, page=64, group=128, sink=64, recent=256, int2=int2, device="cuda",
+                                  shuffle=False)
+        nb, ni = (x[0] for x in tables.lens())
+        n, table = (ni, tables.int2_table[0]) if int2 else (nb, tables.bf16_table[0])
+        p = kv.bf16_k.shape[2]
+        k = torch.empty(1, H, n, D, dtype=torch.bfloat16, device="cuda")
+        v = torch.empty_like(k)
+        out, span = (k, v, k.stride(1)), (0, n, 0)
+        read = (D * 2 // 8 + 4) * 2 * H * n if int2 else 2 * 2 * H * n * D  # INT2: codes, a bf16 scale and zero per G
+        moved = read + 2 * 2 * H * n * D
+
+        def launch(block, warps):
+            grid = (triton.cdiv(n, block), H)
+            if int2:
+                prefill._gather_int2_kernel[grid](history_arg(kv), table, out, span, D=D, G=kv.int2_k.group, P=p,
+                                                  BLOCK=block, num_warps=warps, **format_args(kv))
+            else:
+                prefill._gather_bf16_kernel[grid](window_arg(kv), table, out, span, D=D, P=p, BLOCK=block,
+                                                  num_warps=warps)
+        launch(prefill.BLOCK, 4)
+        ref = (k.clone(), v.clone())
+        for block, warps in itertools.product((32, 64, 128, 256), (1, 2, 4, 8)):
+            k.zero_(), v.zero_()
+            try:
+                t = ms(lambda: launch(block, warps))
+            except Exception as e:  # NOTE: too many registers or shared memory at a large BLOCK
+                res["rows"].append(dict(int2=int2, block=block, warps=warps, error=str(e)[:120]))
+                continue
+            same = torch.equal(k, ref[0]) and torch.equal(v, ref[1])
+            res["rows"].append(dict(int2=int2, block=block, warps=warps, ms=t, gbs=moved / t / 1e6, equal=same))
+            print(f"{'int2' if int2 else 'bf16'} BLOCK {block:>3} warps {warps}: {t:.3f} ms {moved / t / 1e6:7.0f} GB/s"
+                  f"{'' if same else '  MISMATCH'}", flush=True)
+    (args.out / "gather_sweep.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
