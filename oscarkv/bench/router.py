@@ -140,7 +140,10 @@ def failover(fleet: Fleet, prompt: str, long_tokens: int, after: list[str], max_
     for p in after:
         r = complete(fleet.router, p, max_tokens)
         later.append((r.status_code, r.json()["choices"][0]["text"] if r.status_code == 200 else r.text[:200]))
-    return {"killed": victim, "in_flight": result, "after": later, "after_seconds": time.monotonic() - t}
+    out = {"killed": victim, "in_flight": result, "after": later, "after_seconds": time.monotonic() - t}
+    if any(code != 200 for code, _ in later):  # the router's and replicas' own account of it
+        out["log_tail"] = fleet.log.read_text(errors="replace")[-4000:]
+    return out
 
 
 def _busy_replica(replicas: list[str], thread: threading.Thread) -> int:

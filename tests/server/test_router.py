@@ -55,4 +55,4 @@ def test_two_replicas_behind_vllm_router(monkeypatch):
     assert aware["texts"] == want[:3]
     f = fail["in_flight"]
     assert not f["hung"] and f["events"] < 300 and ("error" in f or "[DONE]" not in f.get("last", ""))
-    assert fail["after"] == [(200, t) for t in want[3:]]
+    assert fail["after"] == [(200, t) for t in want[3:]], fail.get("log_tail")
