@@ -11,6 +11,8 @@ with sink 64 / recent 64), on the same 12 samples (seeds 1006, 1007), one proces
     OMP_NUM_THREADS=1 python lab/scripts/twobit_k3.py run --seeds 1006 --samples 6 --out runs/k3 &
     OMP_NUM_THREADS=1 python lab/scripts/twobit_k3.py run --seeds 1007 --samples 6 --out runs/k3 &
     wait; python lab/scripts/twobit_k3.py combine --out runs/k3
+
+``--study heads`` (same commands): per-head 4-bit keys in 36 to 63 heads beside 4-bit keys in every layer.
 """
 
 from __future__ import annotations
@@ -81,8 +83,20 @@ def codecs(setup: Setup) -> dict:
             "K3 in all 30 layers": mix(set(), set(ranked))}
 
 
-def combine(out: Path, context: int) -> None:
-    rows = [json.loads(line) for p in sorted(out.glob("k3_*.jsonl")) for line in p.read_text().splitlines() if line]
+def head_curve(setup: Setup) -> dict:
+    """``--study heads``: 4-bit keys in the 36 to 63 most sensitive KV heads, and in every layer (K4V2), beside the
+    shipped recipe: how many heads (bytes) per-head allocation needs to reach 4-bit keys everywhere."""
+    gains = head_gains(sorted(SENS.glob("sens_*.jsonl")))
+    ranked = sorted(gains, key=lambda k: -gains[k])
+    shipped = {i for i, b in enumerate(setup.shipped_bits) if b == 4}
+    out = {"bf16": setup.build(KVConfig("bf16")), "base": setup.base_codec,
+           f"shipped ({len(shipped)} layers K4)": setup.by_layers(shipped),
+           "K4 in every layer": setup.by_layers(set(range(setup.layers)))}
+    return out | {f"heads ({n})": setup.by_heads(set(ranked[:n])) for n in (36, 45, 54, 63)}
+
+
+def combine(out: Path, context: int, study: str) -> None:
+    rows = [json.loads(line) for p in sorted(out.glob(f"{study}_*.jsonl")) for line in p.read_text().splitlines() if line]
     base = [r["nll"]["base"] for r in rows]
     ref = [r["nll"][k] for r in rows for k in r["nll"] if k.startswith("shipped")]
     result = {}
@@ -94,8 +108,8 @@ def combine(out: Path, context: int) -> None:
                              vs_unquantized=round(db, 4), stderr_unq=round(seb, 4))
         print(f"{label:>28s}: NLL {result[label]['answer_nll']:.3f}  vs shipped {d:+.3f} ± {se:.3f}  "
               f"vs unquantized {db:+.3f} ± {seb:.3f}")
-    (out / "k3.json").write_text(json.dumps({"context": context, "samples": len(base), "rows": result,
-                                             "bpe": json.loads((out / "bpe.json").read_text())}, indent=1))
+    (out / f"{study}.json").write_text(json.dumps({"context": context, "samples": len(base), "rows": result,
+                                                  "bpe": json.loads((out / f"bpe_{study}.json").read_text())}, indent=1))
 
 
 def main() -> None:
@@ -105,14 +119,16 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=6)
     p.add_argument("--seeds", default="1006")
     p.add_argument("--out", type=Path, default=Path("runs/k3"))
+    p.add_argument("--study", choices=("k3", "heads"), default="k3")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.mode == "combine":
-        return combine(a.out, a.context)
+        return combine(a.out, a.context, a.study)
     setup = Setup(a.context)
-    cs = codecs(setup)
-    (a.out / "bpe.json").write_text(json.dumps({k: round(c.bpe(a.context), 4) for k, c in cs.items()}, indent=1))
-    score(setup, cs, tuple(int(x) for x in a.seeds.split(",")), a.samples, a.out / f"k3_{a.seeds.replace(',', '_')}.jsonl")
+    cs = codecs(setup) if a.study == "k3" else head_curve(setup)
+    (a.out / f"bpe_{a.study}.json").write_text(json.dumps({k: round(c.bpe(a.context), 4) for k, c in cs.items()}, indent=1))
+    log = a.out / f"{a.study}_{a.seeds.replace(',', '_')}.jsonl"
+    score(setup, cs, tuple(int(x) for x in a.seeds.split(",")), a.samples, log)
 
 
 if __name__ == "__main__":
