@@ -7,7 +7,9 @@ Role: the seam between the model and the KV cache. A model layer hands its post-
    keys centered and rotated by ``R_K``; values only centered, their rotation being folded
    into the weights — ``oscarkv.models.folding``),
 2. writes them into their BF16 slots and encodes the pages the step demotes into INT2
-   (:meth:`AttentionBackend.write`, :meth:`AttentionBackend.demote`),
+   (:meth:`AttentionBackend.write`, :meth:`AttentionBackend.demote`; the model runner instead demotes every
+   layer at once around eager steps and before graph replays, :meth:`AttentionBackend.demote_all`, and hands
+   the layers empty demotion lists),
 3. rotates the queries once (``q @ R_K`` per KV-head group) and runs extend attention: each
    chunk sees its prefix as stored (the step's :class:`PageTables`) plus itself at full
    precision, causally — the rule of ``OscarCache`` (``oscarkv.cache.hf_cache``).
