@@ -83,7 +83,7 @@ def codecs(setup: Setup) -> dict:
             "K3 in all 30 layers": mix(set(), set(ranked))}
 
 
-def head_curve(setup: Setup) -> dict:
+def head_curve(setup: Setup, counts: tuple[int, ...]) -> dict:
     """``--study heads``: 4-bit keys in the 36 to 63 most sensitive KV heads, and in every layer (K4V2), beside the
     shipped recipe: how many heads (bytes) per-head allocation needs to reach 4-bit keys everywhere."""
     gains = head_gains(sorted(SENS.glob("sens_*.jsonl")))
@@ -92,7 +92,7 @@ def head_curve(setup: Setup) -> dict:
     out = {"bf16": setup.build(KVConfig("bf16")), "base": setup.base_codec,
            f"shipped ({len(shipped)} layers K4)": setup.by_layers(shipped),
            "K4 in every layer": setup.by_layers(set(range(setup.layers)))}
-    return out | {f"heads ({n})": setup.by_heads(set(ranked[:n])) for n in (36, 45, 54, 63)}
+    return out | {f"heads ({n})": setup.by_heads(set(ranked[:n])) for n in counts}
 
 
 def combine(out: Path, context: int, study: str) -> None:
@@ -120,12 +120,13 @@ def main() -> None:
     p.add_argument("--seeds", default="1006")
     p.add_argument("--out", type=Path, default=Path("runs/k3"))
     p.add_argument("--study", choices=("k3", "heads"), default="k3")
+    p.add_argument("--heads", default="36,45,54,63", help="--study heads: head counts of 4-bit keys")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.mode == "combine":
         return combine(a.out, a.context, a.study)
     setup = Setup(a.context)
-    cs = codecs(setup) if a.study == "k3" else head_curve(setup)
+    cs = codecs(setup) if a.study == "k3" else head_curve(setup, tuple(int(x) for x in a.heads.split(",")))
     (a.out / f"bpe_{a.study}.json").write_text(json.dumps({k: round(c.bpe(a.context), 4) for k, c in cs.items()}, indent=1))
     log = a.out / f"{a.study}_{a.seeds.replace(',', '_')}.jsonl"
     score(setup, cs, tuple(int(x) for x in a.seeds.split(",")), a.samples, log)
