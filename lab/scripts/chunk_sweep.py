@@ -4,7 +4,7 @@
 cache (BF16-only and INT2; Qwen3-4B/8B attention: 32 query heads, 8 KV heads, d = 128, page 64, G = 128) for chunks
 of k = 1..256 tokens under every (query rows per program, warps, pipeline stages, key tile) and several split counts,
 beside the staged path (``prefill_attention``) and the default configuration; each best configuration's relative
-error against the staged path is checked. Milliseconds per layer, CUDA events, median of 7 after two warm-ups.
+error against the staged path is checked. Milliseconds per layer, CUDA events, median of 5 (10 for the default) after two warm-ups.
 
     python -m lab.scripts.chunk_sweep --out DIR [--chunks 1,8,16,32,64,128,256]
 """
@@ -14,25 +14,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 from pathlib import Path
 
 import torch
 
+from lab.benchmarks.chunk_attention import _ms as ms
+
 HQ, H, D, CTX = 32, 8, 128, 102400
-
-
-def ms(fn, reps: int = 7) -> float:
-    fn(), fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def sweep(kv, tables, k: int) -> dict:

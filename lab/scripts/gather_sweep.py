@@ -14,26 +14,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 from pathlib import Path
 
 import torch
 import triton
 
+from lab.benchmarks.chunk_attention import _ms as ms
+
 H, D, CTX = 8, 128, 102400
-
-
-def ms(fn, reps: int = 10) -> float:
-    fn(), fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -6,10 +6,9 @@ Role: the seam between the model and the KV cache. A model layer hands its post-
 1. maps K and V into the stored domain with the layer's codecs (``TensorCodec.to_rotated``:
    keys centered and rotated by ``R_K``; values only centered, their rotation being folded
    into the weights — ``oscarkv.models.folding``),
-2. writes them into their BF16 slots and encodes the pages the step demotes into INT2
-   (:meth:`AttentionBackend.write`, :meth:`AttentionBackend.demote`; the model runner instead demotes every
-   layer at once around eager steps and before graph replays, :meth:`AttentionBackend.demote_all`, and hands
-   the layers empty demotion lists),
+2. writes them into their BF16 slots (:meth:`AttentionBackend.write`; the pages a step demotes to INT2 the
+   model runner encodes in every layer at once, :meth:`AttentionBackend.demote_all`: before the forward those
+   the chunk reads, after it those the step wrote, before a graph's replay all of them),
 3. rotates the queries once (``q @ R_K`` per KV-head group) and runs extend attention: each
    chunk sees its prefix as stored (the step's :class:`PageTables`) plus itself at full
    precision, causally — the rule of ``OscarCache`` (``oscarkv.cache.hf_cache``).
@@ -187,7 +186,7 @@ class WindowStep:
 class StepContext:
     """Everything attention needs for one step; built by the model runner, read by every layer.
 
-    ``slots [T]`` flat BF16 slots of the new tokens; ``demote_src/dst [n]`` page ids;
+    ``slots [T]`` flat BF16 slots of the new tokens;
     ``tables`` the prefix views; ``cu_seqlens int32 [B + 1]`` the chunk boundaries in the
     flat token batch. ``decode``: one token per sequence, and ``tables`` already include it
     (the runner's decode view), so attention is :meth:`AttentionBackend.decode`."""
@@ -198,8 +197,6 @@ class StepContext:
     tables: PageTables
     cu_seqlens: torch.Tensor
     slots: torch.Tensor
-    demote_src: torch.Tensor
-    demote_dst: torch.Tensor
     scale: float
     decode: bool = False
     cu_host: tuple[int, ...] | None = None
@@ -208,7 +205,7 @@ class StepContext:
     """The sliding layers' view (models with sliding-window layers only)."""
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Write this step's K/V of ``layer``, demote, attend (see the module docstring)."""
+        """Write this step's K/V of ``layer``, attend (see the module docstring)."""
         st, kv = self.storage[layer], self.pools.layer(layer)
         if layer in self.pools.sliding:  # decode steps too: the window view excludes the token written now
             assert self.window is not None, "a sliding layer needs the step's window view"
@@ -220,8 +217,6 @@ class StepContext:
         # fp32 copies of q, k and v (one prefill step of 8K tokens: ~0.3 GB of traffic per layer)
         k_rot, v_rot = stored_domain(st.key, k), stored_domain(st.value, v)
         self.backend.write(kv, k_rot, v_rot, self.slots)
-        if self.demote_src.numel():
-            self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
         return self.backend.extend(self.backend.extend_queries(st, q), k_rot, v_rot, kv, self.tables,
                                    self.cu_seqlens, self.scale, self.cu_host)
 
@@ -238,11 +233,9 @@ class StepContext:
 
     def _decode(self, layer: int, q_r: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
                 out_dtype: torch.dtype) -> torch.Tensor:
-        """Write the stored-domain ``k_s, v_s``, demote, attend with the mapped queries ``q_r``."""
-        st, kv = self.storage[layer], self.pools.layer(layer)
+        """Write the stored-domain ``k_s, v_s``, attend with the mapped queries ``q_r``."""
+        kv = self.pools.layer(layer)
         self.backend.write(kv, k_s, v_s, self.slots)
-        if self.demote_src.numel():
-            self.backend.demote(kv, st.key, st.value, self.demote_src, self.demote_dst)
         return self.backend.decode(q_r, kv, self.tables, self.scale, out_dtype)
 
 

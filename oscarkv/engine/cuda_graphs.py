@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oscarkv.cache.paged_layout import PageTables, device_tensor
+from oscarkv.cache.paged_layout import PageTables
 from oscarkv.attention.step import StepContext
 
 DEFAULT_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
@@ -152,9 +152,8 @@ class _Graph:
     def __init__(self, runner, bp: int, pool) -> None:
         self.inputs = x = _Inputs(runner, bp)
         i32 = dict(dtype=torch.int32, device=runner.device)
-        empty = torch.zeros(0, **i32)
         step = StepContext(runner.backend, runner.pools, runner.storage, x.tables, torch.arange(bp + 1, **i32),
-                           x.small[x.SLOTS], empty, empty, runner.scale, decode=True)
+                           x.small[x.SLOTS], runner.scale, decode=True)
 
         def forward():  # NOTE: with tensor parallelism the row-parallel all-reduces are captured too
             hidden = runner.model(x.small[x.IDS], x.small[x.POS], step)
@@ -187,10 +186,7 @@ class DecodeGraphs:
         """Demote eagerly, then replay the bucket's graph: views ``hidden [B, D]``, ``logits [B, V]``
         of its static outputs (valid until the next replay; no logits on tensor-parallel ranks after 0).
         ``fill_ids``: writes the device ids that ``x`` does not hold (``ModelRunner._fill_ids``)."""
-        r = self.runner
-        if x.demote_src:
-            src, dst = (device_tensor(p, r.device) for p in (x.demote_src, x.demote_dst))
-            r.backend.demote_all(r.pools, r.storage, src, dst)
+        self.runner.demote_all(x.demote_src, x.demote_dst)
         return self.graphs[self.capture(len(x.ids))].replay(x, fill_ids)
 
     def capture(self, batch: int) -> int:

@@ -22,9 +22,9 @@ attends to a padding row; a padding row only reads the prefix and writes the scr
 Numerics: the eager route's kernel at ``max_chunk = kb`` instead of ``k`` (other tile rows and split count, so
 sums in another order) and GEMMs of ``kb`` rows: graph ≡ eager up to rounding, as a decode graph's bucket.
 
-Not captured (eager, before the replay): the step's demotions (``AttentionBackend.demote_all``). NOTE: the same
-bytes as demoting inside each layer only because a demoted page is not one the step writes; :meth:`ExtendGraphs.reason`
-sends a step that would to the eager path.
+Not captured (eager, before the replay): the step's demotions (``ModelRunner.demote_all``). NOTE: valid only
+because a demoted page is not one the step writes (those an eager step demotes after its forward);
+:meth:`ExtendGraphs.reason` sends a step that would to the eager path.
 
 Every other extend step runs eagerly; :meth:`ExtendGraphs.reason` names why, counted in ``ExtendGraphs.fallbacks``.
 On a device without CUDA (the tests) nothing is captured: each replay runs the same forward over the same
@@ -40,7 +40,7 @@ import torch
 from oscarkv.attention.backends import TritonAttention
 from oscarkv.attention.step import StepContext
 from oscarkv.cache.manager import WritePlan
-from oscarkv.cache.paged_layout import PageTables, device_tensor
+from oscarkv.cache.paged_layout import PageTables
 from oscarkv.engine.cuda_graphs import StagedTable, _capture
 
 
@@ -94,10 +94,9 @@ class _Graph:
     def __init__(self, runner, kb: int, pool) -> None:
         self.inputs = x = _Inputs(runner, kb)
         i32 = dict(dtype=torch.int32, device=runner.device)
-        empty = torch.zeros(0, **i32)
         backend = _FixedSplitK(kb) if isinstance(runner.backend, TritonAttention) else runner.backend
         step = StepContext(backend, runner.pools, runner.storage, x.tables, torch.tensor([0, kb], **i32),
-                           x.slots, empty, empty, runner.scale)
+                           x.slots, runner.scale)
         self.forward = lambda: runner.model(x.ids, x.positions, step)
         self.graph, self.hidden = _capture(self.forward, runner.device, pool) if pool is not None else (None, None)
 
@@ -155,9 +154,7 @@ class ExtendGraphs:
         """Demote eagerly, stage, replay the bucket's graph: a view ``hidden [k, D]`` of its static output (valid
         until its next replay). ``fill_ids``: writes device ids the host's do not hold (``ModelRunner._fill_ids``)."""
         r = self.runner
-        if plan.demote_src:
-            src, dst = (device_tensor(v, r.device) for v in (plan.demote_src, plan.demote_dst))
-            r.backend.demote_all(r.pools, r.storage, src, dst)
+        r.demote_all(plan.demote_src, plan.demote_dst)
         g = self.graphs[self.capture(len(ids))]
         g.inputs.stage(plan, ids, r.pools.geo.page_size)
         if fill_ids is not None:  # with tensor parallelism, rank 0's ids (after the staging copy)

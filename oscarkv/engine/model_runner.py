@@ -121,10 +121,9 @@ class ModelRunner:
                             [p.view_int2 for p in plans], [len(p.view_int2) * P for p in plans],
                             [s for p in plans for s in p.demote_src], [s for p in plans for s in p.demote_dst])
 
-    def context(self, plans: list[WritePlan], cu: list[int], decode: bool = False,
-                demote: bool = True) -> StepContext:
-        """Slots, demotions and prefix views of a step as tensors (decode: views include the new token);
-        ``demote`` off: the layers demote nothing (the caller demotes every layer at once, :meth:`forward`)."""
+    def context(self, plans: list[WritePlan], cu: list[int], decode: bool = False) -> StepContext:
+        """Slots and prefix views of a step as tensors (decode: views include the new token); the step's
+        demotions are the caller's (:meth:`demote_all`)."""
         dev = self.device
         views = [self.decode_view(p) if decode else (p.view_bf16, p.view_bf16_len) for p in plans]
         bf16_lens = tuple(v[1] for v in views)
@@ -135,9 +134,7 @@ class ModelRunner:
             int2_table=_table([p.view_int2 for p in plans], dev),
             int2_lens=device_tensor(list(int2_lens), dev), host_lens=(bf16_lens, int2_lens))
         return StepContext(self.backend, self.pools, self.storage, tables, device_tensor(cu, dev),
-                           device_tensor([s for p in plans for s in p.slots], dev),
-                           device_tensor([s for p in plans for s in p.demote_src] if demote else [], dev),
-                           device_tensor([s for p in plans for s in p.demote_dst] if demote else [], dev), self.scale, decode,
+                           device_tensor([s for p in plans for s in p.slots], dev), self.scale, decode,
                            cu_host=tuple(cu), window=self._window(plans))
 
     def _window(self, plans: list[WritePlan]) -> WindowStep | None:
@@ -192,18 +189,18 @@ class ModelRunner:
         if fill is not None:
             fill(ids_t)
         old, own = _demotions(plans, self.pools.geo.page_size)
-        self._demote_all(old)  # pages of the prefix: INT2 before any layer reads the view
-        hidden = self.model(ids_t, pos_t, self.context(plans, cu, decode, demote=False))
-        self._demote_all(own)  # pages this step wrote: once every layer has written them
+        self.demote_all(*old)  # pages of the prefix: INT2 before any layer reads the view
+        hidden = self.model(ids_t, pos_t, self.context(plans, cu, decode))
+        self.demote_all(*own)  # pages this step wrote: once every layer has written them
         return hidden, None
 
-    def _demote_all(self, pages: tuple[list[int], list[int]]) -> None:
-        """Encode BF16 pages ``pages[0]`` into INT2 pages ``pages[1]`` in every layer (two launches per clip rank
-        rather than two per layer: an eager 512-token prefill step spent ~0.5 ms of host time per layer on
-        demotion, H100, 2026-11-27, ``lab/scripts/prefill_host_profile.py``)."""
-        if pages[0]:
-            src, dst = (device_tensor(p, self.device) for p in pages)
-            self.backend.demote_all(self.pools, self.storage, src, dst)
+    def demote_all(self, src: list[int], dst: list[int]) -> None:
+        """Encode BF16 pages ``src`` into INT2 pages ``dst`` in every layer: two launches per clip rank rather
+        than two per layer (an eager 512-token prefill step spent ~0.5 ms of host time per layer on demotion,
+        H100, 2026-11-27, ``lab/scripts/prefill_host_profile.py``); the graphs call it before their replays."""
+        if src:
+            s, d = (device_tensor(p, self.device) for p in (src, dst))
+            self.backend.demote_all(self.pools, self.storage, s, d)
 
     def capture_graphs(self, rows: int) -> int:
         """Capture now every graph a step of up to ``rows`` decode rows or one sequence's chunk of up to ``rows``

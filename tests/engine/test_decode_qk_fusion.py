@@ -67,9 +67,8 @@ def _step(backend, pools: KVPools, st: LayerStorage, decode: bool = True) -> Ste
     ints = dict(dtype=torch.int32, device=DEV)
     tables = PageTables(torch.tensor([[1, 2], [3, 0]], **ints), torch.tensor([11, 5], **ints),
                         torch.zeros(2, 0, **ints), torch.zeros(2, **ints))
-    none = torch.zeros(0, **ints)
     return StepContext(backend, pools, [st], tables, torch.tensor([0, 1, 2], **ints),
-                       torch.tensor([2 * P + 2, 3 * P + 4], **ints), none, none, D ** -0.5, decode)
+                       torch.tensor([2 * P + 2, 3 * P + 4], **ints), D ** -0.5, decode)
 
 
 def _layer(norm: bool, rep: int) -> Attention:
