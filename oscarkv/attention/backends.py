@@ -90,7 +90,7 @@ class TritonAttention(AttentionBackend):
     def demote_all(self, pools: KVPools, storage: list[LayerStorage], src: torch.Tensor, dst: torch.Tensor) -> None:
         from oscarkv.kernels.write import demote_layers
 
-        if pools.geo.layer_bits or pools.sliding:  # no one pool holds every layer: one launch per (global) layer
+        if pools.int2_k is None or pools.sliding:  # no one pool holds every layer: one launch per (global) layer
             return super().demote_all(pools, storage, src, dst)
         demote_layers(pools.bf16_k, src, pools.int2_k, dst, [st.key for st in storage])
         demote_layers(pools.bf16_v, src, pools.int2_v, dst, [st.value for st in storage])

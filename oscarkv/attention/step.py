@@ -73,7 +73,8 @@ class AttentionBackend(ABC):
         steps before and after the forward, ``ModelRunner.forward``); sliding layers hold no INT2 pages."""
         for i, st in enumerate(storage):
             if i not in pools.sliding:
-                self.demote(pools.layer(i), st.key, st.value, src, dst)
+                for (_, kv), (_, key) in zip(pools.parts(i), st.key.head_parts()):  # a per-head split: each range
+                    self.demote(kv, key, st.value, src, dst)
 
     def decode_inputs(self, st: LayerStorage, q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -217,8 +218,8 @@ class StepContext:
         # fp32 copies of q, k and v (one prefill step of 8K tokens: ~0.3 GB of traffic per layer)
         k_rot, v_rot = stored_domain(st.key, k), stored_domain(st.value, v)
         self.backend.write(kv, k_rot, v_rot, self.slots)
-        return self.backend.extend(self.backend.extend_queries(st, q), k_rot, v_rot, kv, self.tables,
-                                   self.cu_seqlens, self.scale, self.cu_host)
+        return self._by_parts(layer, self.backend.extend_queries(st, q), k_rot, v_rot, lambda q_, k_, v_, kv_: (
+            self.backend.extend(q_, k_, v_, kv_, self.tables, self.cu_seqlens, self.scale, self.cu_host)))
 
     def attention_from_qkv(self, layer: int, qkv: torch.Tensor, rope: QKRope) -> torch.Tensor | None:
         """:meth:`attention` of the un-normed, un-roped projection ``qkv [T, Hq + 2H, d]`` (q, k, v heads)
@@ -234,9 +235,20 @@ class StepContext:
     def _decode(self, layer: int, q_r: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
                 out_dtype: torch.dtype) -> torch.Tensor:
         """Write the stored-domain ``k_s, v_s``, attend with the mapped queries ``q_r``."""
-        kv = self.pools.layer(layer)
-        self.backend.write(kv, k_s, v_s, self.slots)
-        return self.backend.decode(q_r, kv, self.tables, self.scale, out_dtype)
+        self.backend.write(self.pools.layer(layer), k_s, v_s, self.slots)
+        return self._by_parts(layer, q_r, k_s, v_s, lambda q_, k_, v_, kv_: (
+            self.backend.decode(q_, kv_, self.tables, self.scale, out_dtype)))
+
+    def _by_parts(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend) -> torch.Tensor:
+        """``attend(q, k, v, kv)`` over each head range of ``layer``'s pools (:meth:`KVPools.parts`: one, unless a
+        per-head allocation splits the layer), outputs joined along the query heads. NOTE: the ranges' query heads
+        are those of their KV heads (GQA groups are contiguous), passed as strided views."""
+        parts = self.pools.parts(layer)
+        if len(parts) == 1:
+            return attend(q, k, v, parts[0][1])
+        rep = q.shape[1] // k.shape[1]
+        return torch.cat([attend(q[:, p.lo * rep:p.hi * rep], k[:, p.lo:p.hi], v[:, p.lo:p.hi], kv) for p, kv in parts],
+                         dim=1)
 
 
 def stored_domain(codec: TensorCodec, x: torch.Tensor) -> torch.Tensor:

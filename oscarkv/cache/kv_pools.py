@@ -31,12 +31,23 @@ rounding; on a GPU the model dtype is bfloat16 and the pools are exactly the con
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
 from oscarkv.cache.paged_layout import Int2Pages, LayerKV
 from oscarkv.config import EngineConfig
 from oscarkv.quant.bpe import SlidingLayers
+
+
+class HeadPart(NamedTuple):
+    """KV heads ``[lo, hi)`` of one pool layer, stored at key and value ``bits``: a per-head key allocation
+    (``KVConfig.layer_key_heads``) splits a layer into two such ranges, its heads permuted at load so that each
+    range is contiguous (``oscarkv.models.folding.permute_kv_heads``)."""
+
+    lo: int
+    hi: int
+    bits: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -55,10 +66,18 @@ class PoolGeometry:
     window_layers: int = 0  # sliding-window layers (not in num_layers)
     window_pages: int = 0  # pages of their window pool (0 without sliding layers)
     layer_bits: tuple[tuple[int, int], ...] = ()  # per pool layer (key, value) bits; empty: every layer at `bits`
+    layer_parts: tuple[tuple[HeadPart, ...], ...] = ()  # per pool layer its head ranges; empty: one range a layer
 
     def bits_of(self, i: int) -> tuple[int, int]:
-        """Key and value bits of pool layer ``i`` (the main pools' index, sliding layers left out)."""
-        return self.layer_bits[i] if self.layer_bits else self.bits
+        """Key and value bits of pool layer ``i`` (the main pools' index, sliding layers left out); of its first head
+        range when a per-head allocation splits it (:meth:`parts_of`)."""
+        return self.parts_of(i)[0].bits
+
+    def parts_of(self, i: int) -> tuple[HeadPart, ...]:
+        """Pool layer ``i``'s head ranges and their bits: all heads at one pair of bits, or a per-head split."""
+        if self.layer_parts:
+            return self.layer_parts[i]
+        return (HeadPart(0, self.num_kv_heads, self.layer_bits[i] if self.layer_bits else self.bits),)
 
     def code_bytes(self) -> tuple[int, int]:
         """Code bytes per token and head of a key, of a value (``d · bits / 8``)."""
@@ -72,10 +91,10 @@ class PoolGeometry:
         return 2 * self.window_layers * self.num_kv_heads * self.page_size * self.head_dim * self.window_dtype.itemsize
 
     def int2_page_bytes(self) -> int:
-        """A history page in every layer, K and V: each layer's codes at its own bits, fp16 scale and zero."""
+        """A history page in every layer, K and V: each head range's codes at its own bits, fp16 scale and zero."""
         meta = 2 * 2 * 2 * (self.head_dim // self.group)
-        codes = sum(self.head_dim * sum(self.bits_of(i)) // 8 for i in range(self.num_layers))
-        return self.num_kv_heads * self.page_size * (codes + self.num_layers * meta)
+        return self.page_size * sum((p.hi - p.lo) * (self.head_dim * sum(p.bits) // 8 + meta)
+                                    for i in range(self.num_layers) for p in self.parts_of(i))
 
     def capacity(self) -> dict[str, int]:
         """Tokens each tier can hold (scratch pages excluded)."""
@@ -89,15 +108,17 @@ class PoolGeometry:
 
 def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: int, group: int,
                model_dtype: torch.dtype, bits: tuple[int, int] = (2, 2),
-               sliding: SlidingLayers | None = None, layer_bits: tuple[tuple[int, int], ...] = ()) -> PoolGeometry:
+               sliding: SlidingLayers | None = None, layer_bits: tuple[tuple[int, int], ...] = (),
+               layer_parts: tuple[tuple[HeadPart, ...], ...] = ()) -> PoolGeometry:
     """Split ``cfg.kv_memory_bytes`` into window, BF16 and INT2 pages (see the module docstring); ``bits``: the
     key and value bits of the history (the codec's); ``num_layers`` counts every layer, ``sliding`` names those
-    that keep only a window; ``layer_bits``: a per-layer allocation's bits of each pool layer (empty: uniform)."""
+    that keep only a window; ``layer_bits``: a per-layer allocation's bits of each pool layer (empty: uniform);
+    ``layer_parts``: a per-head allocation's head ranges of each pool layer (empty: none)."""
     kv, P = cfg.kv, cfg.kv.page_size
     dtype = model_dtype if kv.method == "bf16" else torch.bfloat16
     n_win_layers = len(sliding.layers) if sliding else 0
     geo = PoolGeometry(num_layers - n_win_layers, num_kv_heads, head_dim, group, P, dtype, 0, 0, bits, n_win_layers,
-                       layer_bits=layer_bits)
+                       layer_bits=layer_bits, layer_parts=layer_parts)
     n_win = _window_pages(cfg, sliding) if sliding else 0
     budget = cfg.kv_memory_bytes - n_win * geo.window_page_bytes()
     if kv.method == "bf16":
@@ -134,8 +155,8 @@ class KVPools:
         self.bf16_k = torch.zeros(L, geo.bf16_pages, H, P, d, dtype=geo.window_dtype, device=device)
         self.bf16_v = torch.zeros_like(self.bf16_k)
         self.int2_k = self.int2_v = None  # every layer's history pages when all share one format (demote_all's pools)
-        self._int2_pools: list[dict[int, Int2Pages]] = [{}, {}]  # per kind: bits -> the pages of the layers at them
-        self._int2_index: dict[int, tuple[int, ...]] = {}  # pool layer -> its index in its (key, value) pools
+        self._int2_pools: list[dict[tuple[int, int], Int2Pages]] = [{}, {}]  # per kind: (bits, heads) -> their pages
+        self._int2_index: dict[tuple[int, int, int], tuple] = {}  # (pool layer, head range, kind) -> (pool, index)
         if geo.int2_pages:
             self._allocate_int2(device)
         assert len(sliding) == geo.window_layers, "one window-pool layer per sliding layer"
@@ -146,18 +167,19 @@ class KVPools:
         self._index = {i: n for kind in (False, True) for n, i in enumerate(j for j in layers if (j in sliding) == kind)}
 
     def _allocate_int2(self, device) -> None:
-        """One history pool per kind and bit width, ``[L_b, N, H, P, ...]`` over the layers at those bits (all
-        layers, in one tensor, for a uniform recipe): every layer holds its own bytes, no more."""
+        """One history pool per kind, bit width and head count, ``[L_b, N, H_b, P, ...]`` over the head ranges at
+        those bits (all layers, in one tensor, for a uniform recipe): every head range holds its own bytes, no more."""
         geo = self.geo
         for kind in (0, 1):
-            by_bits: dict[int, list[int]] = {}
+            groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
             for i in range(geo.num_layers):
-                by_bits.setdefault(geo.bits_of(i)[kind], []).append(i)
-            for bits, layers in by_bits.items():
-                self._int2_pools[kind][bits] = self._int2(len(layers), geo.int2_pages, geo.num_kv_heads, geo.page_size,
-                                                          geo.head_dim, geo.group, bits, device)
-                for n, i in enumerate(layers):
-                    self._int2_index[i] = self._int2_index.get(i, ()) + (n,)
+                for j, part in enumerate(geo.parts_of(i)):
+                    groups.setdefault((part.bits[kind], part.hi - part.lo), []).append((i, j))
+            for (bits, heads), members in groups.items():
+                self._int2_pools[kind][bits, heads] = self._int2(len(members), geo.int2_pages, heads, geo.page_size,
+                                                                 geo.head_dim, geo.group, bits, device)
+                for n, (i, j) in enumerate(members):
+                    self._int2_index[i, j, kind] = ((bits, heads), n)
         if all(len(p) == 1 for p in self._int2_pools):
             self.int2_k, self.int2_v = (next(iter(p.values())) for p in self._int2_pools)
 
@@ -169,19 +191,34 @@ class KVPools:
 
     def layer(self, layer: int) -> LayerKV:
         """Model layer ``layer``'s view: ``[N, H, P, ...]`` tensors sharing storage with the pools (the
-        window pool's BF16 pages for a sliding layer)."""
+        window pool's BF16 pages for a sliding layer). NOTE: a layer a per-head allocation splits has no one
+        history format: its view holds the BF16 pages only (what the write path needs); attention and demotion
+        read :meth:`parts`."""
         i = self._index[layer]
         if layer in self.sliding:
             return LayerKV(self.win_k[i], self.win_v[i], None, None)
-
-        lk, lv = self.levels.get(layer, (None, None))
-        if not self._int2_index:
+        if not self._int2_index or len(self.geo.parts_of(i)) > 1:
             return LayerKV(self.bf16_k[i], self.bf16_v[i], None, None)
+        return self.parts(layer)[0][1]
 
-        def pick(kind: int, levels) -> Int2Pages:
-            p, n = self._int2_pools[kind][self.geo.bits_of(i)[kind]], self._int2_index[i][kind]
-            return Int2Pages(p.codes[n], p.scale[n], p.zero[n], p.bits, levels)
-        return LayerKV(self.bf16_k[i], self.bf16_v[i], pick(0, lk), pick(1, lv))
+    def parts(self, layer: int) -> list[tuple[HeadPart, LayerKV]]:
+        """Model layer ``layer``'s head ranges, each with its view (BF16 pages of its heads, its history pages):
+        one range covering every head unless a per-head allocation splits the layer (a sliding layer: its window)."""
+        if layer in self.sliding:
+            return [(HeadPart(0, self.geo.num_kv_heads, self.geo.bits), self.layer(layer))]
+        i = self._index[layer]
+        lk, lv = self.levels.get(layer, (None, None))
+
+        def pick(j: int, kind: int, levels) -> Int2Pages:
+            key, n = self._int2_index[i, j, kind]
+            p = self._int2_pools[kind][key]
+            return Int2Pages(p.codes[n], p.scale[n], p.zero[n], p.bits, levels if p.bits == 2 else None)
+        out = []
+        for j, part in enumerate(self.geo.parts_of(i)):
+            k, v = (t[i] if part.hi - part.lo == t.shape[2] else t[i][:, part.lo:part.hi] for t in (self.bf16_k, self.bf16_v))
+            hist = (pick(j, 0, lk), pick(j, 1, lv)) if self._int2_index else (None, None)
+            out.append((part, LayerKV(k, v, *hist)))
+        return out
 
     def nbytes(self) -> dict[str, int]:
         """Bytes allocated per pool kind."""

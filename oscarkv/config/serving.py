@@ -77,6 +77,11 @@ class KVConfig:
     every layer at ``key_bits``. The artifact's recipe carries it (``recipe.layer_key_bits``)."""
     layer_value_bits: tuple[int, ...] = ()
     """Per-layer value bits, one per decoder layer (2 or 4); empty: every layer at ``value_bits``."""
+    layer_key_heads: tuple[tuple[int, ...], ...] = ()
+    """A per-KV-head key allocation, one entry per decoder layer: the KV heads whose keys that layer stores at 4
+    bits, the others at the layer's key bits (which must then be 2); empty: none. Spends 4-bit keys on the heads
+    whose retrieval needs them (``oscarkv calibrate --allocate key-heads``); the engine serves each layer as two
+    head ranges (``oscarkv.cache.kv_pools``). The artifact's recipe carries it (``recipe.layer_key_heads``)."""
 
     def __post_init__(self) -> None:
         self._check_layer_bits()
@@ -110,22 +115,42 @@ class KVConfig:
             if vals and (self.method not in LADDER_METHODS or any(b not in (2, 4) for b in vals)):
                 raise ValueError(f"KVConfig.{name} holds 2 or 4 per layer and applies to {LADDER_METHODS}, got "
                                  f"{vals} for {self.method!r}")
-        if self.layer_key_bits and self.layer_value_bits and len(self.layer_key_bits) != len(self.layer_value_bits):
-            raise ValueError(f"KVConfig.layer_key_bits and layer_value_bits must name the same layers, got "
-                             f"{len(self.layer_key_bits)} and {len(self.layer_value_bits)} values")
+        sizes = {len(v) for v in (self.layer_key_bits, self.layer_value_bits, self.layer_key_heads) if v}
+        if len(sizes) > 1:
+            raise ValueError(f"KVConfig.layer_key_bits, layer_value_bits and layer_key_heads must name the same layers, "
+                             f"got {len(self.layer_key_bits)}, {len(self.layer_value_bits)} and "
+                             f"{len(self.layer_key_heads)} values")
+        self._check_key_heads()
+
+    def _check_key_heads(self) -> None:
+        if not self.layer_key_heads:
+            return
+        if self.method not in LADDER_METHODS:
+            raise ValueError(f"KVConfig.layer_key_heads applies to {LADDER_METHODS}, got method {self.method!r}")
+        for i, heads in enumerate(self.layer_key_heads):
+            if any(not isinstance(h, int) or h < 0 for h in heads) or len(set(heads)) != len(heads):
+                raise ValueError(f"KVConfig.layer_key_heads[{i}]: distinct KV head indices >= 0 expected, got {heads}")
+            if heads and self.layer_bits(i)[0] != 2:
+                raise ValueError(f"KVConfig.layer_key_heads[{i}] lists heads {heads}, but layer {i} stores "
+                                 f"{self.layer_bits(i)[0]}-bit keys in every head: per-head 4-bit keys refine 2-bit layers")
 
     def layer_bits(self, layer: int) -> tuple[int, int]:
         """``(key_bits, value_bits)`` of decoder layer ``layer``: the per-layer allocation where one is set."""
         kb = self.layer_key_bits[layer] if self.layer_key_bits else self.key_bits
         return kb, self.layer_value_bits[layer] if self.layer_value_bits else self.value_bits
 
+    def key_heads(self, layer: int) -> tuple[int, ...]:
+        """The KV heads of decoder layer ``layer`` whose keys are stored at 4 bits by a per-head allocation."""
+        return tuple(sorted(self.layer_key_heads[layer])) if self.layer_key_heads else ()
+
     def _num_layers(self) -> int:
-        return max(len(self.layer_key_bits), len(self.layer_value_bits))
+        return max(len(self.layer_key_bits), len(self.layer_value_bits), len(self.layer_key_heads))
 
     @property
     def allocated(self) -> bool:
-        """Whether a per-layer allocation sets some layer's bits (``layer_key_bits``/``layer_value_bits``)."""
-        return bool(self.layer_key_bits or self.layer_value_bits)
+        """Whether a per-layer allocation sets some layer's bits (``layer_key_bits``/``layer_value_bits``) or a
+        per-head one some heads' (``layer_key_heads``)."""
+        return bool(self.layer_key_bits or self.layer_value_bits or self.layer_key_heads)
 
     def without_windows(self) -> KVConfig:
         """The same method with no sink and no recent window.
@@ -153,13 +178,14 @@ class KVConfig:
     def label(self) -> str:
         """Short name used in reports: ``oscar`` with windows is ``oscar+win``; a rung other than INT2
         is named after the method (``oscar-k4v2+win``); a per-layer allocation counts its 4-bit layers
-        (``oscar-k4x5+win``: five layers with 4-bit keys); Lloyd-Max levels add ``-lm`` (``oscar-lm+win``)."""
+        (``oscar-k4x5+win``: five layers with 4-bit keys), a per-head one its 4-bit key heads (``oscar-kh4x33+win``); Lloyd-Max levels add ``-lm`` (``oscar-lm+win``)."""
         if self.method == "bf16":
             return "bf16"
         name = self.method if self.bits == (2, 2) or self.method in FIXED_BITS else f"{self.method}-{self.rung()}"
         if self.allocated:  # e.g. oscar-k4x5: five layers hold 4-bit keys, the others the base bits
             fours = [sum(self.layer_bits(i)[j] == 4 for i in range(self._num_layers())) for j in (0, 1)]
             name = self.method + "".join(f"-{kind}4x{n}" for kind, n in zip("kv", fours) if n)
+            name += f"-kh4x{sum(map(len, self.layer_key_heads))}" if self.layer_key_heads else ""
         name += "-lm" if self.levels == "lloyd_max" else ""
         return f"{name}+win" if (self.sink or self.recent) else name
 

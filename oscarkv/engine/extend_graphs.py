@@ -118,7 +118,7 @@ class ExtendGraphs:
         self.pool = torch.cuda.graph_pool_handle() if runner.device.type == "cuda" else None
         # NOTE: another backend (the CPU's oracles) has one extend route for every shape
         self.splitk = isinstance(runner.backend, TritonAttention)
-        self.serves = not self.splitk or serves(runner.pools.layer(0))
+        self.serves = not self.splitk or serves(runner.pools.parts(0)[0][1])
         self.replays = 0
         self.fallbacks: Counter[str] = Counter()
         """Extend steps that ran eagerly, by :meth:`reason`."""

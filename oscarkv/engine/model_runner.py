@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oscarkv.cache.kv_pools import KVPools, plan_pools
+from oscarkv.cache.kv_pools import HeadPart, KVPools, plan_pools
 from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.cache.manager import WritePlan
 from oscarkv.attention.backends import TritonAttention
@@ -47,7 +47,7 @@ from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from oscarkv.engine.extend_graphs import ExtendGraphs
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
-from oscarkv.models.folding import fold_values
+from oscarkv.models.folding import fold_values, permute_kv_heads
 from oscarkv.models.parallel import TensorParallel
 from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import LayerCodec, TensorCodec
@@ -289,6 +289,7 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     store K/V as given (their codecs are replaced by the identity: a BF16 window, nothing to fold)."""
     p = next(model.parameters())
     sliding = SlidingLayers.from_config(model.config)
+    codecs = split_heads(model, codecs)
     bf16 = TensorCodec(None, codecs[0].key.group)
     layers = [LayerStorage(bf16, bf16) if sliding and i in sliding.layers else LayerStorage(c.key, c.value).to(p.device)
               for i, c in enumerate(codecs)]
@@ -297,7 +298,7 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     attn = model.model.layers[0].self_attn
     bits = (codecs[0].key.bits or 2, codecs[0].value.bits or 2)  # None: kv=bf16, no history pages
     geo = plan_pools(cfg, len(codecs), attn.num_kv_heads, attn.head_dim, codecs[0].key.group, p.dtype, bits, sliding,
-                     layer_bits(codecs, sliding))
+                     layer_bits(codecs, sliding), layer_parts(codecs, sliding, attn.num_kv_heads))
     levels = {i: (st.key.levels, st.value.levels) for i, st in enumerate(storage)}
     pools = KVPools(geo, p.device, sliding.layers if sliding else frozenset(), levels)
     runner = ModelRunner(model, pools, storage, backend, graph_buckets, tp)
@@ -308,6 +309,38 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
         # lazily, each would cost a served step a capture. Tensor-parallel ranks capture lazily, in step.
         runner.capture_graphs(1 + cfg.speculative.num_speculative_tokens)
     return runner
+
+
+def split_heads(model: PagedLM, codecs: list[LayerCodec]) -> list[LayerCodec]:
+    """Under a per-head key allocation (``TensorCodec.head_bits``), permute each such layer's KV heads in the model
+    (:func:`~oscarkv.models.folding.permute_kv_heads`) and in its codecs so that the heads of one bit width form a
+    contiguous range, 2-bit heads first (the order of ``head_parts``); other layers unchanged."""
+    out = []
+    for layer, c in zip(model.model.layers, codecs):
+        if not c.key.head_bits:
+            out.append(c)
+            continue
+        order = [h for heads, _ in c.key.head_parts() for h in heads]
+        permute_kv_heads(layer.self_attn, order)
+        out.append(LayerCodec(c.key.permute_heads(order), c.value.permute_heads(order)))
+    return out
+
+
+def layer_parts(codecs: list[LayerCodec], sliding: SlidingLayers | None,
+                num_kv_heads: int) -> tuple[tuple[HeadPart, ...], ...]:
+    """Each pool layer's head ranges (:func:`split_heads` made them contiguous) under a per-head allocation; empty
+    without one."""
+    rows = []
+    for i, c in enumerate(codecs):
+        if sliding and i in sliding.layers:
+            continue
+        vb, lo, parts = c.value.bits or 2, 0, []
+        for heads, key in c.key.head_parts():
+            n = len(heads) if heads is not None else num_kv_heads
+            parts.append(HeadPart(lo, lo + n, (key.bits or 2, vb)))
+            lo += n
+        rows.append(tuple(parts))
+    return tuple(rows) if any(len(r) > 1 for r in rows) else ()
 
 
 def layer_bits(codecs: list[LayerCodec], sliding: SlidingLayers | None) -> tuple[tuple[int, int], ...]:

@@ -144,8 +144,14 @@ def _handshake(runner: ModelRunner, control, size: int) -> None:
     """Every rank's pool geometry, compared on rank 0 (the manager there decides pages for all)."""
     geos: list = [None] * size
     dist.all_gather_object(geos, runner.pools.geo, group=control)
-    if any(g != geos[0] for g in geos):
-        raise RuntimeError(f"tensor-parallel ranks sized different pools: {geos}")
+    def sized(g):  # NOTE: a per-head allocation may store each rank's heads at other bits; the page counts must agree
+        return replace(g, layer_parts=(), layer_bits=(), bits=(0, 0))
+    if any(sized(g) != sized(geos[0]) for g in geos):
+        split = len({(g.layer_parts, g.layer_bits) for g in geos}) > 1
+        raise RuntimeError("tensor-parallel ranks sized different pools" + (
+            " (a per-head key allocation, recipe.layer_key_heads, gives the ranks' KV heads different bytes per "
+            "page: serve it with --tensor-parallel-size 1, or with a recipe whose 4-bit key heads split evenly "
+            "across the ranks)" if split else "") + f": {geos}")
 
 
 def _worker_main(rank: int, size: int, where: Rendezvous, device: torch.device) -> None:

@@ -227,8 +227,9 @@ def demote_layers(bf16_pools: torch.Tensor, src_pages: torch.Tensor, int2_pools:
     L, n, h, p, d = bf16_pools.shape
     n_int2 = int2_pools.codes.shape[1]
     assert len(codecs) == L and src_pages.shape == dst_pages.shape and src_pages.dtype == dst_pages.dtype == torch.int32
-    assert bf16_pools.is_contiguous() and all(t.is_contiguous() and t.shape[0] == L for t in
-                                              (int2_pools.codes, int2_pools.scale, int2_pools.zero))
+    # NOTE: the BF16 pages may be a head range's strided view (a per-head split, ``KVPools.parts``): read by strides
+    assert (L == 1 or bf16_pools.stride(0) == n * bf16_pools.stride(1)) and bf16_pools.stride(-1) == 1
+    assert all(t.is_contiguous() and t.shape[0] == L for t in (int2_pools.codes, int2_pools.scale, int2_pools.zero))
     flat_int2 = Int2Pages(*(t.flatten(0, 1) for t in (int2_pools.codes, int2_pools.scale, int2_pools.zero)), int2_pools.bits)
     dev = bf16_pools.device
     offs = torch.arange(p, dtype=torch.int32, device=dev)

@@ -54,6 +54,29 @@ def folded_value_codec(value: TensorCodec) -> TensorCodec:
                        levels=value.levels)  # no inverse left
 
 
+def permute_kv_heads(attn, order: list[int]) -> None:
+    """Reorder ``attn``'s KV heads in place: head ``order[j]`` becomes head ``j``, its query heads, k and v rows
+    (weights and biases of ``qkv_proj``) and ``o_proj`` columns with it — an exact reparametrization (attention is
+    per head; QK-norm weights are shared by the heads). A per-head key allocation uses it so that the heads of one
+    bit width form a contiguous range (``oscarkv.cache.kv_pools.HeadPart``)."""
+    H, d, rep = attn.num_kv_heads, attn.head_dim, attn.num_heads // attn.num_kv_heads
+    dev = attn.qkv_proj.weight.device
+    kv = torch.tensor(order, device=dev)
+    qh = (kv[:, None] * rep + torch.arange(rep, device=dev)).reshape(-1)  # query heads in their new order
+    cols = torch.arange(d, device=dev)
+
+    def rows(heads: torch.Tensor, base: int) -> torch.Tensor:
+        return (base + heads[:, None] * d + cols).reshape(-1)
+    q_rows = rows(qh, 0)
+    perm = torch.cat([q_rows, rows(kv, rep * H * d), rows(kv, (rep + 1) * H * d)])
+    with torch.no_grad():
+        qkv = attn.qkv_proj
+        qkv.weight.copy_(qkv.weight[perm])
+        if qkv.bias is not None:
+            qkv.bias.copy_(qkv.bias[perm])
+        attn.o_proj.weight.copy_(attn.o_proj.weight[:, q_rows])
+
+
 def fold_values(model, codecs) -> list[TensorCodec]:
     """Fold every layer of a :class:`~oscarkv.models.llama.PagedLM`; returns the storage value codecs."""
     out = []

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from oscarkv.models.llama import PagedLM
-from oscarkv.quant.codec import LayerCodec, TensorCodec
+from oscarkv.quant.codec import LayerCodec, TensorCodec, with_bits
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,10 @@ def shard_codecs(layers: tuple[LayerCodec, ...] | list[LayerCodec], num_kv_heads
     heads = tp.kv_heads(num_kv_heads)
 
     def cut(c: TensorCodec) -> TensorCodec:
-        return replace(c, **{f: getattr(c, f)[heads].clone() for f in ("rotation", "mean", "inverse")
-                             if getattr(c, f) is not None})
+        c = replace(c, **{f: getattr(c, f)[heads].clone() for f in ("rotation", "mean", "inverse")
+                          if getattr(c, f) is not None})
+        if not c.head_bits:
+            return c
+        bits = c.head_bits[heads]  # a per-head allocation: this rank's heads' bits
+        return replace(c, head_bits=bits) if len(set(bits)) > 1 else with_bits(replace(c, head_bits=()), bits[0])
     return [LayerCodec(cut(layer.key), cut(layer.value)) for layer in layers]

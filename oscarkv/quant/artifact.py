@@ -43,7 +43,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from oscarkv.config import FIXED_BITS, KVConfig, __version__
-from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec, check_layer_bits, with_bits
+from oscarkv.quant.codec import KVCodec, LayerCodec, TensorCodec, allocated, check_layer_bits
 from oscarkv.quant.int2 import levels_error
 from oscarkv.quant.rotation import orthogonality_error
 
@@ -243,6 +243,12 @@ class Artifact:
             if not isinstance(vals, list) or len(vals) != fp.num_layers or any(v not in (2, 4) for v in vals):
                 raise ArtifactError(f"field recipe.{name}: expected 2 or 4 for each of {fp.num_layers} layers, "
                                     f"got {vals!r}")
+        heads = recipe.get("layer_key_heads")
+        if heads is not None and (not isinstance(heads, list) or len(heads) != fp.num_layers or any(
+                not isinstance(h, list) or any(not isinstance(x, int) or not 0 <= x < fp.num_kv_heads for x in h)
+                for h in heads)):
+            raise ArtifactError(f"field recipe.layer_key_heads: expected, for each of {fp.num_layers} layers, a list of "
+                                f"KV heads below {fp.num_kv_heads}, got {heads!r}")
 
     def summary(self) -> list[str]:
         """The manifest in four lines (for a start-up log): the model, the recipe, the clips, the data."""
@@ -269,7 +275,7 @@ class Artifact:
         if cfg.levels == "lloyd_max" and not all(f"{k}.levels" in self.tensors for k in ("key", "value")):
             raise ArtifactError("tensor key.levels/value.levels: missing, but KVConfig.levels is 'lloyd_max' (fit them: "
                                 "oscarkv calibrate --rotations DIR --levels uniform,lloyd_max ...)")
-        check_layer_bits(cfg, self.fingerprint.num_layers)
+        check_layer_bits(cfg, self.fingerprint.num_layers, self.fingerprint.num_kv_heads)
         layers = []
         for i in range(self.fingerprint.num_layers):
             key, value = (self.fitted_codec(kind, i, group) for kind in ("key", "value"))
@@ -277,8 +283,7 @@ class Artifact:
                 key = replace(key, clip=_clip(cfg.key_clip))
             if cfg.levels == "lloyd_max":
                 key, value = (replace(c, levels=self.levels(k, i)) for c, k in ((key, "key"), (value, "value")))
-            kb, vb = cfg.layer_bits(i)
-            layers.append(LayerCodec(with_bits(key, kb), with_bits(value, vb)))
+            layers.append(allocated(cfg, i, LayerCodec(key, value), self.fingerprint.num_kv_heads))
         return KVCodec(cfg, tuple(layers), group)
 
     def fitted_codec(self, kind: str, layer: int, group: int) -> TensorCodec:
@@ -350,7 +355,8 @@ def apply_recipe(kv: KVConfig, artifact: Artifact | None) -> KVConfig:
                    key_bits=recipe.get("key_bits", 2), value_bits=recipe.get("value_bits", 2),
                    key_clip=recipe.get("key_clip"), levels=recipe.get("levels", "uniform"),
                    layer_key_bits=tuple(recipe.get("layer_key_bits", ())),
-                   layer_value_bits=tuple(recipe.get("layer_value_bits", ())))
+                   layer_value_bits=tuple(recipe.get("layer_value_bits", ())),
+                   layer_key_heads=tuple(map(tuple, recipe.get("layer_key_heads", ()))))
 
 
 def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
@@ -364,10 +370,14 @@ def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
     line = f"kv oscar: {bits}sink {kv.sink}, recent {kv.recent}, page {kv.page_size}{clip}"
     if kv.allocated:
         line += f", per-layer bits keys {_bits_row(kv.layer_key_bits)} values {_bits_row(kv.layer_value_bits)}"
-    mine = (kv.sink, kv.recent, *kv.bits, kv.key_clip, kv.levels, kv.layer_key_bits, kv.layer_value_bits)
+    if kv.layer_key_heads:
+        line += f", 4-bit key heads per layer {'/'.join(''.join(map(str, h)) or '-' for h in kv.layer_key_heads)}"
+    mine = (kv.sink, kv.recent, *kv.bits, kv.key_clip, kv.levels, kv.layer_key_bits, kv.layer_value_bits,
+            kv.layer_key_heads)
     if recipe and mine == (recipe["sink"], recipe["recent"], recipe.get("key_bits", 2), recipe.get("value_bits", 2),
                            recipe.get("key_clip"), recipe.get("levels", "uniform"),
-                           tuple(recipe.get("layer_key_bits", ())), tuple(recipe.get("layer_value_bits", ()))):
+                           tuple(recipe.get("layer_key_bits", ())), tuple(recipe.get("layer_value_bits", ())),
+                           tuple(map(tuple, recipe.get("layer_key_heads", ())))):
         return (f"{line} (the artifact's recipe: {recipe['bpe']} bits per element at {recipe['context']} tokens, "
                 f"chosen on {recipe['objective']} over {recipe.get('dev_samples', '?')} development samples)")
     return line + (" (set by the caller; the artifact's recipe differs)" if recipe else " (no recipe in the artifact)")

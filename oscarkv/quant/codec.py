@@ -18,6 +18,7 @@ rotation artifact) into a :class:`KVCodec` — the single code path for every me
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -41,9 +42,30 @@ class TensorCodec:
     per_channel: bool = False  # KIVI keys: quantize each channel over a block of tokens
     inverse: torch.Tensor | None = None  # [H, d, d] fp32, R⁻¹ when R is not orthogonal (None: Rᵀ)
     levels: Levels | None = None  # 2-bit level table (0, l1, l2, 3); None: uniform
+    head_bits: tuple[int, ...] = ()  # per KV head its bits (a per-head key allocation); empty: every head at `bits`
 
     def __post_init__(self) -> None:
         assert self.levels is None or (self.bits == 2 and not self.per_channel), "level tables are for per-token 2-bit codes"
+        assert not self.head_bits or (self.bits == 2 and not self.per_channel and set(self.head_bits) <= {2, 4}), \
+            "per-head bits refine a per-token 2-bit codec with 4-bit heads"
+
+    def head_parts(self) -> list[tuple[list[int] | None, TensorCodec]]:
+        """The codec's KV heads grouped by bits: ``(heads, the uniform codec that stores them)``, 2-bit heads first
+        (the layer's clip and levels; 4-bit heads unclipped, uniform: :func:`with_bits`). One part without
+        ``head_bits``. NOTE: every rule is per head, so storing each part on its own is the whole codec."""
+        if not self.head_bits:
+            return [(None, self)]
+        base = replace(self, head_bits=())
+        return [([h for h, b in enumerate(self.head_bits) if b == bits], with_bits(base, bits))
+                for bits in sorted(set(self.head_bits))]
+
+    def permute_heads(self, order: list[int]) -> TensorCodec:
+        """The same rule with KV head ``order[j]`` as head ``j`` (rotation, mean, inverse and head bits)."""
+        idx = torch.tensor(order)
+        moved = {f: getattr(self, f)[idx.to(getattr(self, f).device)] for f in ("rotation", "mean", "inverse")
+                 if getattr(self, f) is not None}
+        bits = tuple(self.head_bits[j] for j in order) if self.head_bits else ()
+        return replace(self, **moved, head_bits=bits)
 
     def back_map(self) -> torch.Tensor | None:
         """``R⁻¹ [H, d, d]``: rotated domain → original (``None`` without a transform)."""
@@ -77,9 +99,12 @@ class TensorCodec:
             x = x + self.mean.to(x.device)
         return x
 
-    def encode(self, x_rot: torch.Tensor) -> Packed:
-        """Clip and quantize rotated ``[T, H, d]``; per-channel codecs need ``T`` = one token block."""
+    def encode(self, x_rot: torch.Tensor) -> Packed | HeadPacked:
+        """Clip and quantize rotated ``[T, H, d]``; per-channel codecs need ``T`` = one token block; per-head bits
+        store each bit width's heads on their own (:class:`HeadPacked`)."""
         assert self.bits is not None, "encode() on a BF16 codec"
+        if self.head_bits:
+            return HeadPacked(tuple(c.encode(x_rot[:, heads]) for heads, c in self.head_parts()))
         if self.per_channel:  # [T, H, d] -> [H, d, T]: groups run along tokens
             return quantize(x_rot.permute(1, 2, 0), self.bits, x_rot.shape[0])
         return quantize(clip_groups(x_rot, self.clip, self.group), self.bits, self.group, self.levels)
@@ -87,11 +112,18 @@ class TensorCodec:
     def normalized(self, x_rot: torch.Tensor) -> torch.Tensor:
         """Clipped rotated ``[T, H, d]`` in code units, fp32 ``[T, H, d/G, G]``: what :meth:`encode` rounds
         (``oscarkv.quant.int2.normalized``; the data Lloyd-Max levels are fitted on)."""
+        assert not self.head_bits, "normalized() of a uniform codec (levels are fitted before any allocation)"
         return normalized(clip_groups(x_rot, self.clip, self.group), self.bits, self.group)[0]
 
-    def decode(self, p: Packed) -> torch.Tensor:
+    def decode(self, p: Packed | HeadPacked) -> torch.Tensor:
         """Packed codes → fp32 rotated ``[T, H, d]``."""
         assert self.bits is not None, "decode() on a BF16 codec"
+        if self.head_bits:
+            parts = [(heads, c.decode(q)) for (heads, c), q in zip(self.head_parts(), p.parts)]
+            out = parts[0][1].new_empty(parts[0][1].shape[0], len(self.head_bits), parts[0][1].shape[2])
+            for heads, x in parts:
+                out[:, heads] = x
+            return out
         if self.per_channel:
             t = p.codes.shape[-1] * 8 // self.bits
             return dequantize(p, self.bits, t).permute(2, 0, 1)
@@ -106,7 +138,19 @@ class TensorCodec:
     def bpe(self, n_low: int, n_bf16: int, page: int) -> float:
         if self.bits is None:
             return 16.0
+        if self.head_bits:  # the heads' mean
+            return sum(len(h) * c.bpe(n_low, n_bf16, page) for h, c in self.head_parts()) / len(self.head_bits)
         return bits_per_element(n_low, n_bf16, self.bits, page if self.per_channel else self.group)
+
+
+class HeadPacked(NamedTuple):
+    """The codes of a per-head allocation: one :class:`~oscarkv.quant.int2.Packed` per part of
+    :meth:`TensorCodec.head_parts` (each ``[T, heads of that part, ...]``)."""
+
+    parts: tuple[Packed, ...]
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)
 
 
 @dataclass(frozen=True)
@@ -163,28 +207,43 @@ def build_codec(cfg: KVConfig, num_layers: int, num_kv_heads: int, head_dim: int
             raise ValueError("kv method 'oscar' needs a rotation artifact (oscarkv calibrate --out DIR, then --rotations DIR)")
         return replace(artifact.codec(cfg, g), sliding=sliding)
     layer = _baseline_layer(cfg, num_kv_heads, head_dim, g)
-    check_layer_bits(cfg, num_layers)
-    layers = tuple(LayerCodec(with_bits(layer.key, kb), with_bits(layer.value, vb))
-                   for kb, vb in map(cfg.layer_bits, range(num_layers))) if cfg.allocated else (layer,) * num_layers
+    check_layer_bits(cfg, num_layers, num_kv_heads)
+    layers = (tuple(allocated(cfg, i, layer, num_kv_heads) for i in range(num_layers)) if cfg.allocated
+              else (layer,) * num_layers)
     return KVCodec(cfg, layers, g, sliding)
 
 
-def check_layer_bits(cfg: KVConfig, num_layers: int) -> None:
-    """A per-layer allocation (``KVConfig.layer_key_bits``/``layer_value_bits``) names every decoder layer."""
-    for name in ("layer_key_bits", "layer_value_bits"):
+def allocated(cfg: KVConfig, i: int, layer: LayerCodec, num_kv_heads: int) -> LayerCodec:
+    """Layer ``i``'s codecs at the bits ``cfg`` allocates it: per layer (``layer_bits``), per key head
+    (``key_heads``)."""
+    kb, vb = cfg.layer_bits(i)
+    key, heads = with_bits(layer.key, kb), cfg.key_heads(i)
+    if heads:
+        key = replace(key, head_bits=tuple(4 if h in heads else 2 for h in range(num_kv_heads)))
+    return LayerCodec(key, with_bits(layer.value, vb))
+
+
+def check_layer_bits(cfg: KVConfig, num_layers: int, num_kv_heads: int | None = None) -> None:
+    """A per-layer allocation (``KVConfig.layer_key_bits``/``layer_value_bits``/``layer_key_heads``) names every
+    decoder layer, and a per-head one only heads the model has."""
+    for name in ("layer_key_bits", "layer_value_bits", "layer_key_heads"):
         n = len(getattr(cfg, name))
         if n and n != num_layers:
             raise ValueError(f"KVConfig.{name}: {n} values for a model of {num_layers} layers")
+    for i, heads in enumerate(cfg.layer_key_heads):
+        if num_kv_heads is not None and any(h >= num_kv_heads for h in heads):
+            raise ValueError(f"KVConfig.layer_key_heads[{i}]: heads {heads}, but the model has {num_kv_heads} KV heads")
 
 
 def with_bits(codec: TensorCodec, bits: int) -> TensorCodec:
     """``codec`` storing ``bits``-bit codes. NOTE: 4-bit codes are not clipped and keep uniform levels: clip
     ratios and level tables are fitted for INT2 (``oscarkv.calibrate.solve``), where the rounding step is five
     times coarser."""
-    if bits == codec.bits:
+    if bits == codec.bits and not (bits == 4 and codec.head_bits):
         return codec
     two = bits == 2
-    return replace(codec, bits=bits, clip=codec.clip if two else None, levels=codec.levels if two else None)
+    return replace(codec, bits=bits, clip=codec.clip if two else None, levels=codec.levels if two else None,
+                   head_bits=codec.head_bits if two else ())
 
 
 def _baseline_layer(cfg: KVConfig, heads: int, d: int, g: int) -> LayerCodec:

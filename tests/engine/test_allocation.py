@@ -1,6 +1,7 @@
 """A per-layer precision allocation served by the engine: each layer's history pages at its own bits,
 pools holding what the accounting counts, output ≡ OscarCache (the reference path), and an allocation
-of equal layers ≡ the uniform recipe bit for bit. Tiny random models on the CPU (see test_equivalence)."""
+of equal layers ≡ the uniform recipe bit for bit; a per-head key allocation likewise (each layer two head
+ranges, its heads permuted at load). Tiny random models on the CPU (see test_equivalence)."""
 
 from dataclasses import replace
 
@@ -13,6 +14,8 @@ from tests.engine.conftest import D, HKV, L, engine_config, hf_greedy, make_engi
 from tests.engine.test_equivalence import N, TOL_Q
 
 MIXED = dict(layer_key_bits=(4, 2), layer_value_bits=(2, 4))
+HEADS = dict(layer_key_heads=((1,), (0,)))  # layer 0 keeps head 0 at 2 bits; layer 1 moves head 0 after head 1
+ALLOCS = {"layers": MIXED, "heads": HEADS}
 
 
 def test_mixed_allocation_matches_oscar_cache(llama, artifact):
@@ -66,14 +69,15 @@ def test_mixed_pages_hold_oscar_cache_bytes(llama, artifact):
         assert torch.equal(torch.cat([pool.codes[pg].transpose(0, 1) for pg in pages]), torch.cat([b.codes for b in blocks]))
 
 
-def test_triton_demote_all_encodes_each_layer_at_its_bits(llama, artifact):
+@pytest.mark.parametrize("alloc", ["layers", "heads"])
+def test_triton_demote_all_encodes_each_layer_at_its_bits(llama, artifact, alloc):
     """CUDA graphs demote every layer at once (``demote_all``): under an allocation the Triton backend demotes
     layer by layer into each layer's own pool, the same bytes as the PyTorch oracle (the interpreter here)."""
     from oscarkv.attention.backends import TorchAttention, TritonAttention
 
     pools = []
     for backend in (TorchAttention(), TritonAttention()):
-        engine = make_engine(llama, "oscar", artifact, kv=replace(engine_config().kv, **MIXED))
+        engine = make_engine(llama, "oscar", artifact, kv=replace(engine_config().kv, **ALLOCS[alloc]))
         r = engine.runner
         g = torch.Generator().manual_seed(0)
         for i in range(L):
@@ -85,14 +89,16 @@ def test_triton_demote_all_encodes_each_layer_at_its_bits(llama, artifact):
         pools.append(r.pools)
     for i in range(L):
         for kind in ("int2_k", "int2_v"):
-            a, b = (getattr(p.layer(i), kind) for p in pools)
-            assert a.bits == b.bits and torch.equal(a.codes[1:3], b.codes[1:3]) and torch.equal(a.scale[1:3], b.scale[1:3])
-            assert a.codes[1:3].any()
+            for (_, x), (_, y) in zip(*(p.parts(i) for p in pools)):
+                a, b = getattr(x, kind), getattr(y, kind)
+                assert a.bits == b.bits and torch.equal(a.codes[1:3], b.codes[1:3]) and torch.equal(a.scale[1:3], b.scale[1:3])
+                assert a.codes[1:3].any()
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_triton_engine_allocation_matches_oracle_gpu(artifact):
+@pytest.mark.parametrize("alloc", ["layers", "heads"])
+def test_triton_engine_allocation_matches_oracle_gpu(artifact, alloc):
     """An allocation through the Triton kernels and CUDA graphs ≡ the PyTorch oracles (test_gpu_engine's bound)."""
     from oscarkv.attention.backends import TorchAttention
     from oscarkv.engine.engine import LLMEngine
@@ -101,10 +107,51 @@ def test_triton_engine_allocation_matches_oracle_gpu(artifact):
 
     model = tiny_model().to("cuda", torch.bfloat16)
     cfg = engine_config()
-    cfg = replace(cfg, kv=replace(cfg.kv, **MIXED))
+    cfg = replace(cfg, kv=replace(cfg.kv, **ALLOCS[alloc]))
     ps = prompts(5, 61)
     triton_engine = LLMEngine.from_hf(model, cfg, artifact)
     assert triton_engine.runner.graphs
     out = run(triton_engine, ps)
     ref = run(LLMEngine.from_hf(model, cfg, artifact, backend=TorchAttention()), ps)
     _compare_prefix(ref, out, 0.25)
+
+
+
+
+def test_per_head_allocation_matches_oscar_cache(llama, artifact):
+    """4-bit keys in one KV head of each layer, served as two head ranges (heads permuted at load) ≡ OscarCache,
+    which stores each head at its bits in the model's own head order."""
+    kv = replace(engine_config().kv, **HEADS)
+    engine = make_engine(llama, "oscar", artifact, kv=kv)
+    assert [[(p.hi - p.lo, p.bits) for p, _ in engine.runner.pools.parts(i)] for i in range(L)] == [[(1, (2, 2)), (1, (4, 2))]] * L
+    ps = prompts(2, 41)
+    for p, out in zip(ps, run(engine, ps)):
+        toks, lps = hf_greedy(llama, p, N, OscarCache(llama.config, kv, artifact))
+        assert out.token_ids == toks
+        assert max(abs(a - b) for a, b in zip(out.logprobs, lps)) < TOL_Q
+
+
+def test_per_head_pages_hold_oscar_cache_bytes(llama, artifact):
+    """Each head range stores OscarCache's bytes of its heads (layer 1: heads permuted, the 4-bit head 0 last)."""
+    from tests.engine.test_equivalence import written_pages
+
+    pools, cache, pages = written_pages(llama, artifact, replace(engine_config().kv, **HEADS))
+    for layer, order in ((0, [0, 1]), (1, [1, 0])):
+        row = cache.layers[layer].rows[0]
+        for j, ((part, view), head) in enumerate(zip(pools.parts(layer), order)):  # range j: HeadPacked part j
+            assert (view.int2_k.bits, view.int2_v.bits) == ((2, 2), (4, 2))[j]
+            for kind, pool in ((0, view.int2_k), (1, view.int2_v)):
+                blocks = getattr(row[kind], "blocks", None) or row[kind].pages
+                got = torch.cat([pool.codes[pg].transpose(0, 1) for pg in pages])  # [tokens, 1, bytes]
+                want = torch.cat([b.parts[j].codes if kind == 0 else b.codes[:, [head]] for b in blocks])
+                assert torch.equal(got, want)
+
+
+def test_per_head_pools_store_what_the_accounting_counts(llama, artifact):
+    kv = replace(engine_config().kv, **HEADS)
+    pools = make_engine(llama, "oscar", artifact, kv=kv).runner.pools
+    geo = pools.geo
+    assert pools.nbytes()["int2"] == geo.int2_pages * geo.int2_page_bytes()
+    codec = build_codec(kv.without_windows(), L, HKV, D, artifact)
+    elements = 2 * L * HKV * geo.page_size * D
+    assert 8 * geo.int2_page_bytes() / elements == pytest.approx(codec.bpe(1 << 16), rel=1e-12)

@@ -150,3 +150,15 @@ def test_more_ranks_than_visible_gpus_is_refused_before_any_rank_starts():
     for dev, ranks in ((torch.device("cuda", 0), 4), (torch.device("cuda", 1), 2)):
         with pytest.raises(ValueError, match="tensor_parallel_size.*2 are visible"):
             check_devices(dev, ranks, available=2)
+
+
+def test_tp2_per_head_allocation_equals_tp1(llama):
+    """A per-head key allocation whose 4-bit heads fall on both ranks (each rank: one 4-bit and one 2-bit layer,
+    the same bytes per page) ≡ tp = 1, where each layer is split into two head ranges."""
+    kv = replace(engine_config().kv, layer_key_heads=((1,), (0,)))
+    one, two = _pair(llama, "oscar", 2, kv=kv)
+    try:
+        assert one.runner.pools.geo.layer_parts and not two.runner.local.pools.geo.layer_parts
+        same(scenario(two)[0], scenario(one)[0])
+    finally:
+        two.close()

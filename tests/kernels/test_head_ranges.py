@@ -1,0 +1,73 @@
+"""A per-head key allocation serves each layer as head ranges (``KVPools.parts``): the kernels read a range's BF16
+pages as a strided view of the layer's pool (its heads only) beside the range's own history pages. Every kernel
+route on such a view ≡ the fp32 oracle on the same view, and the oracle on a view ≡ the oracle on the whole layer
+restricted to those heads (to fp32 rounding). CPU interpreter at small shapes; on a GPU at a real head_dim."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from oscarkv.attention.backends import TritonAttention
+from oscarkv.cache.paged_layout import Int2Pages, LayerKV
+from oscarkv.kernels.decode import decode_attention
+from oscarkv.kernels.prefill import MIN_CHUNK
+from oscarkv.kernels.reference import decode_attention_ref, extend_attention_ref
+from oscarkv.kernels.synthetic import random_cache
+from tests.kernels.test_decode import _bf16_torch_error, _rel
+from tests.kernels.test_extend import _bf16_error
+
+CUDA = torch.cuda.is_available()
+
+
+def _range(kv: LayerKV, lo: int, hi: int) -> LayerKV:
+    """Heads ``[lo, hi)``: strided BF16 views, history pages copied into tensors of their own (as the pools hold)."""
+    def own(p: Int2Pages) -> Int2Pages:
+        return replace(p, **{f: getattr(p, f)[:, lo:hi].contiguous() for f in ("codes", "scale", "zero")})
+    return LayerKV(kv.bf16_k[:, lo:hi], kv.bf16_v[:, lo:hi], own(kv.int2_k), own(kv.int2_v))
+
+
+def _case(device: str, d: int, rep: int, seed: int):
+    page, sink, recent = (64, 64, 256) if device == "cuda" else (16, 32, 64)
+    kv, tables = random_cache([300, 90], 3, d, page=page, sink=sink, recent=recent, device=device, seed=seed,
+                              bits=(4, 2))
+    part = _range(kv, 1, 3)
+    assert not part.bf16_k.is_contiguous()
+    return kv, part, tables, rep
+
+
+@pytest.mark.parametrize("rep", [1, 2])
+def test_oracle_on_a_range_is_the_layer_restricted(rep):
+    kv, part, tables, _ = _case("cpu", 32, rep, seed=rep)
+    q = torch.randn(2, 3 * rep, 32, generator=torch.Generator().manual_seed(rep))
+    whole = decode_attention_ref(q, kv, tables, 32**-0.5)
+    torch.testing.assert_close(decode_attention_ref(q[:, rep:], part, tables, 32**-0.5), whole[:, rep:], rtol=1e-5, atol=1e-6)
+
+
+def _check_routes(device: str, d: int, rep: int, seed: int) -> None:
+    _, part, tables, _ = _case(device, d, rep, seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(2, 3 * rep, d, generator=gen, device=device).bfloat16()[:, rep:]  # the range's query heads: strided
+    out = decode_attention(q if device == "cuda" else q.float(), part, tables, d**-0.5)
+    ref = decode_attention_ref(q.float(), part, tables, d**-0.5)
+    assert _rel(out, ref) <= max(2 * _bf16_torch_error(q, part, tables, d**-0.5, ref), 1e-3)
+    for chunks in ([3, 5], [MIN_CHUNK, 2]):  # the tile / split-K kernels, the staged path
+        t = sum(chunks)
+        qe, k, v = (torch.randn(t, 3 * n, d, generator=gen, device=device).bfloat16().float() for n in (rep, 1, 1))
+        qe, k, v = qe[:, rep:], k[:, 1:], v[:, 1:]
+        cu = torch.tensor([0, chunks[0], t], dtype=torch.int32, device=device)
+        out = TritonAttention().extend(qe, k, v, part, tables, cu, d**-0.5)
+        ref = extend_attention_ref(qe, k, v, part, tables, cu, d**-0.5)
+        assert _rel(out, ref) <= max(2 * _bf16_error(qe, k, v, part, tables, cu, d**-0.5, ref), 1e-3), chunks
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+def test_kernels_read_a_head_range_cpu():
+    _check_routes("cpu", 32, 2, seed=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("rep", [1, 4])
+def test_kernels_read_a_head_range_gpu(rep):
+    _check_routes("cuda", 128, rep, seed=rep)
