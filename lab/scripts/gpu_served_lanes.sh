@@ -17,14 +17,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODEL_DIR=/tmp/oscarkv_spec_model
 if [ "${1:-run}" = keep ]; then mkdir -p "$MODEL_DIR" && cp .spec_model/a/* "$MODEL_DIR/" && ls -la "$MODEL_DIR"; exit; fi
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
-OUT=${OUT:-/tmp/served_lanes}; W=$(mktemp -d /tmp/lanes.XXXX); mkdir -p "$OUT"
-mkdir -p /tmp/lanes_model; GGUF=/tmp/lanes_model/SmolLM2-135M-Instruct.Q4_1.gguf  # NOTE: the name makes it the default
-# model; its own folder, as gpu_spec.sh part2 rewrites the one in $MODEL_DIR while the other lanes read theirs
-cat "$MODEL_DIR/model.part0" .spec_model/b/model.part1 > "$GGUF" || exit 1
-[ "$(sha256sum "$GGUF" | cut -d' ' -f1)" = "$(cat .spec_model/b/model.sha256)" ] || { echo "GGUF checksum mismatch"; exit 1; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$MODEL_DIR"/gguf-*.whl || exit 1
-export PYTHONPATH="$PYTHONPATH:/tmp/site" MODEL="$GGUF" PY=python3
+W=$(mktemp -d /tmp/lanes.XXXX); OUT=${OUT:-/tmp/served_lanes}; mkdir -p "$OUT"
+source lab/scripts/gpu_model_env.sh
 R=lab/scripts/twobit_recipe_8192
 fallback() { OUT=$W/fallback SAMPLES=40 CONFIGS=${FALLBACK_CONFIGS-k4v2} \
   RECIPES=${FALLBACK_RECIPES:-b3.7=${R}_b3.7.json,k4v4_r64=${R}_k4v4_r64.json} \

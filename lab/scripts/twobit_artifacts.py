@@ -40,6 +40,7 @@ def write(recipe_file: Path, out: Path) -> None:
         kv = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), Artifact.load(out / name))
         codec = build_codec(kv, *art.fingerprint.kv_dims, art)
         print(f"{name}: sink {kv.sink}, recent {kv.recent}, key bits {''.join(map(str, kv.layer_key_bits)) or kv.key_bits}, "
+              f"{sum(map(len, kv.layer_key_heads))} heads of 4-bit keys, "
               f"{', '.join(f'{codec.bpe(t):.3f}' for t in (4096, 8192, 102400))} bits per element at 4K / 8K / 100K")
 
 

@@ -191,7 +191,7 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
     rows = []
     for shape in cfg.shapes:
         model = e2e.random_model(shape, cfg.tensor_parallel_size)
-        for method, kv in kv_configs(cfg, model.config.num_hidden_layers):
+        for method, kv in kv_configs(cfg, model.config.num_hidden_layers, model.config.num_key_value_heads):
             # NOTE: the step budget (chunk x seqs) sizes the BF16 pool; a batch uses bench capacity's small
             # INT2 chunk so that its sequences fit the KV budget
             engine = e2e.build_engine(model, kv, int(cfg.kv_gib * 2**30), cfg.batch,
@@ -214,12 +214,13 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
     return table
 
 
-def kv_configs(cfg: DecodeBench, num_layers: int) -> list[tuple[str, KVConfig]]:
-    """(row label, KV config) of each method, then of each ``layer_key_bits`` allocation at ``num_layers``
-    (labelled as reports label it: ``oscar-k4x12+win``, 12 layers of 4-bit keys)."""
+def kv_configs(cfg: DecodeBench, num_layers: int, num_kv_heads: int) -> list[tuple[str, KVConfig]]:
+    """(row label, KV config) of each method, then of each ``layer_key_bits`` allocation at ``num_layers`` layers of
+    ``num_kv_heads`` (labelled as reports label it: ``oscar-k4x12+win``, 12 layers of 4-bit keys; ``oscar-kh4x96+win``,
+    96 KV heads)."""
     out = [(m, KVConfig(m)) for m in cfg.methods]
     for spec in cfg.layer_key_bits:
-        kv = allocation_config(spec, num_layers)
+        kv = allocation_config(spec, num_layers, num_kv_heads)
         out.append((kv.label(), kv))
     return out
 

@@ -51,11 +51,11 @@ def test_even_spacing(fraction, n):
 def test_recipe_file_brings_its_windows(tmp_path):
     f = tmp_path / "r.json"
     f.write_text(json.dumps({"recipe": {"sink": 0, "recent": 128, "layer_key_bits": [4, 2, 2] * 10}}))
-    kv = allocation_config(str(f), 36)
+    kv = allocation_config(str(f), 36, 8)
     assert (kv.sink, kv.recent, kv.method) == (0, 128, "oscar") and kv.layer_key_bits.count(4) == 12
     with pytest.raises(ValueError, match="neither a fraction"):
         DecodeBench(layer_key_bits=("1.5",))
-    labels = [label for label, _ in decode.kv_configs(DecodeBench(methods=("bf16",), layer_key_bits=(str(f), "0.5")), 36)]
+    labels = [label for label, _ in decode.kv_configs(DecodeBench(methods=("bf16",), layer_key_bits=(str(f), "0.5")), 36, 8)]
     assert labels == ["bf16", "oscar-k4x12+win", "oscar-k4x18+win"]
 
 
@@ -64,9 +64,9 @@ def test_recipe_file_brings_its_value_bits(tmp_path):
     f = tmp_path / "r.json"
     f.write_text(json.dumps({"sink": 64, "recent": 64, "layer_key_bits": [4] * 30,
                              "layer_value_bits": [4 if i in (1, 2, 7, 14, 18, 20, 23) else 2 for i in range(30)]}))
-    kv = allocation_config(str(f), 36)
+    kv = allocation_config(str(f), 36, 8)
     assert kv.layer_key_bits == (4,) * 36 and kv.layer_value_bits.count(4) == 8 and len(kv.layer_value_bits) == 36
-    assert allocation_config(str(f), 30).layer_value_bits[18] == 4
+    assert allocation_config(str(f), 30, 8).layer_value_bits[18] == 4
 
 
 def _running(engine, prompt: int):
@@ -82,7 +82,7 @@ def test_allocation_engine_pools_bits_and_bytes():
     (INT2 and K4V2 mixed by the share of 4-bit layers), and a step reads d/4 more bytes per history token, KV
     head and 4-bit layer than INT2's."""
     model = PagedLM.random(CONFIG)
-    kv = allocation_config("0.5", L)
+    kv = allocation_config("0.5", L, 2)
     assert kv.layer_key_bits == (2, 4, 2, 4, 2, 4)
     engines = {name: e2e.build_engine(model, cfg, kv_bytes=1 << 22, max_num_seqs=1, chunk=64)
                for name, cfg in (("alloc", kv), ("int2", KVConfig("oscar")))}
@@ -95,3 +95,17 @@ def test_allocation_engine_pools_bits_and_bytes():
     read = {name: e2e.kv_read_bytes(engine, _running(engine, 700)) for name, engine in engines.items()}
     hist = engines["alloc"].manager.tier_tokens(engines["alloc"].scheduler.running[0])[1]
     assert hist > 0 and read["alloc"] - read["int2"] == hist * 3 * 2 * 32 // 4
+
+
+def test_a_per_head_recipe_carries_its_head_shares(tmp_path):
+    """A per-head recipe of the default model (3 KV heads) at a shape of 8: each layer the share of the source layer
+    at its depth, its first heads; the bench engine serves it as two head ranges per split layer."""
+    src = [[], [0], [0, 2], [0, 1, 2]] * 3  # 12 source layers: 0, 1, 2, 3 of 3 heads
+    f = tmp_path / "heads.json"
+    f.write_text(json.dumps({"recipe": {"sink": 64, "recent": 64, "layer_key_heads": src}}))
+    kv = allocation_config(str(f), 24, 8)
+    assert [len(h) for h in kv.layer_key_heads] == [0, 0, 3, 3, 5, 5, 8, 8] * 3 and kv.layer_key_heads[2] == (0, 1, 2)
+    small = allocation_config(str(f), L, 2)
+    engine = e2e.build_engine(PagedLM.random(CONFIG), small, kv_bytes=1 << 22, max_num_seqs=1, chunk=64)
+    split = [len(engine.runner.pools.parts(i)) for i in range(L)]
+    assert split == [1 if len(h) in (0, 2) else 2 for h in small.layer_key_heads]

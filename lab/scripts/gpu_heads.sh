@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Per-head key bits (issue 26) served on one GPU: lanes at once (the default model is small: each lane is host-bound).
+#   call 1, carry [".spec_model/a"]: bash lab/scripts/gpu_served_lanes.sh keep
+#   call 2, carry [".spec_model/b"], same warm machine: bash lab/scripts/gpu_heads.sh [LANE ...]
+# Lanes (default: all):
+#   tests   the GPU tests of allocations and head ranges (engine ≡ oracle through Triton and CUDA graphs, kernels)
+#   h8a     8K single needle, 40 samples per haystack (80 a cell): the unquantized cache, 28 heads (within INT2+win's
+#           bits), the shipped per-layer recipe
+#   h8b     the same cell: 34 and 36 heads (over the budget: the frontier)
+#   h4      4K single needle, 20 per haystack: 28 and 34 heads
+#   m8      8K multi-needle (three tasks, 20 per haystack each): 28 heads
+# Recipes: lab/scripts/twobit_recipe_8192_heads{28,34,36}.json (lab/scripts/twobit_head_recipe.py: heads ranked on
+# development samples). Out ($OUT): lanes.tgz (every result and log), summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+W=$(mktemp -d /tmp/heads.XXXX); OUT=${OUT:-/tmp/heads}; mkdir -p "$OUT"
+source lab/scripts/gpu_model_env.sh
+R=lab/scripts/twobit_recipe_8192_heads
+T=${LANE_TIMEOUT:-540}
+START=$(date +%s)
+ev() {  # LANE CONTEXT SET SAMPLES RECIPES
+    OUT=$W/$1 SAMPLES=$4 CONFIGS= RECIPES=$5 timeout "$T" bash lab/scripts/gpu_twobit.sh eval "$2" "$3" > "$W/$1.log" 2>&1
+}
+tests() { timeout "$T" python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/engine/test_allocation.py \
+  tests/kernels/test_head_ranges.py > "$W/gpu_tests.log" 2>&1; }
+h8a() { ev h8a 8192 single 40 "h28=${R}28.json,shipped=oscarkv/data/default_recipe.json"; }
+h8b() { ev h8b 8192 single 40 "h34=${R}34.json,h36=${R}36.json"; }
+h4() { ev h4 4096 single 20 "h28=${R}28.json,h34=${R}34.json"; }
+m8() { ev m8 8192 multi 20 "h28=${R}28.json"; }
+for lane in ${*:-tests h8a h8b h4 m8}; do $lane & done; wait
+{ nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md; do echo "== $f"; cat "$f"; done
+  echo "== tests"; tail -n 30 "$W/gpu_tests.log" 2>/dev/null; echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1
+find "$W" -name "*.safetensors" -delete
+tar -czf "$OUT/lanes.tgz" -C /tmp "$(basename "$W")"
+cat "$OUT/summary.txt"; echo "== done in $(( $(date +%s) - START ))s"
