@@ -47,7 +47,7 @@ from oscarkv.cache.paged_layout import LayerKV, PageTables
 from oscarkv.kernels.decode import _num_sms, uses_raw_int2
 from oscarkv.kernels.decode_int2 import (_bf16_scores, _bf16_values, _bf16_windows, _empty_state, _group_q,
                                          _int2_history, _store_partial)
-from oscarkv.kernels.pools import format_args, history_arg, tables_arg, tier_rows, window_arg
+from oscarkv.kernels.pools import format_args, history_arg, same_rows, tables_arg, tier_rows, window_arg
 from oscarkv.kernels.split_k import merge_splits, softmax_step_t
 
 LOG2E = 1.4426950408889634
@@ -197,7 +197,7 @@ def chunk_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     assert serves(kv), "chunk_attention: a layout the raw-code tiles do not read (see serves)"
     assert dk == d and hq % h == 0 and d & (d - 1) == 0, f"bad shapes q {tuple(q.shape)} pool {tuple(kv.bf16_k.shape)}"
     assert q.dtype in (torch.bfloat16, torch.float32) and q.stride(2) == 1, "q: bf16/fp32, contiguous head_dim"
-    assert k_new.shape == v_new.shape == (t, h, d) and k_new.stride() == v_new.stride() and k_new.stride(2) == 1
+    assert k_new.shape == v_new.shape == (t, h, d) and same_rows(k_new, v_new)
     assert cu_seqlens.dtype == torch.int32 and tables.bf16_lens.shape[0] == bsz and 0 < max_chunk
     int2 = kv.int2_k is not None
     rep = hq // h

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
 from oscarkv.kernels.levels import _levels
-from oscarkv.kernels.pools import format_args, history_arg, tables_arg, tier_rows, window_arg
+from oscarkv.kernels.pools import format_args, history_arg, same_rows, tables_arg, tier_rows, window_arg
 
 LOG2E = 1.4426950408889634
 
@@ -196,7 +196,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     _, h, p, dk = kv.bf16_k.shape
     bsz = cu_seqlens.numel() - 1
     assert dk == d and hq % h == 0 and d >= 16 and d & (d - 1) == 0, f"bad shapes q {tuple(q.shape)} pool {tuple(kv.bf16_k.shape)}"
-    assert k_new.shape == v_new.shape == (t, h, d) and k_new.stride() == v_new.stride() and k_new.stride(2) == 1
+    assert k_new.shape == v_new.shape == (t, h, d) and same_rows(k_new, v_new)
     assert q.stride(2) == 1 and kv.bf16_k.stride() == kv.bf16_v.stride() and kv.bf16_k.stride(3) == 1
     assert cu_seqlens.dtype == torch.int32 and tables.bf16_lens.shape[0] == bsz
     int2 = kv.int2_k is not None

@@ -26,6 +26,14 @@ import triton.language as tl
 from oscarkv.cache.paged_layout import Int2Pages, LayerKV, PageTables
 
 
+def same_rows(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` (``[T, H, d]``, the chunk's own K and V) share the strides a kernel reads both by: those of
+    every dimension longer than 1 (a one-head range's K and V may differ in a head stride nothing multiplies),
+    channels contiguous."""
+    return a.shape == b.shape and a.stride(-1) == b.stride(-1) == 1 and all(
+        n == 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride()))
+
+
 def window_arg(kv: LayerKV) -> tuple:
     """``(K, V, strides)`` of the BF16 pools ``[N, H, P, d]`` (K and V share strides, channels contiguous)."""
     assert kv.bf16_k.dtype == kv.bf16_v.dtype == torch.bfloat16 and kv.bf16_k.stride() == kv.bf16_v.stride()

@@ -27,11 +27,11 @@ def _range(kv: LayerKV, lo: int, hi: int) -> LayerKV:
     return LayerKV(kv.bf16_k[:, lo:hi], kv.bf16_v[:, lo:hi], own(kv.int2_k), own(kv.int2_v))
 
 
-def _case(device: str, d: int, rep: int, seed: int):
+def _case(device: str, d: int, rep: int, seed: int, lo: int = 1):
     page, sink, recent = (64, 64, 256) if device == "cuda" else (16, 32, 64)
     kv, tables = random_cache([300, 90], 3, d, page=page, sink=sink, recent=recent, device=device, seed=seed,
                               bits=(4, 2))
-    part = _range(kv, 1, 3)
+    part = _range(kv, lo, 3)
     assert not part.bf16_k.is_contiguous()
     return kv, part, tables, rep
 
@@ -44,17 +44,21 @@ def test_oracle_on_a_range_is_the_layer_restricted(rep):
     torch.testing.assert_close(decode_attention_ref(q[:, rep:], part, tables, 32**-0.5), whole[:, rep:], rtol=1e-5, atol=1e-6)
 
 
-def _check_routes(device: str, d: int, rep: int, seed: int) -> None:
-    _, part, tables, _ = _case(device, d, rep, seed)
+def _check_routes(device: str, d: int, rep: int, seed: int, lo: int = 1) -> None:
+    """Heads ``[lo, 3)``; ``lo = 2``: a one-head range whose K comes from a head-major layout (``to_rotated``'s
+    ``[H, T, d]`` product viewed as ``[T, H, d]``) and V from a token-major one: strides differ where the head
+    dimension has length 1."""
+    _, part, tables, _ = _case(device, d, rep, seed, lo)
     gen = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(2, 3 * rep, d, generator=gen, device=device).bfloat16()[:, rep:]  # the range's query heads: strided
+    q = torch.randn(2, 3 * rep, d, generator=gen, device=device).bfloat16()[:, lo * rep:]  # the range's query heads
     out = decode_attention(q if device == "cuda" else q.float(), part, tables, d**-0.5)
     ref = decode_attention_ref(q.float(), part, tables, d**-0.5)
     assert _rel(out, ref) <= max(2 * _bf16_torch_error(q, part, tables, d**-0.5, ref), 1e-3)
     for chunks in ([3, 5], [MIN_CHUNK, 2]):  # the tile / split-K kernels, the staged path
         t = sum(chunks)
-        qe, k, v = (torch.randn(t, 3 * n, d, generator=gen, device=device).bfloat16().float() for n in (rep, 1, 1))
-        qe, k, v = qe[:, rep:], k[:, 1:], v[:, 1:]
+        qe, v = (torch.randn(t, 3 * n, d, generator=gen, device=device).bfloat16().float() for n in (rep, 1))
+        k = torch.randn(3, t, d, generator=gen, device=device).bfloat16().float().transpose(0, 1)  # [T, H, d] view
+        qe, k, v = qe[:, lo * rep:], k[:, lo:], v[:, lo:]
         cu = torch.tensor([0, chunks[0], t], dtype=torch.int32, device=device)
         out = TritonAttention().extend(qe, k, v, part, tables, cu, d**-0.5)
         ref = extend_attention_ref(qe, k, v, part, tables, cu, d**-0.5)
@@ -62,12 +66,14 @@ def _check_routes(device: str, d: int, rep: int, seed: int) -> None:
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
-def test_kernels_read_a_head_range_cpu():
-    _check_routes("cpu", 32, 2, seed=3)
+@pytest.mark.parametrize("lo", [1, 2])
+def test_kernels_read_a_head_range_cpu(lo):
+    _check_routes("cpu", 32, 2, seed=3, lo=lo)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("rep", [1, 4])
-def test_kernels_read_a_head_range_gpu(rep):
-    _check_routes("cuda", 128, rep, seed=rep)
+@pytest.mark.parametrize("lo", [1, 2])
+def test_kernels_read_a_head_range_gpu(rep, lo):
+    _check_routes("cuda", 128, rep, seed=rep, lo=lo)
