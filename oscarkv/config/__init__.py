@@ -15,14 +15,14 @@ from __future__ import annotations
 from oscarkv.config.serving import (CACHE_DIR, DEVICES, DTYPES, ENGINE_METHODS, FIXED_BITS, LADDER_METHODS,
                                     LEVEL_KINDS, METHODS, RUNGS, ROUTER_POLICIES, SPECULATIVE_METHODS, DistributedConfig,
                                     EngineConfig, KVConfig, ReplicaConfig, ServerConfig, SpeculativeConfig)
-from oscarkv.config.studies import (CENTER_MODES, CLIP_MODES, DEV_PROTOCOLS, HAYSTACKS, QUERY_WEIGHTINGS, TASKS,
-                                    CalibrationConfig, EvalConfig, RecipeSearchConfig, ReferenceRecipe)
+from oscarkv.config.studies import (ALLOCATE_KINDS, CENTER_MODES, CLIP_MODES, DEV_PROTOCOLS, HAYSTACKS,
+                                    QUERY_WEIGHTINGS, TASKS, CalibrationConfig, EvalConfig, RecipeSearchConfig, ReferenceRecipe)
 
 __version__ = "0.1.0"
 """The package version (recorded in every artifact manifest)."""
 
 __all__ = ["CACHE_DIR", "DEVICES", "DTYPES", "ENGINE_METHODS", "FIXED_BITS", "LADDER_METHODS", "LEVEL_KINDS", "METHODS", "RUNGS",
            "SPECULATIVE_METHODS", "SpeculativeConfig", "DistributedConfig", "ReplicaConfig", "ROUTER_POLICIES",
-           "EngineConfig", "KVConfig", "ServerConfig", "CENTER_MODES", "CLIP_MODES", "DEV_PROTOCOLS", "HAYSTACKS",
+           "EngineConfig", "KVConfig", "ServerConfig", "ALLOCATE_KINDS", "CENTER_MODES", "CLIP_MODES", "DEV_PROTOCOLS", "HAYSTACKS",
            "QUERY_WEIGHTINGS", "TASKS", "CalibrationConfig", "EvalConfig", "RecipeSearchConfig", "ReferenceRecipe",
            "__version__"]

@@ -28,6 +28,11 @@ HAYSTACKS = ("eval", "gazetteer", "calibration")
 DEV_PROTOCOLS = ("served", "forced")
 """How the recipe search scores a candidate (``RecipeSearchConfig.protocol``)."""
 
+ALLOCATE_KINDS = ("key", "value", "key-heads")
+"""What the recipe search may allocate 4 bits to (``RecipeSearchConfig.allocate``): a layer's keys, a layer's
+values, one KV head's keys."""
+
+
 @dataclass(frozen=True)
 class RecipeSearchConfig:
     """How ``oscarkv calibrate`` chooses the BF16 windows on the development objective
@@ -69,16 +74,15 @@ class RecipeSearchConfig:
     ``lloyd_max`` is recorded in the recipe (``levels``) and served (``KVConfig.levels``)."""
 
     allocate: tuple[str, ...] = ()
-    """Kinds (``key``, ``value``) whose bits the search allocates per layer (``oscarkv.eval.allocate``): each
-    layer's sensitivity is measured on the development samples (that layer alone at 4 bits), then, for every
-    INT2 candidate window, layers are raised greedily, the largest gain first, within ``max_bpe``; the
-    allocations are scored beside the uniform rungs and a chosen one is recorded in the recipe
-    (``layer_key_bits``, ``layer_value_bits``). Empty: no allocation."""
+    """Kinds whose bits the search allocates (``ALLOCATE_KINDS``; ``oscarkv.eval.allocate``): ``key``, ``value``
+    per layer; ``key-heads`` per KV head of each layer, 4-bit keys in that head alone (not with ``key``). Each
+    unit's sensitivity is measured on the development samples (that unit alone at 4 bits), then, for every INT2
+    candidate window, units are raised greedily, the largest gain first, within ``max_bpe``; the allocations are
+    scored beside the uniform rungs and a chosen one is recorded in the recipe (``layer_key_bits``,
+    ``layer_value_bits``, ``layer_key_heads``). Empty: no allocation."""
 
     def __post_init__(self) -> None:
-        if any(k not in ("key", "value") for k in self.allocate) or (self.allocate and self.max_bpe is None):
-            raise ValueError(f"RecipeSearchConfig.allocate holds key and/or value and needs max_bpe (the budget), "
-                             f"got {self.allocate} with max_bpe {self.max_bpe}")
+        self._check_allocate()
         bad = [lv for lv in self.levels if lv not in LEVEL_KINDS]
         if bad or not self.levels:
             raise ValueError(f"RecipeSearchConfig.levels: unknown {bad or 'empty list'}; choose from {LEVEL_KINDS}")
@@ -96,6 +100,16 @@ class RecipeSearchConfig:
         if self.dev_samples < len(self.dev_seeds) or not self.dev_seeds:
             raise ValueError(f"RecipeSearchConfig.dev_samples ({self.dev_samples}) must give every one of "
                              f"RecipeSearchConfig.dev_seeds {self.dev_seeds} a sample")
+
+    def _check_allocate(self) -> None:
+        bad = [k for k in self.allocate if k not in ALLOCATE_KINDS]
+        if bad:
+            raise ValueError(f"RecipeSearchConfig.allocate: unknown {bad}; choose from {ALLOCATE_KINDS}")
+        if self.allocate and self.max_bpe is None:
+            raise ValueError(f"RecipeSearchConfig.allocate {self.allocate} needs RecipeSearchConfig.max_bpe (the budget)")
+        if {"key", "key-heads"} <= set(self.allocate):
+            raise ValueError("RecipeSearchConfig.allocate: key and key-heads both raise keys (a 4-bit layer has no "
+                             "2-bit heads to raise); give one of them")
 
 
 @dataclass(frozen=True)

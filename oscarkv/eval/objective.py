@@ -184,11 +184,17 @@ def recipe_record(label: str, scores: dict[str, DevScore], codecs: dict[str, KVC
 
 
 def _layer_bits_field(kv: KVConfig) -> dict:
-    """A per-layer allocation's bits (``layer_key_bits``, ``layer_value_bits``, every layer); nothing without one."""
-    if not kv.allocated:
-        return {}
-    n = max(len(kv.layer_key_bits), len(kv.layer_value_bits))
-    return {name: [kv.layer_bits(i)[j] for i in range(n)] for j, name in enumerate(("layer_key_bits", "layer_value_bits"))}
+    """An allocation as the recipe records it, every layer present: a per-layer one's bits (``layer_key_bits``,
+    ``layer_value_bits``), a per-head one's 4-bit key heads (``layer_key_heads``, a list per layer); nothing
+    without one."""
+    out = {}
+    if kv.layer_key_bits or kv.layer_value_bits:
+        n = max(len(kv.layer_key_bits), len(kv.layer_value_bits))
+        out = {name: [kv.layer_bits(i)[j] for i in range(n)]
+               for j, name in enumerate(("layer_key_bits", "layer_value_bits"))}
+    if kv.layer_key_heads:
+        out["layer_key_heads"] = [list(kv.key_heads(i)) for i in range(len(kv.layer_key_heads))]
+    return out
 
 
 def _clip_field(kv: KVConfig) -> dict:
@@ -249,30 +255,33 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
            "dev_samples": len(samples), "dev_seeds": list(cfg.dev_seeds), "haystack": "calibration"}
     recipe = recipe_record(label, mine, windows, cfg.context, dev, scores["bf16"])
     if sens is not None:
-        recipe["sensitivity"] = [{"layer": s.layer, "kind": s.kind, "gain": round(s.gain, 4), "stderr": round(s.stderr, 4)}
-                                 for s in sens]
+        recipe["sensitivity"] = [{"layer": s.layer, "kind": s.kind, **({} if s.head is None else {"head": s.head}),
+                                  "gain": round(s.gain, 4), "stderr": round(s.stderr, 4)} for s in sens]
     return recipe, scores
 
 
 def with_allocations(loaded, artifact, cfg, windows: dict[str, KVCodec], samples) -> tuple[dict[str, KVCodec], list]:
-    """``windows`` and, for each INT2 one, its greedy per-layer allocation within ``cfg.max_bpe``
-    (``oscarkv.eval.allocate``), from sensitivities measured on ``samples`` against the INT2 recipe at the default
-    windows, or those of the artifact's recipe (the layer's contribution, not the window's, is what they rank)."""
+    """``windows`` and, for each INT2 one, its greedy allocation (per layer, or per KV head for ``key-heads``) within
+    ``cfg.max_bpe`` (``oscarkv.eval.allocate``), from sensitivities measured on ``samples`` against the INT2 recipe at
+    the default windows, or those of the artifact's recipe (the unit's contribution, not the window's, is what they
+    rank)."""
     c = loaded.model.config
     dims = ModelFingerprint.from_config(c).kv_dims
 
     def build(kv: KVConfig) -> KVCodec:
         return build_codec(kv, *dims, artifact, SlidingLayers.from_config(c))
 
+    # the artifact's INT2 recipe (or the default windows), no allocation
     base = replace(apply_recipe(KVConfig(group_size=artifact.manifest["group_size"]), artifact), key_bits=2, value_bits=2,
-                   layer_key_bits=(), layer_value_bits=())  # the artifact's INT2 recipe (or the default windows)
-    codecs = alloc.sensitivity_codecs(base, dims[0], build, cfg.allocate)
-    with tqdm(total=len(samples), desc=f"layer sensitivities ({len(codecs)} configurations)", unit="sample") as bar:
+                   layer_key_bits=(), layer_value_bits=(), layer_key_heads=())
+    codecs = alloc.sensitivity_codecs(base, dims[0], build, cfg.allocate, dims[1])
+    with tqdm(total=len(samples), desc=f"sensitivities ({len(codecs)} configurations)", unit="sample") as bar:
         scores = dev_scores(loaded, codecs, samples, lambda *_: bar.update(1), cfg.protocol, {k: artifact for k in codecs})
-    sens = alloc.sensitivities(scores, cfg.allocate, dims[0], artifact.manifest.get("summary"))
+    sens = alloc.sensitivities(scores, cfg.allocate, dims[0], artifact.manifest.get("summary"), dims[1])
     known = [s for s in sens if s.predicted is not None]
     rho = spearman([s.predicted for s in known], [s.gain for s in known]) if len(known) > 2 else float("nan")
-    print("layer sensitivities (development answer NLL gain, that layer alone at 4 bits):\n"
+    print("sensitivities (development answer NLL gain, that layer's keys or values, or that head's keys, alone at "
+          "4 bits):\n"
           + "\n".join(alloc.report(sens))
           + f"\n  Spearman's rho of the calibration's predicted INT2 error with the measured gain: {rho:+.2f}", flush=True)
     return windows | alloc.allocation_codecs(sens, windows, dims[0], build, cfg.context, cfg.max_bpe), sens
@@ -326,6 +335,7 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
     clip = f", key clip {recipe['key_clip']}" if "key_clip" in recipe else ""
     clip += f", {recipe['levels']} levels" if "levels" in recipe else ""
     clip += f", per-layer key bits {''.join(map(str, recipe['layer_key_bits']))}" if "layer_key_bits" in recipe else ""
+    clip += f", 4-bit key heads {sum(map(len, recipe['layer_key_heads']))}" if "layer_key_heads" in recipe else ""
     print(f"recipe: key bits {recipe['key_bits']}, value bits {recipe['value_bits']}{clip}, sink {recipe['sink']}, recent "
           f"{recipe['recent']} ({recipe['bpe']:.3f} bits per element at "
           f"{recipe['context']} tokens), development answer NLL {scores_of(recipe)} vs BF16 "
@@ -336,7 +346,7 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
 def scores_of(recipe: dict) -> str:
     def key(c: dict) -> tuple:
         return (c["sink"], c["recent"], c.get("key_bits", 2), c.get("value_bits", 2), c.get("key_clip"),
-                c.get("levels", "uniform"), c.get("layer_key_bits"), c.get("layer_value_bits"))
+                c.get("levels", "uniform"), c.get("layer_key_bits"), c.get("layer_value_bits"), c.get("layer_key_heads"))
     mine = next(c for c in recipe["candidates"] if key(c) == key(recipe))
     return f"{mine['answer_nll']:.3f} (accuracy {100 * mine['accuracy']:.0f}%)"
 
