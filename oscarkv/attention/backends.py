@@ -95,6 +95,11 @@ class TritonAttention(AttentionBackend):
         demote_layers(pools.bf16_k, src, pools.int2_k, dst, [st.key for st in storage])
         demote_layers(pools.bf16_v, src, pools.int2_v, dst, [st.value for st in storage])
 
+    def decodes_split(self, kv: LayerKV) -> bool:
+        from oscarkv.kernels.decode import splits_in_one
+
+        return splits_in_one(kv)
+
     def decode_inputs(self, st: LayerStorage, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         maps = st.decode_maps
         if maps is None or not q.is_cuda:

@@ -110,6 +110,11 @@ class AttentionBackend(ABC):
         backend's own kernels read; a Triton band kernel is not written."""
         return ref.extend_attention_ref(q, k_new, v_new, kv, window.tables, cu_seqlens, scale, window.size)
 
+    def decodes_split(self, kv: LayerKV) -> bool:
+        """Whether :meth:`decode` takes a layer a per-head allocation splits (``kv.split``) whole; else (here) the step
+        context decodes its head ranges one by one."""
+        return False
+
     @abstractmethod
     def decode(self, q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float,
                out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -235,7 +240,10 @@ class StepContext:
     def _decode(self, layer: int, q_r: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
                 out_dtype: torch.dtype) -> torch.Tensor:
         """Write the stored-domain ``k_s, v_s``, attend with the mapped queries ``q_r``."""
-        self.backend.write(self.pools.layer(layer), k_s, v_s, self.slots)
+        kv = self.pools.layer(layer)
+        self.backend.write(kv, k_s, v_s, self.slots)
+        if kv.split is None or self.backend.decodes_split(kv):  # a per-head split in one launch where the kernel can
+            return self.backend.decode(q_r, kv, self.tables, self.scale, out_dtype)
         return self._by_parts(layer, q_r, k_s, v_s, lambda q_, k_, v_, kv_: (
             self.backend.decode(q_, kv_, self.tables, self.scale, out_dtype)))
 

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from oscarkv.cache.paged_layout import Int2Pages, LayerKV
+from oscarkv.cache.paged_layout import HeadSplit, Int2Pages, LayerKV
 from oscarkv.config import EngineConfig
 from oscarkv.quant.bpe import SlidingLayers
 
@@ -191,15 +191,20 @@ class KVPools:
 
     def layer(self, layer: int) -> LayerKV:
         """Model layer ``layer``'s view: ``[N, H, P, ...]`` tensors sharing storage with the pools (the
-        window pool's BF16 pages for a sliding layer). NOTE: a layer a per-head allocation splits has no one
-        history format: its view holds the BF16 pages only (what the write path needs); attention and demotion
-        read :meth:`parts`."""
+        window pool's BF16 pages for a sliding layer). A layer a per-head allocation splits into two head ranges
+        gets its whole BF16 pages, its first range's history and the second range as ``split`` (what the write path
+        and the decode kernel take; every other route reads :meth:`parts`)."""
         i = self._index[layer]
         if layer in self.sliding:
             return LayerKV(self.win_k[i], self.win_v[i], None, None)
-        if not self._int2_index or len(self.geo.parts_of(i)) > 1:
+        if not self._int2_index:
             return LayerKV(self.bf16_k[i], self.bf16_v[i], None, None)
-        return self.parts(layer)[0][1]
+        parts = self.parts(layer)
+        if len(parts) == 1:
+            return parts[0][1]
+        (_, first), (second, last) = parts
+        return LayerKV(self.bf16_k[i], self.bf16_v[i], first.int2_k, first.int2_v,
+                       HeadSplit(second.lo, last.int2_k, last.int2_v))
 
     def parts(self, layer: int) -> list[tuple[HeadPart, LayerKV]]:
         """Model layer ``layer``'s head ranges, each with its view (BF16 pages of its heads, its history pages):

@@ -75,6 +75,17 @@ class Int2Pages:
 
 
 @dataclass(frozen=True)
+class HeadSplit:
+    """The second head range of a layer a per-head allocation splits (``oscarkv.cache.kv_pools.HeadPart``): KV heads
+    ``[head, H)`` read their history from these pages (``[N_int2, H - head, P, ...]``, other bits), heads
+    ``[0, head)`` from the layer view's own ``int2_k``/``int2_v``."""
+
+    head: int
+    int2_k: Int2Pages
+    int2_v: Int2Pages
+
+
+@dataclass(frozen=True)
 class LayerKV:
     """One layer's view of the pools, as the attention kernels take it."""
 
@@ -82,6 +93,9 @@ class LayerKV:
     bf16_v: torch.Tensor  # bfloat16 [N_bf16, H, P, d]
     int2_k: Int2Pages | None  # None for a BF16-only cache (kv=bf16)
     int2_v: Int2Pages | None
+    split: HeadSplit | None = None
+    """A per-head split's second range (then ``int2_k``/``int2_v`` hold only the first range's heads). Only the
+    decode kernel reads such a view in one launch; every other route takes the ranges one by one."""
 
     @property
     def page_size(self) -> int:

@@ -262,9 +262,13 @@ def _int2_decode_kernel(Q, window, history, tables, mid, qk_scale, NUM_SPLITS,
                         H: tl.constexpr, REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr,
                         G: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, CONV: tl.constexpr,
                         CHUNK: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
-                        KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
+                        KLEV: tl.constexpr = False, VLEV: tl.constexpr = False, history2=None, SPLIT_H: tl.constexpr = 0,
+                        KBITS2: tl.constexpr = 2, VBITS2: tl.constexpr = 2, KLEV2: tl.constexpr = False,
+                        VLEV2: tl.constexpr = False):
     """``Q = (q, stride_b, stride_h)``; ``window``, ``history``, ``tables``: the bundles of
-    :mod:`oscarkv.kernels.pools`; ``mid = (Mid_O, Mid_L, (its strides b, h, s), (Mid_L's b, h))``."""
+    :mod:`oscarkv.kernels.pools`; ``mid = (Mid_O, Mid_L, (its strides b, h, s), (Mid_L's b, h))``. A per-head split
+    (``SPLIT_H`` > 0, ``LayerKV.split``): KV heads from ``SPLIT_H`` on read their history from ``history2`` (its own
+    bits ``KBITS2``..., head ``h - SPLIT_H`` there); one launch, one wave of programs for the whole layer."""
     # NOTE: the interpreter's range() cannot take tensor bounds under numpy >= 2.4 and its
     # bf16/fp16 dots are wrong, so INTERPRET uses while loops and fp32 operands (see decode.py).
     VSHIFT: tl.constexpr = 18 if VLEV else 0  # value units 2^18 coarser with a level table (module docstring)
@@ -288,8 +292,16 @@ def _int2_decode_kernel(Q, window, history, tables, mid, qk_scale, NUM_SPLITS,
     # ---- the BF16 windows (sink + recent), then the INT2 history, one online softmax
     state = _bf16_windows(window, tier_rows(tables, b, False), split, NUM_SPLITS, h, qk_scale, (q0, q1), state,
                           B16, G, LG, NG, P, BLOCK_N, REP_PAD, VSHIFT)
-    state = _int2_history(history, tier_rows(tables, b, True), split, NUM_SPLITS, h, qk_scale, (q0, q1), state,
-                          F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS, VBITS, KLEV, VLEV)
+    tier = tier_rows(tables, b, True)
+    if SPLIT_H == 0:  # NOTE: a compile-time branch: without a split, history2 (None) is never compiled
+        state = _int2_history(history, tier, split, NUM_SPLITS, h, qk_scale, (q0, q1), state,
+                              F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS, VBITS, KLEV, VLEV)
+    elif h < SPLIT_H:
+        state = _int2_history(history, tier, split, NUM_SPLITS, h, qk_scale, (q0, q1), state,
+                              F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS, VBITS, KLEV, VLEV)
+    else:
+        state = _int2_history(history2, tier, split, NUM_SPLITS, h - SPLIT_H, qk_scale, (q0, q1), state,
+                              F16, LG, NG, CONV, P, BLOCK_N, CHUNK, INTERPRET, KBITS2, VBITS2, KLEV2, VLEV2)
     MidO, MidL, o_strides, l_strides = mid
     sob, soh, sos = o_strides
     slb, slh = l_strides

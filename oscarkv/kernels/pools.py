@@ -50,6 +50,7 @@ def _kind(pool: Int2Pages) -> tuple:
 def history_arg(kv: LayerKV) -> tuple:
     """``(keys, values, scale strides)`` of the low-bit pools; for a BF16-only cache the BF16 pools stand in
     (never read: the kernels' ``HAS_INT2`` is off)."""
+    assert kv.split is None, "a per-head split layer: attend by head ranges (KVPools.parts), or its decode kernel"
     k2, v2 = kv.int2_k, kv.int2_v
     if k2 is None:
         stand_in = (kv.bf16_k, kv.bf16_k, kv.bf16_k, tuple(kv.bf16_k.stride()[:3]), (0.0, 0.0))
@@ -61,12 +62,14 @@ def history_arg(kv: LayerKV) -> tuple:
     return _kind(k2), _kind(v2), tuple(k2.scale.stride()[:3])
 
 
-def format_args(kv: LayerKV) -> dict:
-    """The ``constexpr`` facts of the low-bit formats: bits per kind and whether it reads a level table."""
+def format_args(kv: LayerKV, suffix: str = "") -> dict:
+    """The ``constexpr`` facts of the low-bit formats: bits per kind and whether it reads a level table (``suffix``
+    on each name: a split decode's second range, ``KBITS2`` ...)."""
     k2, v2 = kv.int2_k, kv.int2_v
     if k2 is None:
-        return dict(KBITS=2, VBITS=2)
-    return dict(KBITS=k2.bits, VBITS=v2.bits, KLEV=k2.levels is not None, VLEV=v2.levels is not None)
+        return {f"KBITS{suffix}": 2, f"VBITS{suffix}": 2}
+    return {f"KBITS{suffix}": k2.bits, f"VBITS{suffix}": v2.bits, f"KLEV{suffix}": k2.levels is not None,
+            f"VLEV{suffix}": v2.levels is not None}
 
 
 def tables_arg(tables: PageTables) -> tuple:

@@ -77,3 +77,48 @@ def test_kernels_read_a_head_range_cpu(lo):
 @pytest.mark.parametrize("lo", [1, 2])
 def test_kernels_read_a_head_range_gpu(rep, lo):
     _check_routes("cuda", 128, rep, seed=rep, lo=lo)
+
+
+def _split_view(device: str, d: int, seed: int):
+    """A layer of 3 KV heads split at head 1: head 0's history at 2/2 bits, heads 1-2 at 4/2 (a per-head key
+    allocation as ``KVPools.layer`` views it), with the two ranges' views for the oracle."""
+    from oscarkv.cache.paged_layout import HeadSplit
+
+    page, sink, recent = (64, 64, 256) if device == "cuda" else (16, 32, 64)
+    common = dict(page=page, sink=sink, recent=recent, device=device, seed=seed)
+    low, tables = random_cache([300, 90], 3, d, bits=(2, 2), **common)
+    high, _ = random_cache([300, 90], 3, d, bits=(4, 2), **common)  # same pages and BF16 rows (same seed)
+    assert torch.equal(low.bf16_k[1:], high.bf16_k[1:])
+    first, second = _range(low, 0, 1), _range(high, 1, 3)
+    whole = LayerKV(low.bf16_k, low.bf16_v, first.int2_k, first.int2_v, HeadSplit(1, second.int2_k, second.int2_v))
+    return whole, (LayerKV(low.bf16_k[:, :1], low.bf16_v[:, :1], first.int2_k, first.int2_v), second), tables
+
+
+def _check_split_decode(device: str, d: int, rep: int, seed: int) -> None:
+    from oscarkv.kernels.decode import splits_in_one
+
+    whole, (first, second), tables = _split_view(device, d, seed)
+    assert splits_in_one(whole)
+    q = torch.randn(2, 3 * rep, d, generator=torch.Generator(device=device).manual_seed(seed), device=device).bfloat16()
+    q = q if device == "cuda" else q.float()
+    out = decode_attention(q, whole, tables, d**-0.5)
+    ref = torch.cat([decode_attention_ref(q[:, :rep].float(), first, tables, d**-0.5),
+                     decode_attention_ref(q[:, rep:].float(), second, tables, d**-0.5)], dim=1)
+    tol = max(2 * max(_bf16_torch_error(q[:, :rep], first, tables, d**-0.5, ref[:, :rep]),
+                      _bf16_torch_error(q[:, rep:], second, tables, d**-0.5, ref[:, rep:])), 1e-3)
+    assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+    with pytest.raises(AssertionError, match="per-head split"):
+        TritonAttention().extend(q[:, :, :].float(), *(torch.zeros(2, 3, d, device=device),) * 2, whole, tables,
+                                 torch.tensor([0, 1, 2], dtype=torch.int32, device=device), d**-0.5)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+def test_split_layer_decodes_in_one_launch_cpu():
+    _check_split_decode("cpu", 64, 2, seed=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("rep", [1, 4])
+def test_split_layer_decodes_in_one_launch_gpu(rep):
+    _check_split_decode("cuda", 128, rep, seed=rep)
