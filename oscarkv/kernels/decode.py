@@ -296,17 +296,6 @@ def _head_ranges(kv: LayerKV) -> list[tuple[tuple[int, int], LayerKV]]:
     return [((0, kv.split.head), whole), ((kv.split.head, h), LayerKV(kv.bf16_k, kv.bf16_v, kv.split.int2_k, kv.split.int2_v))]
 
 
-def _balanced_splits(batch: int, ranges, device: torch.device, per_sm: int) -> tuple[int, int]:
-    """(splits of the second head range, of the first) of a per-head split in one wave (:func:`default_splits`'
-    programs), each range's splits in proportion to its history bytes a token, so every program streams about the
-    same bytes (the kernel's ``NUM_SPLITS_LO``; the first range is the cheaper one, 2-bit keys, or both equal)."""
-    cost = [sum(c.codes.shape[-1] + 4 * c.scale.shape[-1] for c in (v.int2_k, v.int2_v)) for _, v in ranges]
-    heads = [hi - lo for (lo, hi), _ in ranges]
-    r = min(1.0, cost[0] / cost[1])
-    second = max(1, min(256, int(per_sm * _num_sms(device) // batch / (heads[0] * r + heads[1]))))
-    return second, max(1, round(second * r))
-
-
 def splits_in_one(kv: LayerKV) -> bool:
     """Whether :func:`decode_attention` takes ``kv``'s per-head split in one launch (the raw INT2 kernel's shapes)."""
     return kv.split is not None and uses_raw_int2(kv.bf16_k.shape[3], kv.int2_k.group, kv.bf16_k.shape[2])
@@ -351,18 +340,16 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device, bsz * h), **(config or {})}
     if raw:  # NOTE: its INT2 tiles must not straddle pages (decode_int2: full tiles only)
         cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)
-    splits, lo = ((num_splits, num_splits) if num_splits else _balanced_splits(bsz, ranges, q.device, cfg.get("PER_SM", 2))
-                  if kv.split is not None else (default_splits(bsz, h, q.device, cfg.get("PER_SM", 2)),) * 2)
+    splits = num_splits or default_splits(bsz, h, q.device, cfg.get("PER_SM", 2))
     rep = hq // h
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)
     mid_l = torch.empty(bsz, hq, splits, dtype=torch.float32, device=q.device)
     out = torch.empty(bsz, hq, d, dtype=out_dtype or q.dtype, device=q.device)  # contiguous even for strided q rows
     if raw:
         kernel, extra = _int2_decode_kernel, dict(G=g, CONV=cfg["CONV"], CHUNK=cfg["CHUNK"])
-        if kv.split is not None:  # the second head range: its own history bundle and formats, splits by bytes
+        if kv.split is not None:  # the second head range: its own history bundle and formats
             second = ranges[1][1]
-            extra |= dict(history2=history_arg(second), SPLIT_H=kv.split.head, NUM_SPLITS_LO=lo,
-                          **format_args(second, "2"))
+            extra |= dict(history2=history_arg(second), SPLIT_H=kv.split.head, **format_args(second, "2"))
     else:
         kernel, extra = _decode_kernel, dict(G=g, HAS_INT2=int2)
     kernel[(bsz * h, splits)](

@@ -264,13 +264,11 @@ def _int2_decode_kernel(Q, window, history, tables, mid, qk_scale, NUM_SPLITS,
                         CHUNK: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
                         KLEV: tl.constexpr = False, VLEV: tl.constexpr = False, history2=None, SPLIT_H: tl.constexpr = 0,
                         KBITS2: tl.constexpr = 2, VBITS2: tl.constexpr = 2, KLEV2: tl.constexpr = False,
-                        VLEV2: tl.constexpr = False, NUM_SPLITS_LO=1):
+                        VLEV2: tl.constexpr = False):
     """``Q = (q, stride_b, stride_h)``; ``window``, ``history``, ``tables``: the bundles of
     :mod:`oscarkv.kernels.pools`; ``mid = (Mid_O, Mid_L, (its strides b, h, s), (Mid_L's b, h))``. A per-head split
     (``SPLIT_H`` > 0, ``LayerKV.split``): KV heads from ``SPLIT_H`` on read their history from ``history2`` (its own
-    bits ``KBITS2``..., head ``h - SPLIT_H`` there); one launch, one wave of programs for the whole layer, the heads
-    below ``SPLIT_H`` (fewer bytes a token) over ``NUM_SPLITS_LO <= NUM_SPLITS`` splits, so that every program streams
-    about the same bytes (the others exit at once, writing an empty split)."""
+    bits ``KBITS2``..., head ``h - SPLIT_H`` there); one launch, one wave of programs for the whole layer."""
     # NOTE: the interpreter's range() cannot take tensor bounds under numpy >= 2.4 and its
     # bf16/fp16 dots are wrong, so INTERPRET uses while loops and fp32 operands (see decode.py).
     VSHIFT: tl.constexpr = 18 if VLEV else 0  # value units 2^18 coarser with a level table (module docstring)
@@ -291,8 +289,6 @@ def _int2_decode_kernel(Q, window, history, tables, mid, qk_scale, NUM_SPLITS,
     else:  # an unused placeholder (NG == 1)
         q1 = q0
     state = _empty_state(LG, REP_PAD)
-    if SPLIT_H > 0:
-        NUM_SPLITS = tl.where(h < SPLIT_H, NUM_SPLITS_LO, NUM_SPLITS)
     # ---- the BF16 windows (sink + recent), then the INT2 history, one online softmax
     state = _bf16_windows(window, tier_rows(tables, b, False), split, NUM_SPLITS, h, qk_scale, (q0, q1), state,
                           B16, G, LG, NG, P, BLOCK_N, REP_PAD, VSHIFT)
