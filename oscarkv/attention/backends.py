@@ -47,6 +47,11 @@ from oscarkv.kernels import reference as ref
 from oscarkv.quant.codec import TensorCodec
 
 
+ONE_LAUNCH_PROGRAMS = 64
+"""A layer a per-head allocation splits decodes in one launch below this many (sequence, KV head) programs before
+splitting (``TritonAttention.decodes_split``), by head ranges from it on."""
+
+
 class TorchAttention(AttentionBackend):
     """The PyTorch implementation (CPU or GPU): ``oscarkv.kernels.reference`` behind the interface."""
 
@@ -95,10 +100,13 @@ class TritonAttention(AttentionBackend):
         demote_layers(pools.bf16_k, src, pools.int2_k, dst, [st.key for st in storage])
         demote_layers(pools.bf16_v, src, pools.int2_v, dst, [st.value for st in storage])
 
-    def decodes_split(self, kv: LayerKV) -> bool:
+    def decodes_split(self, kv: LayerKV, batch: int) -> bool:
         from oscarkv.kernels.decode import splits_in_one
 
-        return splits_in_one(kv)
+        # NOTE: one launch while few programs share the GPU: Qwen3-8B shape, 100K, 26 of 36 layers split, H200,
+        # 2026-11-27 (lab/results/gpu_heads/): batch 1 (8 KV-head programs) 6.51 ms a step in one launch against 7.18
+        # by ranges; batch 8 (64) 13.69 against 13.07. The threshold between them is not measured.
+        return splits_in_one(kv) and batch * kv.bf16_k.shape[1] < ONE_LAUNCH_PROGRAMS
 
     def decode_inputs(self, st: LayerStorage, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         maps = st.decode_maps

@@ -110,9 +110,9 @@ class AttentionBackend(ABC):
         backend's own kernels read; a Triton band kernel is not written."""
         return ref.extend_attention_ref(q, k_new, v_new, kv, window.tables, cu_seqlens, scale, window.size)
 
-    def decodes_split(self, kv: LayerKV) -> bool:
-        """Whether :meth:`decode` takes a layer a per-head allocation splits (``kv.split``) whole; else (here) the step
-        context decodes its head ranges one by one."""
+    def decodes_split(self, kv: LayerKV, batch: int) -> bool:
+        """Whether :meth:`decode` of ``batch`` sequences takes a layer a per-head allocation splits (``kv.split``)
+        whole; else (here) the step context decodes its head ranges one by one."""
         return False
 
     @abstractmethod
@@ -242,7 +242,7 @@ class StepContext:
         """Write the stored-domain ``k_s, v_s``, attend with the mapped queries ``q_r``."""
         kv = self.pools.layer(layer)
         self.backend.write(kv, k_s, v_s, self.slots)
-        if kv.split is None or self.backend.decodes_split(kv):  # a per-head split in one launch where the kernel can
+        if kv.split is None or self.backend.decodes_split(kv, q_r.shape[0]):  # a per-head split in one launch, or not
             return self.backend.decode(q_r, kv, self.tables, self.scale, out_dtype)
         return self._by_parts(layer, q_r, k_s, v_s, lambda q_, k_, v_, kv_: (
             self.backend.decode(q_, kv_, self.tables, self.scale, out_dtype)))
