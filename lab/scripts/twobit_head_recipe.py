@@ -54,13 +54,14 @@ def main() -> None:
     n = a.heads if a.heads is not None else max(k for k in range(len(ranked) + 1) if bpe(k) <= limit)
     kv, fields = recipe_for(ranked, n, base, art)
     codec = build_codec(kv, *art.fingerprint.kv_dims, art)
-    rec = {k: v for k, v in art.manifest["recipe"].items() if k != "candidates"}
+    rec = {k: v for k, v in art.manifest["recipe"].items() if k not in ("candidates", "tolerance", "bf16")}
     rec |= {"sink": 64, "recent": 64, **fields, "bpe": round(codec.bpe(a.context), 4), "context": a.context,
             "max_bpe": round(limit, 4), "objective": (
                 f"the {n} KV heads (of {len(gains)}) whose 4-bit keys gain most development answer NLL alone "
                 "(teacher-forced, 8192 tokens, seeds 1000/1001: lab/results/dev_twobit_8k_heads/), within INT2+win's "
                 f"bits per element at {a.context} tokens ({limit:.4f}); lab/scripts/twobit_head_recipe.py"),
-            "dev_context": 8192, "dev_seeds": [1000, 1001], "haystack": "calibration", "protocol": "forced"}
+            "dev_context": 8192, "dev_samples": 8, "dev_seeds": [1000, 1001], "haystack": "calibration",
+            "protocol": "forced"}
     a.out.write_text(json.dumps(rec, indent=1) + "\n")
     print(f"{n} heads: {', '.join(f'{codec.bpe(t):.4f}' for t in (4096, 8192, 102400))} BPE at 4K / 8K / 100K "
           f"(budget {limit:.4f} at {a.context}) -> {a.out}")

@@ -59,12 +59,12 @@ def current_recipe() -> dict:
 def attach_validated_recipe(loaded: LoadedModel, artifact: Artifact) -> str | None:
     """Write the default model's validated serving recipe into ``artifact`` (fitted from ``loaded``) when
     ``loaded`` is the default model, the artifact was fitted with the options the recipe holds for, its
-    per-layer bits name each of the artifact's layers, and it carries no recipe yet; return the recipe's
+    per-layer bits (or per-head ones) name each of the artifact's layers, and it carries no recipe yet; return the recipe's
     provenance, else ``None`` (nothing written)."""
     entry = default_recipe()
     fitted_with = as_stored(artifact.manifest["options"])  # a fresh artifact's manifest holds tuples
     layers = artifact.fingerprint.num_layers
-    fits = all(len(entry["recipe"].get(f"layer_{kind}_bits", ())) in (0, layers) for kind in ("key", "value"))
+    fits = all(len(entry["recipe"].get(f"layer_{kind}", ())) in (0, layers) for kind in ("key_bits", "value_bits", "key_heads"))
     if not is_default_model(loaded) or "recipe" in artifact.manifest or fitted_with != entry["options"] or not fits:
         return None
     artifact.manifest["recipe"] = entry["recipe"]

@@ -55,6 +55,8 @@ def legend(artifacts: dict) -> list[str]:
     for name, art in artifacts.items():
         kv = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art)
         keys = "".join(map(str, kv.layer_key_bits)) if kv.layer_key_bits else kv.key_bits
+        heads = sum(map(len, kv.layer_key_heads))
+        keys = f"{keys}, 4-bit keys in {heads} KV heads" if heads else keys
         lines.append(f"{'oscar:' + name if name else 'oscar'}+win: sink {kv.sink}, recent {kv.recent}, "
                      f"key bits {keys}, value bits {kv.value_bits}, key clip {kv.key_clip}")
     return lines

@@ -1,9 +1,9 @@
 """The default model's artifact ships with the package and is what ``oscarkv calibrate --model default`` makes.
 
 The shipped files (``oscarkv/data/default_rotations``) were written by that command with the
-recipe's defaults; their manifest's ``recipe`` (4-bit keys in nine layers, sink 64, recent 64, the INT2 key
-clip 0.95 elsewhere) is what the per-layer allocation study then chose for them on development samples
-(``lab/scripts/twobit_dev.py``, ``lab/results/dev_twobit_8k/``), kept as data (``oscarkv/data/default_recipe.json``, with the options it holds for and its provenance)
+recipe's defaults; their manifest's ``recipe`` (4-bit keys in 28 of 90 KV heads, sink 64, recent 64, the INT2 key
+clip 0.95 elsewhere) is what the per-head allocation study then chose for them on development samples
+(``lab/scripts/twobit_heads.py``, ``lab/scripts/twobit_head_recipe.py``, ``lab/results/dev_twobit_8k_heads/``), kept as data (``oscarkv/data/default_recipe.json``, with the options it holds for and its provenance)
 that the command writes into what it fits, so that it makes the shipped artifact in full, recipe included.
 Reproducing them in full streams 16K tokens through all 30 layers (~90 s of
 CPU on one core), so the default suite runs the command on the model cut to two layers instead: a layer's
@@ -34,20 +34,20 @@ def shipped() -> Artifact:
 
 def test_shipped_recipe_is_the_development_search(shipped):
     """The shipped recipe is the allocation the development study chose for this artifact
-    (``lab/scripts/twobit_recipe.py`` wrote it from ``lab/results/dev_twobit_8k/``), and the serving entry points
-    apply it: 4-bit keys in layers 3, 7, 8, 10, 17-20 and 23, 2-bit values, sink 64, recent 64, key clip 0.95."""
+    (``lab/scripts/twobit_head_recipe.py`` wrote it from ``lab/results/dev_twobit_8k_heads/``), and the serving entry
+    points apply it: 4-bit keys in the 28 most sensitive KV heads, 2-bit values, sink 64, recent 64, key clip 0.95."""
     import json
     from pathlib import Path
 
     from oscarkv.config import KVConfig
     from oscarkv.quant.artifact import apply_recipe
 
-    chosen = json.loads((Path(__file__).parents[2] / "lab/scripts/twobit_recipe_cpu_8192_dev8k.json").read_text())
+    chosen = json.loads((Path(__file__).parents[2] / "lab/scripts/twobit_recipe_8192_heads28.json").read_text())
     assert shipped.manifest["recipe"] == chosen
     kv = apply_recipe(KVConfig("oscar"), shipped)
-    assert (kv.key_clip, kv.sink, kv.recent, kv.value_bits, kv.levels) == (0.95, 64, 64, 2, "uniform")
-    assert [i for i, b in enumerate(kv.layer_key_bits) if b == 4] == [3, 7, 8, 10, 17, 18, 19, 20, 23]
-    assert kv.layer_value_bits == (2,) * 30
+    assert (kv.key_clip, kv.sink, kv.recent, kv.bits, kv.levels) == (0.95, 64, 64, (2, 2), "uniform")
+    assert sum(map(len, kv.layer_key_heads)) == 28 and 2 in kv.layer_key_heads[18]  # layer 18 head 2: the most
+    assert not kv.layer_key_bits and not kv.layer_value_bits
 
 
 def test_shipped_recipe_stores_no_more_than_int2(shipped):
@@ -100,7 +100,7 @@ def test_the_validated_recipe_is_the_shipped_one(shipped):
     """``default_recipe.json`` holds the shipped manifest's recipe, for the options the artifact was fitted with."""
     entry = default_recipe()
     assert entry["recipe"] == shipped.manifest["recipe"] and entry["options"] == shipped.manifest["options"]
-    assert "lab/scripts/twobit_dev.py" in entry["provenance"] and "lab/results/gpu_twobit_dev8k/" in entry["provenance"]
+    assert "lab/scripts/twobit_heads.py" in entry["provenance"] and "lab/results/gpu_heads/" in entry["provenance"]
 
 
 SKIP = {"calibration", "oscarkv_version"}  # seconds taken; the version
@@ -120,10 +120,10 @@ def test_calibrate_as_documented_reproduces_the_shipped_artifact_on_two_layers(s
     monkeypatch.setattr(cd, "calibrate", lambda *a: pytest.fail("the default model was calibrated"))
     assert cached_artifact(loaded, tmp_path).manifest == shipped.manifest
     monkeypatch.setattr(cli, "load", lambda *args: cut(loaded, 2))
-    # the recipe's per-layer bits name 30 layers: the model cut to two gets them cut too (the full reproduction
+    # the recipe's per-head bits name 30 layers: the model cut to two gets them cut too (the full reproduction
     # below writes the shipped recipe as it is)
     entry = default_recipe()
-    two = {**entry["recipe"], **{k: entry["recipe"][k][:2] for k in ("layer_key_bits", "layer_value_bits")}}
+    two = {**entry["recipe"], **{k: entry["recipe"][k][:2] for k in ("layer_key_heads",)}}
     monkeypatch.setattr(cd, "default_recipe", lambda: {**entry, "recipe": two})
     assert main(["calibrate", "--model", "default", "--out", str(tmp_path / "out")]) == 0
     assert "serving recipe: the validated one for the default model" in capsys.readouterr().out

@@ -45,12 +45,12 @@ def test_demo_shows_the_frontier(loaded, shipped):
     kv = {k: codecs[k].config for k in frontier[1:]}
     assert (kv["oscar:int2+win"].sink, kv["oscar:int2+win"].recent, kv["oscar:int2+win"].bits) == (64, 256, (2, 2))
     assert (kv["oscar:k4v2+win"].bits, kv["oscar:k4v2+win"].key_clip) == ((4, 2), None)
-    assert kv["oscar+win"].layer_key_bits.count(4) == 9 and kv["oscar+win"].recent == 64
-    assert legend(artifacts)[0].startswith("oscar+win: sink 64, recent 64, key bits 222422244242222224444224")
+    assert sum(map(len, kv["oscar+win"].layer_key_heads)) == 28 and kv["oscar+win"].recent == 64
+    assert legend(artifacts)[0].startswith("oscar+win: sink 64, recent 64, key bits 2, 4-bit keys in 28 KV heads")
 
 
-def test_shipped_recipe_serves_with_per_layer_pools(loaded, shipped):
-    """The engine serving the shipped recipe keeps each layer's history pages at its bits and generates what
+def test_shipped_recipe_serves_with_per_head_pools(loaded, shipped):
+    """The engine serving the shipped recipe keeps each layer's head ranges at their bits and generates what
     transformers generates with ``OscarCache`` storing the same recipe, past the windows into history."""
     from oscarkv.cache.hf_cache import OscarCache
     from oscarkv.config import EngineConfig, KVConfig
@@ -61,11 +61,13 @@ def test_shipped_recipe_serves_with_per_layer_pools(loaded, shipped):
     from tests.engine.test_equivalence import TOL_Q
 
     kv = apply_recipe(KVConfig("oscar", group_size=shipped.manifest["group_size"]), shipped)
-    assert "(the artifact's recipe: 3.0063 bits per element at 8192 tokens" in describe_recipe(kv, shipped)
+    assert "(the artifact's recipe: 3.0172 bits per element at 8192 tokens" in describe_recipe(kv, shipped)
     engine = LLMEngine.from_hf(loaded.model, EngineConfig(kv, kv_memory_bytes=1 << 26, max_num_seqs=1), shipped,
                                loaded.tokenizer)
     geo = engine.runner.pools.geo
-    assert geo.layer_bits == tuple(zip(kv.layer_key_bits, kv.layer_value_bits))
+    assert [sum(p.hi - p.lo for p in parts if p.bits[0] == 4) for parts in geo.layer_parts] == list(
+        map(len, kv.layer_key_heads))
+    assert sum(len(parts) == 2 for parts in geo.layer_parts) == sum(0 < len(h) < 3 for h in kv.layer_key_heads)
     prompt = loaded.tokenizer(" ".join(f"Item {i} is {i * 7 % 100}." for i in range(40))).input_ids
     assert kv.sink + kv.recent + 2 * kv.page_size < len(prompt) <= 512  # history pages; one prefill chunk
     [out] = run(engine, [prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True))
