@@ -1,6 +1,7 @@
 """The two-bit frontier (issue 26): every served point tried, and the per-layer sensitivities behind the recipes.
 
-Reads every ``results.json`` under ``lab/results/gpu_twobit*/`` (``oscarkv eval`` as ``gpu_twobit.sh eval`` runs it)
+Reads every ``results.json`` under ``lab/results/gpu_twobit*/`` and ``gpu_heads/`` (``oscarkv eval`` as ``gpu_twobit.sh
+eval`` runs it)
 and, per context (4K, 8K) and task group (single needle, multi-needle mean), plots each configuration's stored
 bits per element (as served) against its share of the unquantized reference on the same samples
 (``oscarkv.eval.paired.compare``: haystacks pooled), labelled by what it stores (4-bit-key layers, windows).
@@ -28,9 +29,13 @@ COMMAND = "python lab/scripts/twobit_frontier.py"
 
 
 def label(method: str, kv: dict) -> str:
-    """What a configuration stores: ``bf16``, ``INT2``, ``K4V2`` or ``K4×N`` (N layers), with its windows."""
+    """What a configuration stores: ``bf16``, ``INT2``, ``K4V2``, ``K4×N`` (N layers) or ``K4 in N heads``, with its
+    windows."""
     if kv["method"] == "bf16":
         return "bf16"
+    heads = sum(map(len, kv.get("layer_key_heads") or []))
+    if heads:
+        return f"K4 in {heads} heads s{kv['sink']}/r{kv['recent']}"
     n = sum(b == 4 for b in kv.get("layer_key_bits") or [])
     nv = sum(b == 4 for b in kv.get("layer_value_bits") or [])
     name = f"K4×{n}" + (f" V4×{nv}" if nv else "") if n else \
@@ -124,11 +129,14 @@ def sensitivity_plot(sens: dict[str, list[dict]], recipes: list[Path], path: Pat
                      fontsize="small")
     ax = axes[-1]
     for i, f in enumerate(recipes):
-        bits = json.loads(f.read_text())["layer_key_bits"]
+        rec = json.loads(f.read_text())
+        bits, heads = rec.get("layer_key_bits") or [], rec.get("layer_key_heads") or []
         ax.scatter([j for j, b in enumerate(bits) if b == 4], [i] * bits.count(4), marker="s", color="C3")
+        xs = [j + 0.25 * (h - 1) for j, hs in enumerate(heads) for h in hs]  # a KV head: offset within its layer
+        ax.scatter(xs, [i] * len(xs), marker="^", s=12, color="C2")
     ax.set_yticks(range(len(recipes)), [f.stem.removeprefix("twobit_recipe_") for f in recipes], fontsize="x-small")
     ax.set_xlabel("decoder layer")
-    ax.set_title("layers with 4-bit keys per recipe", fontsize="small")
+    ax.set_title("4-bit keys per recipe: layers (squares), KV heads (triangles, offset by head)", fontsize="small")
     fig.suptitle(f"SmolLM2-135M development sensitivities (2-core CPU, teacher-forced, calibration haystack)\n"
                  f"plot: {COMMAND}", fontsize="x-small")
     fig.savefig(path, dpi=120)
@@ -141,7 +149,7 @@ def main() -> None:
                    help="sensitivity.json files (default: 8K development, lab/results/dev_twobit_8k)")
     p.add_argument("--out", type=Path, default=Path("lab/results"))
     a = p.parse_args()
-    results = sorted(a.results.glob("gpu_twobit*/eval_*/results.json"))
+    results = sorted([*a.results.glob("gpu_twobit*/eval_*/results.json"), *a.results.glob("gpu_heads/*/eval_*/results.json")])
     rows, captions = points(results)
     frontier_plot(rows, captions, a.out / "twobit_frontier.png")
     (a.out / "twobit_frontier.json").write_text(json.dumps({"command": COMMAND, "runs": captions, "points": rows}, indent=1))
