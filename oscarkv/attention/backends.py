@@ -42,14 +42,14 @@ import torch
 
 from oscarkv.cache.kv_pools import KVPools
 from oscarkv.cache.paged_layout import LayerKV, PageTables, device_tensor
-from oscarkv.attention.step import AttentionBackend, LayerStorage, QKRope, stored_domain
+from oscarkv.attention.step import AttentionBackend, LayerStorage, QKRope, by_head_ranges, stored_domain
 from oscarkv.kernels import reference as ref
 from oscarkv.quant.codec import TensorCodec
 
 
 ONE_LAUNCH_PROGRAMS = 64
 """A layer a per-head allocation splits decodes in one launch below this many (sequence, KV head) programs before
-splitting (``TritonAttention.decodes_split``), by head ranges from it on."""
+splitting (``TritonAttention.decode``), by head ranges from it on."""
 
 
 class TorchAttention(AttentionBackend):
@@ -69,9 +69,14 @@ class TorchAttention(AttentionBackend):
         ref.demote_ref(kv.bf16_v, src, kv.int2_v, dst, value)
 
     def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host=None):
+        if kv.split is not None:  # a per-head split: the oracles read one range at a time
+            return by_head_ranges(kv, lambda q_, k_, v_, kv_: self.extend(q_, k_, v_, kv_, tables, cu_seqlens, scale),
+                                  q, (k_new, v_new))
         return ref.extend_attention_ref(q, k_new, v_new, kv, tables, cu_seqlens, scale)
 
     def decode(self, q, kv, tables, scale, out_dtype=None):
+        if kv.split is not None:
+            return by_head_ranges(kv, lambda q_, kv_: self.decode(q_, kv_, tables, scale, out_dtype), q)
         out = ref.decode_attention_ref(q, kv, tables, scale)
         return out if out_dtype is None else out.to(out_dtype)
 
@@ -99,14 +104,6 @@ class TritonAttention(AttentionBackend):
             return super().demote_all(pools, storage, src, dst)
         demote_layers(pools.bf16_k, src, pools.int2_k, dst, [st.key for st in storage])
         demote_layers(pools.bf16_v, src, pools.int2_v, dst, [st.value for st in storage])
-
-    def decodes_split(self, kv: LayerKV, batch: int) -> bool:
-        from oscarkv.kernels.decode import splits_in_one
-
-        # NOTE: one launch while few programs share the GPU: Qwen3-8B shape, 100K, 26 of 36 layers split, H200,
-        # 2026-11-27 (lab/results/gpu_heads/): batch 1 (8 KV-head programs) 6.51 ms a step in one launch against 7.18
-        # by ranges; batch 8 (64) 13.69 against 13.07. The threshold between them is not measured.
-        return splits_in_one(kv) and batch * kv.bf16_k.shape[1] < ONE_LAUNCH_PROGRAMS
 
     def decode_inputs(self, st: LayerStorage, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         maps = st.decode_maps
@@ -147,6 +144,9 @@ class TritonAttention(AttentionBackend):
         spans = [(cu[b], cu[b + 1]) for b in range(len(cu) - 1)]
         lens = tables.lens()
         route = _routes(spans, lens, chunk_splitk.serves(kv))
+        if kv.split is not None and set(route) - {"empty"} != {"staged"}:  # the staged path alone reads a split whole
+            return by_head_ranges(kv, lambda q_, k_, v_, kv_: self.extend(q_, k_, v_, kv_, tables, cu_seqlens, scale,
+                                                                          cu), q, (k_new, v_new))
         if len(set(route) - {"empty"}) == 1 and "staged" not in route:  # one kernel for the whole step
             kernel = chunk_splitk.chunk_attention if "splitk" in route else extend_attention
             return kernel(q.contiguous(), k_new.contiguous(), v_new.contiguous(), kv, tables, cu_seqlens, scale,
@@ -175,12 +175,25 @@ class TritonAttention(AttentionBackend):
         # NOTE: strided q rows (a view of qkv) are fine; out_dtype spares an OSCAR step (fp32 mapped
         # queries) one cast kernel per layer: the merge kernel rounds to it (42 µs of a Qwen3-4B step
         # at 100K on an H100, 2026-11-23)
+        if kv.split is not None and not _one_launch(kv, q.shape[0]):
+            return by_head_ranges(kv, lambda q_, kv_: decode_attention(q_, kv_, tables, scale, out_dtype=out_dtype), q)
         return decode_attention(q, kv, tables, scale, out_dtype=out_dtype)
 
 
 def default_backend(device: torch.device) -> AttentionBackend:
     """Triton kernels on CUDA, the PyTorch oracles anywhere else."""
     return TritonAttention() if torch.device(device).type == "cuda" else TorchAttention()
+
+
+def _one_launch(kv: LayerKV, batch: int) -> bool:
+    """Whether the decode kernel takes ``kv``'s per-head split in one launch (``ONE_LAUNCH_PROGRAMS``).
+
+    NOTE: Qwen3-8B shape, 100K, 26 of 36 layers split, H200, 2026-11-27 (lab/results/gpu_heads/): batch 1 (8 KV-head
+    programs) 6.51 ms a step in one launch against 7.18 by ranges; batch 8 (64) 13.69 against 13.07. The threshold
+    between them is not measured."""
+    from oscarkv.kernels.decode import splits_in_one
+
+    return splits_in_one(kv) and batch * kv.bf16_k.shape[1] < ONE_LAUNCH_PROGRAMS
 
 
 def _routes(spans: list[tuple[int, int]], lens: tuple[tuple[int, ...], tuple[int, ...]], splitk: bool) -> list[str]:

@@ -110,11 +110,6 @@ class AttentionBackend(ABC):
         backend's own kernels read; a Triton band kernel is not written."""
         return ref.extend_attention_ref(q, k_new, v_new, kv, window.tables, cu_seqlens, scale, window.size)
 
-    def decodes_split(self, kv: LayerKV, batch: int) -> bool:
-        """Whether :meth:`decode` of ``batch`` sequences takes a layer a per-head allocation splits (``kv.split``)
-        whole; else (here) the step context decodes its head ranges one by one."""
-        return False
-
     @abstractmethod
     def decode(self, q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float,
                out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -223,8 +218,8 @@ class StepContext:
         # fp32 copies of q, k and v (one prefill step of 8K tokens: ~0.3 GB of traffic per layer)
         k_rot, v_rot = stored_domain(st.key, k), stored_domain(st.value, v)
         self.backend.write(kv, k_rot, v_rot, self.slots)
-        return self._by_parts(layer, self.backend.extend_queries(st, q), k_rot, v_rot, lambda q_, k_, v_, kv_: (
-            self.backend.extend(q_, k_, v_, kv_, self.tables, self.cu_seqlens, self.scale, self.cu_host)))
+        return self.backend.extend(self.backend.extend_queries(st, q), k_rot, v_rot, kv, self.tables,
+                                   self.cu_seqlens, self.scale, self.cu_host)
 
     def attention_from_qkv(self, layer: int, qkv: torch.Tensor, rope: QKRope) -> torch.Tensor | None:
         """:meth:`attention` of the un-normed, un-roped projection ``qkv [T, Hq + 2H, d]`` (q, k, v heads)
@@ -242,21 +237,16 @@ class StepContext:
         """Write the stored-domain ``k_s, v_s``, attend with the mapped queries ``q_r``."""
         kv = self.pools.layer(layer)
         self.backend.write(kv, k_s, v_s, self.slots)
-        if kv.split is None or self.backend.decodes_split(kv, q_r.shape[0]):  # a per-head split in one launch, or not
-            return self.backend.decode(q_r, kv, self.tables, self.scale, out_dtype)
-        return self._by_parts(layer, q_r, k_s, v_s, lambda q_, k_, v_, kv_: (
-            self.backend.decode(q_, kv_, self.tables, self.scale, out_dtype)))
+        return self.backend.decode(q_r, kv, self.tables, self.scale, out_dtype)
 
-    def _by_parts(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend) -> torch.Tensor:
-        """``attend(q, k, v, kv)`` over each head range of ``layer``'s pools (:meth:`KVPools.parts`: one, unless a
-        per-head allocation splits the layer), outputs joined along the query heads. NOTE: the ranges' query heads
-        are those of their KV heads (GQA groups are contiguous), passed as strided views."""
-        parts = self.pools.parts(layer)
-        if len(parts) == 1:
-            return attend(q, k, v, parts[0][1])
-        rep = q.shape[1] // k.shape[1]
-        return torch.cat([attend(q[:, p.lo * rep:p.hi * rep], k[:, p.lo:p.hi], v[:, p.lo:p.hi], kv) for p, kv in parts],
-                         dim=1)
+
+def by_head_ranges(kv: LayerKV, attend, q: torch.Tensor, heads: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+    """``attend(q, *heads, view)`` over each head range of a per-head split (:meth:`LayerKV.ranges`), the range's query
+    heads (GQA groups are contiguous) and its KV heads of ``heads`` (``[T, H, d]`` each) as strided views; outputs
+    joined along the query heads. How a backend that does not read a split layer whole serves it."""
+    rep = q.shape[1] // kv.bf16_k.shape[1]
+    return torch.cat([attend(q[:, lo * rep:hi * rep], *(x[:, lo:hi] for x in heads), view)
+                      for lo, hi, view in kv.ranges()], dim=1)
 
 
 def stored_domain(codec: TensorCodec, x: torch.Tensor) -> torch.Tensor:

@@ -94,8 +94,18 @@ class LayerKV:
     int2_k: Int2Pages | None  # None for a BF16-only cache (kv=bf16)
     int2_v: Int2Pages | None
     split: HeadSplit | None = None
-    """A per-head split's second range (then ``int2_k``/``int2_v`` hold only the first range's heads). Only the
-    decode kernel reads such a view in one launch; every other route takes the ranges one by one."""
+    """A per-head split's second range (then ``int2_k``/``int2_v`` hold only the first range's heads). The decode
+    kernel and the staged prefill read such a view whole; the other routes take :meth:`ranges` one by one."""
+
+    def ranges(self) -> list[tuple[int, int, LayerKV]]:
+        """``(lo, hi, view)`` of each head range: the whole layer, or a per-head split's two (each view its heads'
+        BF16 pages, strided, and its own history)."""
+        h = self.bf16_k.shape[1]
+        if self.split is None:
+            return [(0, h, self)]
+        s = self.split.head
+        return [(0, s, LayerKV(self.bf16_k[:, :s], self.bf16_v[:, :s], self.int2_k, self.int2_v)),
+                (s, h, LayerKV(self.bf16_k[:, s:], self.bf16_v[:, s:], self.split.int2_k, self.split.int2_v))]
 
     @property
     def page_size(self) -> int:

@@ -287,15 +287,6 @@ def _config(kind: str, device: torch.device, programs: int) -> dict:
             "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]
 
 
-def _head_ranges(kv: LayerKV) -> list[tuple[tuple[int, int], LayerKV]]:
-    """``((lo, hi), view)`` of each head range's history (one, or two for a per-head split: ``LayerKV.split``)."""
-    h = kv.bf16_k.shape[1]
-    whole = LayerKV(kv.bf16_k, kv.bf16_v, kv.int2_k, kv.int2_v)
-    if kv.split is None:
-        return [((0, h), whole)]
-    return [((0, kv.split.head), whole), ((kv.split.head, h), LayerKV(kv.bf16_k, kv.bf16_v, kv.split.int2_k, kv.split.int2_v))]
-
-
 def splits_in_one(kv: LayerKV) -> bool:
     """Whether :func:`decode_attention` takes ``kv``'s per-head split in one launch (the raw INT2 kernel's shapes)."""
     return kv.split is not None and uses_raw_int2(kv.bf16_k.shape[3], kv.int2_k.group, kv.bf16_k.shape[2])
@@ -329,10 +320,10 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     assert dk == d and hq % h == 0 and d >= 16 and d & (d - 1) == 0, f"bad shapes q {tuple(q.shape)} pool {tuple(kv.bf16_k.shape)}"
     assert q.dtype in (torch.bfloat16, torch.float32) and q.stride(2) == 1, "q must be bf16/fp32 with contiguous head_dim"
     assert all(t.shape[0] == bsz for t in (tables.bf16_table, tables.bf16_lens, tables.int2_table, tables.int2_lens))
-    ranges = _head_ranges(kv)
-    window, history, tables_ = window_arg(kv), history_arg(ranges[0][1]), tables_arg(tables)
+    ranges = kv.ranges()
+    window, history, tables_ = window_arg(kv), history_arg(ranges[0][2]), tables_arg(tables)
     g = kv.int2_k.group if int2 else d
-    for (lo, hi), view in ranges if int2 else ():
+    for lo, hi, view in ranges if int2 else ():
         for c in (view.int2_k, view.int2_v):
             assert c.codes.shape[1:] == (hi - lo, p, d * c.bits // 8) and c.group == g >= 4
     raw = int2 and uses_raw_int2(d, g, p)
@@ -348,7 +339,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     if raw:
         kernel, extra = _int2_decode_kernel, dict(G=g, CONV=cfg["CONV"], CHUNK=cfg["CHUNK"])
         if kv.split is not None:  # the second head range: its own history bundle and formats
-            second = ranges[1][1]
+            second = ranges[1][2]
             extra |= dict(history2=history_arg(second), SPLIT_H=kv.split.head, **format_args(second, "2"))
     else:
         kernel, extra = _decode_kernel, dict(G=g, HAS_INT2=int2)
@@ -356,7 +347,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         (q, q.stride(0), q.stride(1)), window, history, tables_,
         (mid_o, mid_l, tuple(mid_o.stride()[:3]), tuple(mid_l.stride()[:2])), scale * LOG2E, splits,
         H=h, REP=rep, REP_PAD=cfg.get("REP_PAD", max(8 if raw else 16, triton.next_power_of_2(rep))), D=d, P=p, **extra,
-        **format_args(ranges[0][1]), BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"],
+        **format_args(ranges[0][2]), BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
     merge_splits(mid_o, mid_l, out, cfg.get("REDUCE_WARPS", 4))
     return out

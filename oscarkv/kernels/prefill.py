@@ -113,10 +113,12 @@ def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
     out, span = (out_k, out_v, out_k.stride(1)), (t0, count, out0)
     if not int2:
         _gather_bf16_kernel[(triton.cdiv(count, BLOCK), h)](window_arg(kv), table, out, span, D=d, P=p, BLOCK=BLOCK)
-    else:
-        _gather_int2_kernel[(triton.cdiv(count, BLOCK_INT2), h)](history_arg(kv), table, out, span, D=d,
-                                                                 G=kv.int2_k.group, P=p, BLOCK=BLOCK_INT2,
-                                                                 num_warps=4, **format_args(kv))
+    else:  # each head range from its own history (one, or a per-head split's two) into its heads of the workspace
+        for lo, hi, view in kv.ranges():
+            rows = (out_k[:, lo:hi], out_v[:, lo:hi], out_k.stride(1))
+            _gather_int2_kernel[(triton.cdiv(count, BLOCK_INT2), hi - lo)](history_arg(view), table, rows, span, D=d,
+                                                                           G=kv.int2_k.group, P=p, BLOCK=BLOCK_INT2,
+                                                                           num_warps=4, **format_args(view))
 
 
 def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

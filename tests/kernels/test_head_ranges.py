@@ -107,9 +107,27 @@ def _check_split_decode(device: str, d: int, rep: int, seed: int) -> None:
     tol = max(2 * max(_bf16_torch_error(q[:, :rep], first, tables, d**-0.5, ref[:, :rep]),
                       _bf16_torch_error(q[:, rep:], second, tables, d**-0.5, ref[:, rep:])), 1e-3)
     assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
-    with pytest.raises(AssertionError, match="per-head split"):
-        TritonAttention().extend(q[:, :, :].float(), *(torch.zeros(2, 3, d, device=device),) * 2, whole, tables,
-                                 torch.tensor([0, 1, 2], dtype=torch.int32, device=device), d**-0.5)
+
+
+
+def _check_split_extend(device: str, d: int, rep: int, seed: int) -> None:
+    """Extend over a split view: staged chunks read it whole (each range's history gathered into its heads of one
+    workspace), other routes by ranges; ≡ the oracle range by range, every route."""
+    from oscarkv.attention.backends import TorchAttention
+    from oscarkv.kernels.reference import extend_attention_ref
+
+    whole, _, tables = _split_view(device, d, seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for chunks in ([3, 5], [MIN_CHUNK, 2], [MIN_CHUNK, MIN_CHUNK + 3]):
+        t = sum(chunks)
+        q, k, v = (torch.randn(t, n, d, generator=gen, device=device).bfloat16().float() for n in (3 * rep, 3, 3))
+        cu = torch.tensor([0, chunks[0], t], dtype=torch.int32, device=device)
+        out = TritonAttention().extend(q, k, v, whole, tables, cu, d**-0.5)
+        ref = TorchAttention().extend(q, k, v, whole, tables, cu, d**-0.5)
+        errs = [_bf16_error(q[:, lo * rep:hi * rep], k[:, lo:hi], v[:, lo:hi], view, tables, cu, d**-0.5,
+                            extend_attention_ref(q[:, lo * rep:hi * rep], k[:, lo:hi], v[:, lo:hi], view, tables, cu,
+                                                 d**-0.5)) for lo, hi, view in whole.ranges()]
+        assert _rel(out, ref) <= max(2 * max(errs), 1e-3), (chunks, _rel(out, ref))
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
@@ -117,8 +135,14 @@ def test_split_layer_decodes_in_one_launch_cpu():
     _check_split_decode("cpu", 64, 2, seed=5)
 
 
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+def test_split_layer_extends_cpu():
+    _check_split_extend("cpu", 64, 2, seed=6)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("rep", [1, 4])
 def test_split_layer_decodes_in_one_launch_gpu(rep):
     _check_split_decode("cuda", 128, rep, seed=rep)
+    _check_split_extend("cuda", 128, rep, seed=rep)
