@@ -109,11 +109,13 @@ class PoolGeometry:
 def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: int, group: int,
                model_dtype: torch.dtype, bits: tuple[int, int] = (2, 2),
                sliding: SlidingLayers | None = None, layer_bits: tuple[tuple[int, int], ...] = (),
-               layer_parts: tuple[tuple[HeadPart, ...], ...] = ()) -> PoolGeometry:
+               layer_parts: tuple[tuple[HeadPart, ...], ...] = (), page_bytes: int = 0) -> PoolGeometry:
     """Split ``cfg.kv_memory_bytes`` into window, BF16 and INT2 pages (see the module docstring); ``bits``: the
     key and value bits of the history (the codec's); ``num_layers`` counts every layer, ``sliding`` names those
     that keep only a window; ``layer_bits``: a per-layer allocation's bits of each pool layer (empty: uniform);
-    ``layer_parts``: a per-head allocation's head ranges of each pool layer (empty: none)."""
+    ``layer_parts``: a per-head allocation's head ranges of each pool layer (empty: none); ``page_bytes``: a
+    history page cost to count INT2 pages by when larger than this geometry's own (tensor-parallel ranks of a
+    per-head allocation hold pages of other sizes and must hold as many: the largest rank's)."""
     kv, P = cfg.kv, cfg.kv.page_size
     dtype = model_dtype if kv.method == "bf16" else torch.bfloat16
     n_win_layers = len(sliding.layers) if sliding else 0
@@ -130,7 +132,8 @@ def plan_pools(cfg: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: 
         step_pages = -(-cfg.max_num_batched_tokens // P) + cfg.max_num_seqs
         cached = cfg.prefix_windows if cfg.enable_prefix_caching else 0  # room for windows a later hit needs
         n_bf16 = min((cfg.max_num_seqs + cached) * window_pages + step_pages, budget // 2 // geo.bf16_page_bytes())
-    n_int2 = 0 if kv.method == "bf16" else (budget - n_bf16 * geo.bf16_page_bytes()) // geo.int2_page_bytes()
+    int2_page = max(geo.int2_page_bytes(), page_bytes)
+    n_int2 = 0 if kv.method == "bf16" else (budget - n_bf16 * geo.bf16_page_bytes()) // int2_page
     if n_bf16 < 2 or (kv.method != "bf16" and n_int2 < 2):
         raise ValueError(f"EngineConfig.kv_memory_bytes={cfg.kv_memory_bytes} is too small: {n_bf16} BF16 and "
                          f"{n_int2} INT2 pages" + (f" after {n_win} window pages" if n_win else ""))

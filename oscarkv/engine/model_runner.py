@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oscarkv.cache.kv_pools import HeadPart, KVPools, plan_pools
+from oscarkv.cache.kv_pools import HeadPart, KVPools, PoolGeometry, plan_pools
 from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.cache.manager import WritePlan
 from oscarkv.attention.backends import TritonAttention
@@ -283,9 +283,11 @@ def _cu(plans: list[WritePlan]) -> list[int]:
 
 
 def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, backend: AttentionBackend,
-                 graph_buckets: tuple[int, ...] = (), tp: TensorParallel | None = None) -> ModelRunner:
+                 graph_buckets: tuple[int, ...] = (), tp: TensorParallel | None = None,
+                 page_bytes: int = 0) -> ModelRunner:
     """Fold the value codecs into ``model`` (in place), size this device's pools from ``cfg`` for the
-    model's KV heads (one rank's, with tensor parallelism) and build the runner. Sliding-window layers
+    model's KV heads (one rank's, with tensor parallelism; ``page_bytes``: the largest rank's history page,
+    :func:`history_page_bytes`) and build the runner. Sliding-window layers
     store K/V as given (their codecs are replaced by the identity: a BF16 window, nothing to fold)."""
     p = next(model.parameters())
     sliding = SlidingLayers.from_config(model.config)
@@ -298,7 +300,7 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     attn = model.model.layers[0].self_attn
     bits = (codecs[0].key.bits or 2, codecs[0].value.bits or 2)  # None: kv=bf16, no history pages
     geo = plan_pools(cfg, len(codecs), attn.num_kv_heads, attn.head_dim, codecs[0].key.group, p.dtype, bits, sliding,
-                     layer_bits(codecs, sliding), layer_parts(codecs, sliding, attn.num_kv_heads))
+                     layer_bits(codecs, sliding), layer_parts(codecs, sliding, attn.num_kv_heads), page_bytes)
     levels = {i: (st.key.levels, st.value.levels) for i, st in enumerate(storage)}
     pools = KVPools(geo, p.device, sliding.layers if sliding else frozenset(), levels)
     runner = ModelRunner(model, pools, storage, backend, graph_buckets, tp)
@@ -341,6 +343,18 @@ def layer_parts(codecs: list[LayerCodec], sliding: SlidingLayers | None,
             lo += n
         rows.append(tuple(parts))
     return tuple(rows) if any(len(r) > 1 for r in rows) else ()
+
+
+def history_page_bytes(codecs: list[LayerCodec], config, num_kv_heads: int, page_size: int) -> int:
+    """Bytes of one history page in every global layer of the pools :func:`build_runner` sizes for ``codecs``
+    (a rank's KV heads ``num_kv_heads``; ``PoolGeometry.int2_page_bytes``): what tensor-parallel ranks compare."""
+    sliding = SlidingLayers.from_config(config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    n = len(codecs) - (len(sliding.layers) if sliding else 0)
+    geo = PoolGeometry(n, num_kv_heads, head_dim, codecs[0].key.group, page_size, torch.bfloat16, 0, 0,
+                       (codecs[0].key.bits or 2, codecs[0].value.bits or 2), layer_bits=layer_bits(codecs, sliding),
+                       layer_parts=layer_parts(codecs, sliding, num_kv_heads))
+    return geo.int2_page_bytes()
 
 
 def layer_bits(codecs: list[LayerCodec], sliding: SlidingLayers | None) -> tuple[tuple[int, int], ...]:

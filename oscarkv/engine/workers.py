@@ -61,7 +61,7 @@ import torch.multiprocessing as mp
 
 from oscarkv.attention.step import AttentionBackend
 from oscarkv.config import EngineConfig
-from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner
+from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner, history_page_bytes
 from oscarkv.engine.rank_profile import kernel_profile
 from oscarkv.engine.rendezvous import Rendezvous, join
 from oscarkv.engine.scheduler import ScheduledChunk
@@ -95,6 +95,18 @@ class RankSpec:
     graph_buckets: tuple[int, ...]
     dtype: torch.dtype
     all_reduce: str  # the row-parallel all-reduce every rank builds: rank 0's choice (allreduce.resolve), never "auto"
+    page_bytes: int = 0  # the largest rank's history page (a per-head allocation: ranks' pages differ), sized by all
+
+
+def largest_page(codec: KVCodec, config, cfg: EngineConfig) -> int:
+    """The largest history page (bytes, every layer) of any rank's shard of ``codec``: a per-head allocation stores
+    each rank's KV heads at their own bits, and every rank must hold as many pages (``RankSpec.page_bytes``)."""
+    size, heads = cfg.tensor_parallel_size, config.num_key_value_heads
+    if codec.config.method == "bf16":
+        return 0
+    return max(history_page_bytes(shard_codecs(codec.layers, heads, TensorParallel(r, size)), config,
+                                  len(range(heads)[TensorParallel(r, size).kv_heads(heads)]), cfg.kv.page_size)
+               for r in range(size))
 
 
 def _send_shard(model: PagedLM, codec: KVCodec, tp: TensorParallel, control, device: torch.device) -> None:
@@ -114,7 +126,7 @@ def _receive_shard(spec: RankSpec, tp: TensorParallel, device: torch.device, con
     model = sharded_model(spec.config, tp, spec.dtype, device)
     for _, p in sorted(model.state_dict().items()):
         dist.recv(p, src=0)  # NOTE: in place; a tied lm_head is its embedding, received twice
-    return build_runner(model, codecs[0], spec.cfg, spec.backend, spec.graph_buckets, tp)
+    return build_runner(model, codecs[0], spec.cfg, spec.backend, spec.graph_buckets, tp, spec.page_bytes)
 
 
 def _local_shard(model: PagedLM, codec: KVCodec, spec: RankSpec, tp: TensorParallel, device: torch.device) -> ModelRunner:
@@ -124,7 +136,7 @@ def _local_shard(model: PagedLM, codec: KVCodec, spec: RankSpec, tp: TensorParal
     for key, t in rank_tensors(model.state_dict(), model.config, tp):
         mine[key].copy_(t)
     codecs = shard_codecs(codec.layers, model.config.num_key_value_heads, tp)
-    return build_runner(shard, codecs, spec.cfg, spec.backend, spec.graph_buckets, tp)
+    return build_runner(shard, codecs, spec.cfg, spec.backend, spec.graph_buckets, tp, spec.page_bytes)
 
 
 def _device(base: torch.device, local: int) -> torch.device:
@@ -144,14 +156,10 @@ def _handshake(runner: ModelRunner, control, size: int) -> None:
     """Every rank's pool geometry, compared on rank 0 (the manager there decides pages for all)."""
     geos: list = [None] * size
     dist.all_gather_object(geos, runner.pools.geo, group=control)
-    def sized(g):  # NOTE: a per-head allocation may store each rank's heads at other bits; the page counts must agree
+    def sized(g):  # NOTE: a per-head allocation may store each rank's heads at other bits; the page counts agree
         return replace(g, layer_parts=(), layer_bits=(), bits=(0, 0))
     if any(sized(g) != sized(geos[0]) for g in geos):
-        split = len({(g.layer_parts, g.layer_bits) for g in geos}) > 1
-        raise RuntimeError("tensor-parallel ranks sized different pools" + (
-            " (a per-head key allocation, recipe.layer_key_heads, gives the ranks' KV heads different bytes per "
-            "page: serve it with --tensor-parallel-size 1, or with a recipe whose 4-bit key heads split evenly "
-            "across the ranks)" if split else "") + f": {geos}")
+        raise RuntimeError(f"tensor-parallel ranks sized different pools: {geos}")
 
 
 def _worker_main(rank: int, size: int, where: Rendezvous, device: torch.device) -> None:
@@ -231,7 +239,8 @@ class ParallelRunner:
         # NOTE: rank 0 alone chooses the all-reduce (and refuses a second symmetric-memory engine in this
         # process) before any rank starts: a rank that chose differently would wait in another collective
         reduce = resolve(cfg.tensor_parallel_all_reduce, size, device)
-        spec = RankSpec(model.config, cfg, backend, graph_buckets, next(model.parameters()).dtype, reduce)
+        spec = RankSpec(model.config, cfg, backend, graph_buckets, next(model.parameters()).dtype, reduce,
+                        largest_page(codec, model.config, cfg))
         self._dir = Path(tempfile.mkdtemp(prefix="oscarkv-tp-"))
         nodes = cfg.distributed
         where = Rendezvous(self._dir / "rendezvous" if nodes.nnodes == 1 else None, nodes)

@@ -24,7 +24,7 @@ from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.llm import LLM
 from oscarkv.models.loader import LoadedModel
-from tests.engine.conftest import engine_config, make_artifact, prompts, tiny_config
+from tests.engine.conftest import engine_config, make_artifact, prompts, run, tiny_config
 
 TOL = 1e-4
 TIGHT = dict(prefill_chunk=16, max_num_batched_tokens=32)  # prefix hits at chunk starts (as test_scheduler's)
@@ -160,5 +160,27 @@ def test_tp2_per_head_allocation_equals_tp1(llama):
     try:
         assert one.runner.pools.geo.layer_parts and not two.runner.local.pools.geo.layer_parts
         same(scenario(two)[0], scenario(one)[0])
+    finally:
+        two.close()
+
+
+def test_tp2_ranks_of_different_page_sizes_hold_as_many_pages(llama):
+    """4-bit keys in KV head 0 of every layer: rank 0 holds only 4-bit-key heads, rank 1 only 2-bit ones, so their
+    history pages differ in size; both count pages by the larger (``RankSpec.page_bytes``) and decode ≡ tp = 1."""
+    from oscarkv.engine.workers import largest_page
+
+    kv = replace(engine_config().kv, layer_key_heads=((0,), (0,)))
+    art = make_artifact(llama.config)
+    cfg = engine_config("oscar", kv=kv, kv_memory_bytes=1 << 21)
+    one = LLMEngine.from_hf(llama, cfg, art)
+    two = LLM(LoadedModel(llama, None, "tiny"), "oscar", artifact=art, tensor_parallel_size=2, config=cfg).engine
+    try:
+        geo = two.runner.local.pools.geo
+        assert geo.bits == (4, 2) and not geo.layer_bits  # rank 0: the 4-bit-key heads, the larger pages
+        assert geo.int2_page_bytes() == largest_page(one.codec, llama.config, replace(cfg, tensor_parallel_size=2))
+        assert geo.int2_pages == (cfg.kv_memory_bytes - geo.bf16_pages * geo.bf16_page_bytes()) // geo.int2_page_bytes()
+        ps = prompts(3, 40, seed=5)
+        for a, b in zip(run(two, ps), run(one, ps)):
+            assert a.token_ids == b.token_ids and max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < TOL
     finally:
         two.close()
