@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Per-head key bits (issue 26) served on one GPU: lanes at once (the default model is small: each lane is host-bound).
-#   call 1, carry [".spec_model/a"]: bash lab/scripts/gpu_served_lanes.sh keep
-#   call 2, carry [".spec_model/b"], same warm machine: bash lab/scripts/gpu_heads.sh [LANE ...]
+#   calls 1 and 2, carry [".spec_model/a"], then [".spec_model/a2"]: bash lab/scripts/gpu_served_lanes.sh keep
+#   call 3, carry [".spec_model/b"], same warm machine: bash lab/scripts/gpu_heads.sh [LANE ...]
 # Lanes (default: all):
 #   tests   the GPU tests of allocations and head ranges (engine ≡ oracle through Triton and CUDA graphs, kernels)
 #   h8a     8K single needle, 40 samples per haystack (80 a cell): the unquantized cache, 28 heads (within INT2+win's

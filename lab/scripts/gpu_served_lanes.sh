@@ -8,15 +8,15 @@
 #   spectests spec, then the GPU tests of speculation;  gputests  those tests alone
 #   timing    spec, then bench followup --prefill-chunk 512 (follow-up turns as served): run it as the only lane
 # FALLBACK_RECIPES (NAME=FILE,...) and FALLBACK_CONFIGS (default k4v2) set the fallback lane.
-# The GGUF travels in two halves (lab/scripts/pack_default_model.sh): call 1 carries .spec_model/a and copies it
-# to /tmp/oscarkv_spec_model (`bash lab/scripts/gpu_served_lanes.sh keep`), call 2, on the same warm machine,
-# carries .spec_model/b and runs the lanes (`bash lab/scripts/gpu_served_lanes.sh run [LANE ...]`, default all three).
+# The GGUF travels in parts (lab/scripts/pack_default_model.sh): each of .spec_model/a, a2 carried by a call of its own
+# and copied to /tmp/oscarkv_spec_model (`bash lab/scripts/gpu_served_lanes.sh keep`), then, on the same warm machine,
+# a call carrying .spec_model/b runs the lanes (`bash lab/scripts/gpu_served_lanes.sh run [LANE ...]`, default all three).
 # MULTI_CONTEXTS (default "4096 8192") and MULTI_RECIPES (NAME=FILE,...; default the shipped recipe) set the multi lane.
 # Out ($OUT): lanes.tgz (every result and log), summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODEL_DIR=/tmp/oscarkv_spec_model
-if [ "${1:-run}" = keep ]; then mkdir -p "$MODEL_DIR" && cp .spec_model/a/* "$MODEL_DIR/" && ls -la "$MODEL_DIR"; exit; fi
+if [ "${1:-run}" = keep ]; then mkdir -p "$MODEL_DIR" && cp .spec_model/a*/* "$MODEL_DIR/" && ls -la "$MODEL_DIR"; exit; fi
 W=$(mktemp -d /tmp/lanes.XXXX); OUT=${OUT:-/tmp/served_lanes}; mkdir -p "$OUT"
 source lab/scripts/gpu_model_env.sh
 R=lab/scripts/twobit_recipe_8192

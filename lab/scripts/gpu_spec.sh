@@ -25,7 +25,7 @@ status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device_$STAGE.txt"
 
 if [ "$STAGE" = part1 ]; then
-    cp .spec_model/a/* "$MODEL/" 2>/dev/null || echo "no .spec_model/a: part2 will run without the default model"
+    cp .spec_model/a*/* "$MODEL/" 2>/dev/null || echo "no .spec_model/a*: part2 will run without the default model"
     timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/engine/test_speculative_gpu.py \
         tests/engine/test_extend_graphs_gpu.py tests/bench/test_followup.py tests/bench/test_speculative_bench.py 2>&1 | tee "$OUT/pytest.log" || status=1
     timeout 330 "$PY" -m oscarkv.cli bench followup --shapes qwen3-4b --contexts 32768,102400 --new-tokens 1,8,64,512 \
@@ -35,9 +35,8 @@ if [ "$STAGE" = part1 ]; then
 fi
 
 GGUF="$MODEL/SmolLM2-135M-Instruct.Q4_1.gguf"  # NOTE: the file name makes it the default model (shipped artifact)
-if [ -f "$MODEL/model.part0" ] && [ -f .spec_model/b/model.part1 ]; then
-    cat "$MODEL/model.part0" .spec_model/b/model.part1 > "$GGUF"
-    [ "$(sha256sum "$GGUF" | cut -d' ' -f1)" = "$(cat .spec_model/b/model.sha256)" ] || { echo "GGUF checksum mismatch"; exit 1; }
+if [ -f "$MODEL/model.part0" ] && [ -f .spec_model/b/model.sha256 ]; then
+    bash lab/scripts/gpu_model_join.sh "$GGUF" || exit 1
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$MODEL"/gguf-*.whl || exit 1
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
 else
