@@ -279,11 +279,12 @@ def with_allocations(loaded, artifact, cfg, windows: dict[str, KVCodec], samples
         scores = dev_scores(loaded, codecs, samples, lambda *_: bar.update(1), cfg.protocol, {k: artifact for k in codecs})
     sens = alloc.sensitivities(scores, cfg.allocate, dims[0], artifact.manifest.get("summary"), dims[1])
     known = [s for s in sens if s.predicted is not None]
-    rho = spearman([s.predicted for s in known], [s.gain for s in known]) if len(known) > 2 else float("nan")
+    rho = spearman([s.predicted for s in known], [s.gain for s in known]) if len(known) > 2 else None
     print("sensitivities (development answer NLL gain, that layer's keys or values, or that head's keys, alone at "
           "4 bits):\n"
-          + "\n".join(alloc.report(sens))
-          + f"\n  Spearman's rho of the calibration's predicted INT2 error with the measured gain: {rho:+.2f}", flush=True)
+          + "\n".join(alloc.report(sens))  # NOTE: the calibration predicts per layer only: no rho for heads alone
+          + (f"\n  Spearman's rho of the calibration's predicted INT2 error with the measured gain: {rho:+.2f}"
+             if rho is not None else ""), flush=True)
     return windows | alloc.allocation_codecs(sens, windows, dims[0], build, cfg.context, cfg.max_bpe), sens
 
 
