@@ -8,7 +8,8 @@ reads and writes the bytes.
 Sizing (:func:`plan_pools`): a BF16 page costs ``2 L H P d`` elements of the window dtype, an
 INT2 page ``L H P ((b_K + b_V) d/8 + 8 d/G)`` bytes (``b`` the key and value bits, 2 or 4; under a
 per-layer allocation each layer's own, summed: ``PoolGeometry.layer_bits``, and the history pools are
-one tensor per kind and bit width, each holding the layers at those bits). Unless ``EngineConfig.bf16_fraction`` is set, the
+one tensor per kind and bit width, each holding the layers at those bits; under a per-head allocation each
+layer's two head ranges, ``HeadPart``, at their own bits, one tensor per kind, bit width and head count). Unless ``EngineConfig.bf16_fraction`` is set, the
 BF16 pool gets what ``max_num_seqs`` sequences need for their sink and windows
 (``S0 + W + P`` tokens each, plus one partial page) and one step's worth of chunk tokens, plus
 ``prefix_windows`` more windows with prefix caching (the cached windows hits need); the INT2 pool

@@ -22,6 +22,8 @@ width (and strides). A 4-bit row is two INT2 planes, low bits then high bits (``
 kernels read it as two INT2 rows, the second at byte offset ``d / 4`` with scale ``4s``, zero 0.
 A 2-bit kind may carry a non-uniform level table (``Int2Pages.levels``, per layer, from the codec:
 ``oscarkv.quant.int2``): its readers then take code ``c`` as ``levels[c]`` steps of the scale.
+A per-head key allocation splits a layer's history into two head ranges at their own bits (``LayerKV.split``,
+:meth:`LayerKV.ranges`); the BF16 pools stay whole.
 
 Pages are head-major (``[H, P, ...]``) so one KV head's page is one contiguous block: a decode
 program serving a KV head streams it once.
