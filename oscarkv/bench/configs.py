@@ -105,9 +105,7 @@ class DecodeBench:
     def __post_init__(self) -> None:
         _check_methods(self)
         _check_positive(self, "contexts", "steps", "batch", "tensor_parallel_size")
-        for spec in self.layer_key_bits:
-            if not is_fraction(spec) and not Path(spec).is_file():
-                raise ValueError(f"DecodeBench.layer_key_bits: {spec!r} is neither a fraction in (0, 1] nor a recipe file")
+        _check_allocations(self)
 
 
 @dataclass(frozen=True)
@@ -165,10 +163,14 @@ class PrefillBench:
     tensor_parallel_size: int = 1
     """GPUs the model is split over (``EngineConfig.tensor_parallel_size``; the row-parallel all-reduce is
     ``auto``: prefill chunks go through NCCL whatever it is): the floor is rank 0's (its heads, its GEMMs)."""
+    layer_key_bits: tuple[str, ...] = ()
+    """Allocations timed after ``methods``, as ``DecodeBench.layer_key_bits`` (a recipe JSON, per layer or per head,
+    or a fraction of 4-bit-key layers)."""
 
     def __post_init__(self) -> None:
         _check_methods(self)
         _check_positive(self, "contexts", "chunks", "tensor_parallel_size")
+        _check_allocations(self)
 
 
 @dataclass(frozen=True)
@@ -304,3 +306,10 @@ class SpeculativeBench:
         if self.speculative not in SPECULATIVE_METHODS or self.speculative == "none":
             raise ValueError(f"SpeculativeBench.speculative must be one of {SPECULATIVE_METHODS[1:]}, got {self.speculative!r}")
         _check_positive(self, "num_speculative_tokens", "document_tokens", "max_tokens", "contexts", "steps")
+
+
+def _check_allocations(bench) -> None:
+    for spec in bench.layer_key_bits:
+        if not is_fraction(spec) and not Path(spec).is_file():
+            raise ValueError(f"{type(bench).__name__}.layer_key_bits: {spec!r} is neither a fraction in (0, 1] nor a "
+                             f"recipe file")

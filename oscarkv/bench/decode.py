@@ -39,7 +39,7 @@ import torch
 
 from oscarkv.bench import e2e
 from oscarkv.bench.configs import DecodeBench
-from oscarkv.bench.layer_bits import allocation_config
+from oscarkv.bench.layer_bits import kv_rows
 from oscarkv.config import KVConfig
 from oscarkv.engine.rank_profile import kernel_profile
 
@@ -215,14 +215,8 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
 
 
 def kv_configs(cfg: DecodeBench, num_layers: int, num_kv_heads: int) -> list[tuple[str, KVConfig]]:
-    """(row label, KV config) of each method, then of each ``layer_key_bits`` allocation at ``num_layers`` layers of
-    ``num_kv_heads`` (labelled as reports label it: ``oscar-k4x12+win``, 12 layers of 4-bit keys; ``oscar-kh4x96+win``,
-    96 KV heads)."""
-    out = [(m, KVConfig(m)) for m in cfg.methods]
-    for spec in cfg.layer_key_bits:
-        kv = allocation_config(spec, num_layers, num_kv_heads)
-        out.append((kv.label(), kv))
-    return out
+    """(row label, KV config) of each method, then of each ``layer_key_bits`` allocation (``layer_bits.kv_rows``)."""
+    return kv_rows(cfg.methods, cfg.layer_key_bits, num_layers, num_kv_heads)
 
 
 def format_table(rows: list[dict], copy_gbps: float) -> str:

@@ -1,6 +1,6 @@
 """Per-layer key bits at a benchmark's shape: a precision allocation carried over to another model's layers.
 
-Role: ``oscarkv bench decode --layer-key-bits FILE|FRACTION`` times a per-layer allocation
+Role: ``oscarkv bench decode|prefill --layer-key-bits FILE|FRACTION`` times a per-layer allocation
 (``KVConfig.layer_key_bits``, issue 26) beside BF16 and INT2 at real shapes, whose layer count is not the
 calibrated model's. :func:`allocation_config` turns one such spec into the ``oscar`` :class:`KVConfig` the
 bench engine is built with (``oscarkv.bench.e2e.build_engine``):
@@ -58,6 +58,17 @@ def is_fraction(spec: str) -> bool:
         return 0 < float(spec) <= 1
     except ValueError:
         return False
+
+
+def kv_rows(methods: Sequence[str], specs: Sequence[str], num_layers: int,
+            num_kv_heads: int) -> list[tuple[str, KVConfig]]:
+    """(row label, KV config) of each method, then of each allocation spec at ``num_layers`` layers of ``num_kv_heads``
+    (labelled as reports label it: ``oscar-k4x12+win``, 12 layers of 4-bit keys; ``oscar-kh4x96+win``, 96 KV heads)."""
+    out = [(m, KVConfig(m)) for m in methods]
+    for spec in specs:
+        kv = allocation_config(spec, num_layers, num_kv_heads)
+        out.append((kv.label(), kv))
+    return out
 
 
 def allocation_config(spec: str, num_layers: int, num_kv_heads: int, source_kv_heads: int = 3) -> KVConfig:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from oscarkv.bench import e2e
+from oscarkv.bench.layer_bits import kv_rows
 from oscarkv.bench.configs import PrefillBench
 
 
@@ -134,9 +135,10 @@ def rows_for(cfg: PrefillBench, shape: str) -> list[dict]:
     model = e2e.random_model(shape, tp)
     floors = {} if tp > 1 else {n: floor(model, n, max(cfg.chunks)) for n in cfg.contexts}
     rows = []
-    for method in cfg.methods:
+    configs = kv_rows(cfg.methods, cfg.layer_key_bits, model.config.num_hidden_layers, model.config.num_key_value_heads)
+    for method, kv in configs:
         for chunk in cfg.chunks:
-            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), 1, chunk, tp)
+            engine = e2e.build_engine(model, kv, int(cfg.kv_gib * 2**30), 1, chunk, tp)
             floors = floors or {n: floor(engine.runner.model, n, max(cfg.chunks)) for n in cfg.contexts}
             ttft(engine, 2 * chunk + 64, seed=1)  # untimed
             for n in cfg.contexts:
@@ -148,9 +150,9 @@ def rows_for(cfg: PrefillBench, shape: str) -> list[dict]:
             del engine
             e2e.release()
     # NOTE: profiles last: CUPTI stays attached after one and slows every later launch (see DecodeBench.profile)
-    for method in cfg.methods if cfg.profile_context else ():
+    for method, kv in configs if cfg.profile_context else ():
         for chunk in cfg.chunks:
-            engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), 1, chunk, tp)
+            engine = e2e.build_engine(model, kv, int(cfg.kv_gib * 2**30), 1, chunk, tp)
             ttft(engine, 2 * chunk + 64, seed=1)
             rows.append(dict(shape=shape, method=method, chunk=chunk, context=cfg.profile_context, tp=tp,
                              breakdown=breakdown(engine, cfg.profile_context)))

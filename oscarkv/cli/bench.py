@@ -24,7 +24,8 @@ BENCHES = {
                ["shapes", "contexts", "methods", "steps", "kv_gib", "batch", "temperature", "tensor_parallel_size",
                 "all_reduce", "profile", "layer_key_bits"]),
     "prefill": (PrefillBench, "GPU: time to first token of long prompts through the engine vs the floor, BF16 vs OSCAR",
-                ["shapes", "contexts", "methods", "chunks", "kv_gib", "profile_context", "tensor_parallel_size"]),
+                ["shapes", "contexts", "methods", "chunks", "kv_gib", "profile_context", "tensor_parallel_size",
+                 "layer_key_bits"]),
     "followup": (FollowupBench, "GPU: the first step of a follow-up request on a cached long prefix (k new tokens) "
                  "beside a decode step, BF16 vs OSCAR (random weights)",
                  ["shapes", "contexts", "new_tokens", "methods", "repeats", "steps", "kv_gib", "prefill_chunk"]),

@@ -109,3 +109,19 @@ def test_a_per_head_recipe_carries_its_head_shares(tmp_path):
     engine = e2e.build_engine(PagedLM.random(CONFIG), small, kv_bytes=1 << 22, max_num_seqs=1, chunk=64)
     split = [len(engine.runner.pools.parts(i)) for i in range(L)]
     assert split == [1 if len(h) in (0, 2) else 2 for h in small.layer_key_heads]
+
+
+def test_prefill_bench_times_allocations_too(tmp_path):
+    """``oscarkv bench prefill --layer-key-bits``: the same rows as decode's (methods, then each allocation)."""
+    from oscarkv.bench.configs import PrefillBench
+    from oscarkv.bench.layer_bits import kv_rows
+    from oscarkv.cli.main import build_parser
+
+    f = tmp_path / "heads.json"
+    f.write_text(json.dumps({"sink": 64, "recent": 64, "layer_key_heads": [[0]] * 30}))
+    args = build_parser().parse_args(["bench", "prefill", "--layer-key-bits", str(f), "--methods", "bf16"])
+    assert args.layer_key_bits == (str(f),) or args.layer_key_bits == [str(f)]
+    cfg = PrefillBench(methods=("bf16",), layer_key_bits=(str(f),))
+    assert [label for label, _ in kv_rows(cfg.methods, cfg.layer_key_bits, 36, 8)] == ["bf16", "oscar-kh4x108+win"]
+    with pytest.raises(ValueError, match="PrefillBench.layer_key_bits"):
+        PrefillBench(layer_key_bits=("2",))
