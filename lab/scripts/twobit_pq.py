@@ -58,8 +58,10 @@ class GainShape(TensorCodec):
     def encode(self, x_rot: torch.Tensor):
         x = x_rot.float()
         g = x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        s = (x / g).view(*x.shape[:2], -1, 1, SUB)  # [T, H, M, 1, SUB]
-        idx = ((s - self.book[None]) ** 2).sum(-1).argmin(-1)  # [T, H, M]
+        s = (x / g).view(*x.shape[:2], -1, SUB)  # [T, H, M, SUB]
+        H, M = self.book.shape[:2]
+        idx = torch.stack([torch.stack([torch.cdist(s[:, h, m], self.book[h, m]).argmin(-1) for m in range(M)], -1)
+                           for h in range(H)], 1)  # [T, H, M]
         return g.half(), idx, (self.four.encode(x_rot[:, list(self.high)]) if self.high else None)
 
     def decode(self, p) -> torch.Tensor:
