@@ -21,13 +21,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lab.scripts.twobit_artifacts import SHIPPED, budget  # noqa: E402
-from lab.scripts.twobit_heads import head_gains  # noqa: E402
+from lab.scripts.twobit_heads import ranked_heads  # noqa: E402
 from oscarkv.calibrate.default import frontier_artifacts  # noqa: E402
 from oscarkv.config import KVConfig  # noqa: E402
 from oscarkv.quant.artifact import Artifact, apply_recipe  # noqa: E402
 from oscarkv.quant.codec import build_codec  # noqa: E402
 
-SENS = Path("lab/results/dev_twobit_8k_heads")
 
 
 def recipe_for(ranked: list[tuple[int, int]], n: int, base: KVConfig, art: Artifact) -> tuple[KVConfig, dict]:
@@ -45,8 +44,7 @@ def main() -> None:
     a = p.parse_args()
     art = frontier_artifacts(Artifact.load(SHIPPED))["int2"]
     base = replace(apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art), sink=64, recent=64)
-    gains = head_gains(sorted(SENS.glob("sens_*.jsonl")))
-    ranked = sorted((k for k, g in gains.items() if g > 0), key=lambda k: -gains[k])
+    ranked = ranked_heads()
     limit = budget(a.context)
 
     def bpe(n: int) -> float:
@@ -57,7 +55,7 @@ def main() -> None:
     rec = {k: v for k, v in art.manifest["recipe"].items() if k not in ("candidates", "tolerance", "bf16")}
     rec |= {"sink": 64, "recent": 64, **fields, "bpe": round(codec.bpe(a.context), 4), "context": a.context,
             "max_bpe": round(limit, 4), "objective": (
-                f"the {n} KV heads (of {len(gains)}) whose 4-bit keys gain most development answer NLL alone "
+                f"the {n} KV heads (of {art.fingerprint.num_layers * art.fingerprint.num_kv_heads}) whose 4-bit keys gain most development answer NLL alone "
                 "(teacher-forced, 8192 tokens, seeds 1000/1001: lab/results/dev_twobit_8k_heads/), within INT2+win's "
                 f"bits per element at {a.context} tokens ({limit:.4f}); lab/scripts/twobit_head_recipe.py"),
             "dev_context": 8192, "dev_samples": 8, "dev_seeds": [1000, 1001], "haystack": "calibration",

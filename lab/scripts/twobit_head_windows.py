@@ -17,18 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lab.scripts.twobit_artifacts import SHIPPED  # noqa: E402
-from lab.scripts.twobit_heads import head_gains  # noqa: E402
+from lab.scripts.twobit_heads import logged_scores, ranked_heads  # noqa: E402
 from oscarkv.calibrate.default import frontier_artifacts  # noqa: E402
 from oscarkv.cli.flags import load  # noqa: E402
 from oscarkv.config import KVConfig  # noqa: E402
-from oscarkv.eval.objective import dev_samples, dev_scores  # noqa: E402
 from oscarkv.eval.paired import difference  # noqa: E402
 from oscarkv.quant.artifact import Artifact, apply_recipe  # noqa: E402
 from oscarkv.quant.codec import build_codec  # noqa: E402
@@ -39,8 +37,7 @@ CONFIGS = {"28 heads s64/r64": (28, 64, 64), "38 heads s64/r0": (38, 64, 0), "38
 
 def configs(art: Artifact) -> dict:
     base = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art)
-    gains = head_gains(sorted(Path("lab/results/dev_twobit_8k_heads").glob("sens_*.jsonl")))
-    ranked = sorted((k for k, g in gains.items() if g > 0), key=lambda k: -gains[k])
+    ranked = ranked_heads()
     out = {}
     for label, (n, sink, recent) in CONFIGS.items():
         heads = tuple(tuple(sorted(h for li, h in ranked[:n] if li == i)) for i in range(art.fingerprint.num_layers))
@@ -78,17 +75,9 @@ def main() -> None:
     art = frontier_artifacts(Artifact.load(SHIPPED))["int2"]
     codecs = configs(art)
     seeds = tuple(int(x) for x in a.seeds.split(","))
-    samples = dev_samples(loaded.tokenizer, 8192, a.samples, seeds, loaded.model.config.max_position_embeddings)
-    bpe = {k: round(c.bpe(8192), 4) for k, c in codecs.items()}
-    t0 = time.time()
-    with open(a.out / f"scores_{a.seeds.replace(',', '_')}.jsonl", "w") as f:
-        def progress(sample, nll, acc):
-            f.write(json.dumps({"seed": sample.seed, "nll": nll, "accuracy": acc, "bpe": bpe}) + "\n")
-            f.flush()
-            print(f"  sample done ({time.time() - t0:.0f} s)", flush=True)
-        dev_scores(loaded, codecs, samples, progress, a.protocol,
-                   artifacts={k: art for k in codecs} if a.protocol == "served" else None)
-
+    logged_scores(loaded, codecs, seeds, a.samples, a.out / f"scores_{a.seeds.replace(',', '_')}.jsonl",
+                  extra={"bpe": {k: round(c.bpe(8192), 4) for k, c in codecs.items()}}, protocol=a.protocol,
+                  artifacts={k: art for k in codecs} if a.protocol == "served" else None)
 
 if __name__ == "__main__":
     main()

@@ -103,14 +103,28 @@ class Setup:
 
 
 def score(setup: Setup, codecs: dict[str, KVCodec], seeds: tuple[int, ...], n: int, log: Path):
-    samples = dev_samples(setup.loaded.tokenizer, setup.context, n, seeds, setup.loaded.model.config.max_position_embeddings)
+    return logged_scores(setup.loaded, codecs, seeds, n, log, context=setup.context)
+
+
+def logged_scores(loaded, codecs: dict[str, KVCodec], seeds: tuple[int, ...], n: int, log: Path, context: int = 8192,
+                  extra: dict | None = None, protocol: str = "forced", artifacts: dict | None = None):
+    """``dev_scores`` of ``codecs`` on ``n`` development samples of ``seeds``, each sample's scores (and ``extra``)
+    written to ``log`` as one JSON line as soon as it is scored."""
+    samples = dev_samples(loaded.tokenizer, context, n, seeds, loaded.model.config.max_position_embeddings)
     t0 = time.time()
     with open(log, "w") as f:
         def progress(sample, nll, acc):
-            f.write(json.dumps({"seed": sample.seed, "nll": nll, "accuracy": acc}) + "\n")
+            f.write(json.dumps({"seed": sample.seed, "nll": nll, "accuracy": acc, **(extra or {})}) + "\n")
             f.flush()
             print(f"  sample seed {sample.seed} done ({time.time() - t0:.0f} s)", flush=True)
-        return dev_scores(setup.loaded, codecs, samples, progress, "forced")
+        return dev_scores(loaded, codecs, samples, progress, protocol, artifacts)
+
+
+def ranked_heads() -> list[tuple[int, int]]:
+    """``(layer, head)`` of positive development key gain (``dev_twobit_8k_heads/sens_*.jsonl``), the largest first:
+    the ranking the shipped per-head recipe takes its heads from."""
+    gains = head_gains(sorted(Path("lab/results/dev_twobit_8k_heads").glob("sens_*.jsonl")))
+    return sorted((k for k, g in gains.items() if g > 0), key=lambda k: -gains[k])
 
 
 def head_gains(paths: list[Path]) -> dict[tuple[int, int], float]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -33,11 +32,10 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lab.scripts.twobit_artifacts import SHIPPED, budget  # noqa: E402
-from lab.scripts.twobit_heads import head_gains  # noqa: E402
+from lab.scripts.twobit_heads import logged_scores, ranked_heads  # noqa: E402
 from oscarkv.calibrate.default import frontier_artifacts  # noqa: E402
 from oscarkv.cli.flags import load  # noqa: E402
 from oscarkv.config import KVConfig  # noqa: E402
-from oscarkv.eval.objective import dev_samples, dev_scores  # noqa: E402
 from oscarkv.eval.paired import difference  # noqa: E402
 from oscarkv.eval.runner import prefill  # noqa: E402
 from oscarkv.quant.artifact import Artifact, apply_recipe  # noqa: E402
@@ -121,8 +119,7 @@ def codecs(out: Path) -> dict[str, KVCodec]:
     dims = art.fingerprint.kv_dims
     base = replace(apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art), sink=64, recent=64)
     books = load_file(str(out / "codebooks.safetensors"))
-    gains = head_gains(sorted(Path("lab/results/dev_twobit_8k_heads").glob("sens_*.jsonl")))
-    ranked = sorted((k for k, v in gains.items() if v > 0), key=lambda k: -gains[k])
+    ranked = ranked_heads()
     shipped = json.loads(Path("oscarkv/data/default_recipe.json").read_text())["recipe"]["layer_key_heads"]
     int2 = build_codec(base, *dims, art)
     k4 = build_codec(replace(base, key_bits=4), *dims, art)
@@ -143,16 +140,8 @@ def codecs(out: Path) -> dict[str, KVCodec]:
 def evaluate(out: Path, seeds: str, n: int) -> None:
     loaded = load("default", "float32", "cpu")
     cs = codecs(out)
-    bpe = {k: round(c.bpe(8192), 4) for k, c in cs.items()}
-    samples = dev_samples(loaded.tokenizer, 8192, n, tuple(int(s) for s in seeds.split(",")),
-                          loaded.model.config.max_position_embeddings)
-    t0 = time.time()
-    with open(out / f"scores_{seeds.replace(',', '_')}.jsonl", "w") as f:
-        def progress(sample, nll, acc):
-            f.write(json.dumps({"seed": sample.seed, "nll": nll, "accuracy": acc, "bpe": bpe}) + "\n")
-            f.flush()
-            print(f"  sample done ({time.time() - t0:.0f} s)", flush=True)
-        dev_scores(loaded, cs, samples, progress, "forced")
+    logged_scores(loaded, cs, tuple(int(s) for s in seeds.split(",")), n, out / f"scores_{seeds.replace(',', '_')}.jsonl",
+                  extra={"bpe": {k: round(c.bpe(8192), 4) for k, c in cs.items()}})
 
 
 def combine(out: Path) -> None:

@@ -17,16 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lab.scripts.twobit_artifacts import SHIPPED  # noqa: E402
+from lab.scripts.twobit_heads import logged_scores  # noqa: E402
 from oscarkv.cli.flags import load  # noqa: E402
 from oscarkv.config import KVConfig  # noqa: E402
-from oscarkv.eval.objective import dev_samples, dev_scores  # noqa: E402
 from oscarkv.eval.paired import difference  # noqa: E402
 from oscarkv.quant.artifact import Artifact, apply_recipe  # noqa: E402
 from oscarkv.quant.codec import KVCodec, LayerCodec, build_codec  # noqa: E402
@@ -74,17 +73,8 @@ def main() -> None:
     if a.combine:
         return combine(a.out)
     loaded = load("default", "float32", "cpu")
-    cs = codecs()
-    samples = dev_samples(loaded.tokenizer, 8192, a.samples, tuple(int(s) for s in a.seeds.split(",")),
-                          loaded.model.config.max_position_embeddings)
-    t0 = time.time()
-    with open(a.out / f"sens_{a.seeds.replace(',', '_')}.jsonl", "w") as f:
-        def progress(sample, nll, acc):
-            f.write(json.dumps({"seed": sample.seed, "nll": nll, "accuracy": acc}) + "\n")
-            f.flush()
-            print(f"  sample done ({time.time() - t0:.0f} s)", flush=True)
-        dev_scores(loaded, cs, samples, progress, "forced")
-
+    logged_scores(loaded, codecs(), tuple(int(s) for s in a.seeds.split(",")), a.samples,
+                  a.out / f"sens_{a.seeds.replace(',', '_')}.jsonl")
 
 if __name__ == "__main__":
     main()

@@ -104,9 +104,9 @@ def largest_page(codec: KVCodec, config, cfg: EngineConfig) -> int:
     size, heads = cfg.tensor_parallel_size, config.num_key_value_heads
     if codec.config.method == "bf16":
         return 0
-    return max(history_page_bytes(shard_codecs(codec.layers, heads, TensorParallel(r, size)), config,
-                                  len(range(heads)[TensorParallel(r, size).kv_heads(heads)]), cfg.kv.page_size)
-               for r in range(size))
+    ranks = [TensorParallel(r, size) for r in range(size)]
+    return max(history_page_bytes(shard_codecs(codec.layers, heads, tp), config, len(range(heads)[tp.kv_heads(heads)]),
+                                  cfg.kv.page_size) for tp in ranks)
 
 
 def _send_shard(model: PagedLM, codec: KVCodec, tp: TensorParallel, control, device: torch.device) -> None:
