@@ -7,7 +7,8 @@ forward ``ids, positions [Bp] -> hidden [Bp, D]`` — embedding, every layer's p
 QK-norm, RoPE, the write kernel, the query rotation, the decode kernel (split-K + merge), o_proj
 and MLP — the final norm and the logits ``[Bp, V]`` (fp32), over static input buffers. With tensor
 parallelism (``oscarkv.engine.workers``) every rank captures its shard at the same step, the
-row-parallel all-reduces (NCCL) inside the graph, and only rank 0 captures the logits.
+row-parallel all-reduces inside the graph, each rank forms the logits of its share of the vocabulary and
+rank 0 gathers them (``oscarkv.models.parallel.graph_logits``).
 
 Inputs arrive as host lists (:class:`DecodeInputs`, built by the runner from the scheduler's
 plans) and are staged without building per-step tensors: ``ids, positions, slots, bf16_lens,
@@ -34,6 +35,7 @@ import torch
 
 from oscarkv.cache.paged_layout import PageTables
 from oscarkv.attention.step import StepContext
+from oscarkv.models.parallel import graph_logits
 
 DEFAULT_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 """Batch buckets. NOTE: steps of 2 to 8, of 4 to 32, then of 8 (not powers of two): the decode
@@ -157,7 +159,7 @@ class _Graph:
 
         def forward():  # NOTE: with tensor parallelism the row-parallel all-reduces are captured too
             hidden = runner.model(x.small[x.IDS], x.small[x.POS], step)
-            return hidden, runner.model.compute_logits(hidden) if runner.samples else None
+            return hidden, graph_logits(runner.model, hidden, runner.tp)  # rank 0's (a gather with tp > 1)
 
         self.graph, (self.hidden, self.logits) = _capture(forward, runner.device, pool)
 

@@ -282,7 +282,11 @@ def _config(kind: str, device: torch.device, programs: int) -> dict:
     # inside the loop, 2 had been best (sweep_int2_h100_run6.json). Transposed tiles (round 6) fit
     # in 168 registers without spills: 12 programs per SM beat 8 uncapped by 0-14% and 16 at 128
     # registers (which spill) at G = 128 (H100, lab/bench_gpu/round6_int2_h100_call1.json).
-    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=12, CHUNK=32, maxnreg=168),
+    # At 2-4 KV heads a call is mostly fixed cost (H200, 2026-11-27, ``python -m lab.scripts.few_heads_sweep``):
+    # the one-program-per-row merge took 8.9 us of 28.8 at 256 splits, the column merge (MERGE_COLS) 3.3; with it,
+    # 512 splits beat 256 at 2 KV heads (21.0 against 22.8 us, 100K), 1 024 do not (22.3).
+    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=12, CHUNK=32, maxnreg=168,
+                             MAX_SPLITS=512),
             "int2": dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=2),
             "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]
 
@@ -298,12 +302,12 @@ def uses_raw_int2(head_dim: int, group: int, page: int) -> bool:
     return group >= 64 and head_dim // group <= 2 and page % 16 == 0
 
 
-def default_splits(batch: int, kv_heads: int, device: torch.device, per_sm: int = 2) -> int:
-    """Splits that fill the GPU with one wave of ``per_sm`` resident programs per SM (at most 256).
+def default_splits(batch: int, kv_heads: int, device: torch.device, per_sm: int = 2, cap: int = 256) -> int:
+    """Splits that fill the GPU with one wave of ``per_sm`` resident programs per SM (at most ``cap``).
 
     One wave: every program streams 1/s of its sequence, so the step takes about one program's
     time; more splits only add merge work (``Mid_O`` grows with s)."""
-    return max(1, min(256, per_sm * _num_sms(device) // (batch * kv_heads)))
+    return max(1, min(cap, per_sm * _num_sms(device) // (batch * kv_heads)))
 
 
 def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float, *,
@@ -331,7 +335,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device, bsz * h), **(config or {})}
     if raw:  # NOTE: its INT2 tiles must not straddle pages (decode_int2: full tiles only)
         cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)
-    splits = num_splits or default_splits(bsz, h, q.device, cfg.get("PER_SM", 2))
+    splits = num_splits or default_splits(bsz, h, q.device, cfg.get("PER_SM", 2), cfg.get("MAX_SPLITS", 256))
     rep = hq // h
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)
     mid_l = torch.empty(bsz, hq, splits, dtype=torch.float32, device=q.device)
@@ -349,5 +353,5 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
         H=h, REP=rep, REP_PAD=cfg.get("REP_PAD", max(8 if raw else 16, triton.next_power_of_2(rep))), D=d, P=p, **extra,
         **format_args(ranges[0][2]), BLOCK_N=cfg["BLOCK_N"], INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
-    merge_splits(mid_o, mid_l, out, cfg.get("REDUCE_WARPS", 4))
+    merge_splits(mid_o, mid_l, out, cfg.get("REDUCE_WARPS", 4), cfg.get("MERGE_COLS", 32))
     return out

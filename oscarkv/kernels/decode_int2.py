@@ -290,7 +290,9 @@ def _int2_decode_kernel(Q, window, history, tables, mid, qk_scale, NUM_SPLITS,
         q1 = q0
     state = _empty_state(LG, REP_PAD)
     # ---- the BF16 windows (sink + recent), then the INT2 history, one online softmax
-    state = _bf16_windows(window, tier_rows(tables, b, False), split, NUM_SPLITS, h, qk_scale, (q0, q1), state,
+    # NOTE: the windows' shares go to the splits in reverse: the last splits hold the history's remainder (or none:
+    # shares are BLOCK_N-aligned, so 512 splits of 100K leave 112 empty), the first ones full shares
+    state = _bf16_windows(window, tier_rows(tables, b, False), NUM_SPLITS - 1 - split, NUM_SPLITS, h, qk_scale, (q0, q1), state,
                           B16, G, LG, NG, P, BLOCK_N, REP_PAD, VSHIFT)
     tier = tier_rows(tables, b, True)
     if SPLIT_H == 0:  # NOTE: a compile-time branch: without a split, history2 (None) is never compiled

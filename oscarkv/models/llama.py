@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from oscarkv.models.blocks import FUSED, MLP, Attention, RMSNorm, fuse_state_dict, rotate_half  # noqa: F401 (re-exported)
 from oscarkv.models.gemma import GemmaBackbone
@@ -131,11 +132,17 @@ class PagedLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, D]`` → fp32 logits ``[N, V]`` (soft-capped as transformers does where the config sets
         ``final_logit_softcapping``: ``cap · tanh(logits / cap)`` in the model dtype)."""
-        logits = self.lm_head(hidden)
+        return self.vocab_logits(hidden, slice(None)).float()
+
+    def vocab_logits(self, hidden: torch.Tensor, vocab: slice) -> torch.Tensor:
+        """The logits of the vocabulary rows ``vocab`` in the model dtype, soft-capped: ``[N, len(vocab)]``
+        (``compute_logits`` is all of them in fp32; tensor parallelism gathers each rank's rows)."""
+        head = self.lm_head
+        logits = F.linear(hidden, head.weight[vocab], None if head.bias is None else head.bias[vocab])
         cap = getattr(self.config, "final_logit_softcapping", None)
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
-        return logits.float()
+        return logits
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module) -> PagedLM:

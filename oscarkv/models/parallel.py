@@ -16,7 +16,10 @@ Rank ``r`` of ``n``, in each decoder layer (``Hq`` query heads, ``H`` KV heads, 
   share of the folded value mean (``oscarkv.models.folding`` sums over the rank's query heads).
 * ``gate_up_proj`` (column parallel): rows ``[r I/n, (r+1) I/n)`` of gate and of up;
   ``down_proj`` (row parallel) the matching columns, one all-reduce, its bias on rank 0.
-* embeddings, norms and ``lm_head``: replicated (only rank 0 forms logits).
+* embeddings, norms and ``lm_head``: replicated (only rank 0 samples). In a decode graph each rank forms the
+  logits of its ``V/n`` vocabulary rows and rank 0 gathers them (:func:`graph_logits`): at 100K, batch 1,
+  rank 0 alone reading the whole head took 0.28 ms of a 3.7 ms Qwen3-8B step at tp 4 while the other ranks
+  waited in the next all-reduce (four H200s, 2026-11-27, ``lab/bench_gpu/2026-11-27/tp_full_h200x4/``).
 
 A rank's codecs are those of its KV heads (:func:`shard_codecs`: rows of every ``[H, ...]``
 tensor of a rotation artifact), so the value rotations fold into its own rows of ``qkv_proj``
@@ -131,6 +134,21 @@ def _rows(heads: slice, d: int) -> slice:
 
 def _shift(s: slice, by: int) -> slice:
     return slice(s.start + by, s.stop + by)
+
+
+def graph_logits(model: PagedLM, hidden: torch.Tensor, tp: TensorParallel) -> torch.Tensor | None:
+    """The fp32 logits ``[N, V]`` of ``hidden`` on rank 0, ``None`` on the others, which take part: with ``n > 1``
+    ranks and ``V % n == 0`` every rank forms its ``V/n`` rows (``PagedLM.vocab_logits``, model dtype) and one
+    all-gather brings them to rank 0 (the same bytes as rank 0's full product: one rounding to the model dtype,
+    then fp32); else rank 0 forms them alone. Every rank must call it at the same point (a collective)."""
+    vocab = model.config.vocab_size
+    if tp.size == 1 or vocab % tp.size:
+        return model.compute_logits(hidden) if tp.rank == 0 else None
+    local = model.vocab_logits(hidden, tp.q_heads(vocab)).contiguous()  # vocabulary rows split like heads of width 1
+    n, part = local.shape
+    parts = local.new_empty(tp.size * n, part)  # rank r's rows at [r n, (r + 1) n)
+    dist.all_gather_into_tensor(parts, local, group=tp.group)
+    return parts.view(tp.size, n, part).permute(1, 0, 2).reshape(n, vocab).float() if tp.rank == 0 else None
 
 
 class RowParallelLinear(nn.Linear):

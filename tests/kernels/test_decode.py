@@ -28,14 +28,15 @@ def _bf16_torch_error(q, kv, tables, scale, ref):
 
 
 def _check(lens, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, splits=None, device="cpu", seed=0,
-           bits=(2, 2), levels=(None, None)):
+           bits=(2, 2), levels=(None, None), config=None):
     kv, tables = random_cache(lens, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
                               device=device, seed=seed, bits=bits, levels=levels)
     gen = torch.Generator(device=device).manual_seed(seed + 99)
     q = torch.randn(len(lens), hq, d, generator=gen, device=device).bfloat16()
     # NOTE: on the CPU q is passed as fp32 (bf16 values) so the output stays fp32: Triton's
     # interpreter truncates fp32 → bf16 casts instead of rounding them.
-    out = decode_attention(q if device == "cuda" else q.float(), kv, tables, d**-0.5, num_splits=splits)
+    out = decode_attention(q if device == "cuda" else q.float(), kv, tables, d**-0.5, num_splits=splits,
+                           config=config)
     ref = decode_attention_ref(q.float(), kv, tables, d**-0.5)
     assert torch.isfinite(out).all()
     live = torch.tensor([n > 0 for n in lens], device=device)
@@ -66,6 +67,15 @@ CPU_CASES = [  # (lens, Hq, H, d, group, int2, splits)
 @pytest.mark.parametrize("lens,hq,h,d,group,int2,splits", CPU_CASES)
 def test_decode_matches_oracle_cpu(lens, hq, h, d, group, int2, splits):
     _check(lens, hq, h, d, group=group, int2=int2, splits=splits, seed=len(lens) + d)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+@pytest.mark.parametrize("lens,d,splits,cols", [([0, 150], 32, 3, 16),  # a padding row; 2 column programs
+                                                ([2000, 70], 64, 150, 32),  # two unrolled tiles of 128 splits
+                                                ([300], 64, 40, 64)])  # one program a row, empty splits
+def test_column_merge_matches_oracle_cpu(lens, d, splits, cols):
+    """The column-parallel merge (``MERGE_COLS``) = the oracle, as the one-program-per-row merge is."""
+    _check(lens, 4, 1, d, splits=splits, seed=len(lens) + d + cols, config={"MERGE_COLS": cols})
 
 
 RUNG_CASES = [  # (lens, Hq, H, d, group, splits): the generic kernel (G < d), the raw-code kernel (1 and 2 groups)
