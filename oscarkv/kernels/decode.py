@@ -282,11 +282,10 @@ def _config(kind: str, device: torch.device, programs: int) -> dict:
     # inside the loop, 2 had been best (sweep_int2_h100_run6.json). Transposed tiles (round 6) fit
     # in 168 registers without spills: 12 programs per SM beat 8 uncapped by 0-14% and 16 at 128
     # registers (which spill) at G = 128 (H100, lab/bench_gpu/round6_int2_h100_call1.json).
-    # At 2-4 KV heads a call is mostly fixed cost (H200, 2026-11-27, ``python -m lab.scripts.few_heads_sweep``):
-    # the one-program-per-row merge took 8.9 us of 28.8 at 256 splits, the column merge (MERGE_COLS) 3.3; with it,
-    # 512 splits beat 256 at 2 KV heads (21.0 against 22.8 us, 100K), 1 024 do not (22.3).
-    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=12, CHUNK=32, maxnreg=168,
-                             MAX_SPLITS=512),
+    # At 2-4 KV heads a call is mostly fixed cost (H200, 2026-11-27, ``python -m lab.scripts.few_heads_sweep``, 100K):
+    # with the column merge (split_k.merge_splits) and the windows on the last splits, 2 KV heads took 16.2 us at
+    # 512 splits and 17.1 at 256, 4 KV heads 24.4 at 396 and 21.9 at 256: the cap stays 256 (default_splits).
+    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=12, CHUNK=32, maxnreg=168),
             "int2": dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=2),
             "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]
 
