@@ -4,8 +4,8 @@ At tp 2 and 4 a Qwen3-8B rank holds 4 or 2 KV heads; the INT2 decode kernel then
 whatever the split count (``splits_sweep``), against 3.5-7 µs of bytes. This times, as CUDA-graph replays over
 caches that exceed L2 (batch 1 unless stated, INT2 history, the shipped windows):
 
-* the whole call (kernel + merge) for each split count, with the one-program-per-row merge (``_reduce_kernel``,
-  ``cols 0``) and the column-parallel merge (``_merge_cols_kernel``, 32 or 64 columns a program);
+* the whole call (kernel + merge) for each split count, with the merge of 32 or 64 columns a program
+  (``split_k._merge_kernel``; the ``m0`` rows of the 2026-11-27 JSON are the one-program-per-row merge it replaced);
 * the merge alone on ``Mid`` tensors of each split count (so kernel ≈ whole − merge);
 * a cache with no INT2 history (the windows only): the call's floor of launches, loads and stores;
 
@@ -27,7 +27,7 @@ from oscarkv.kernels.decode import decode_attention, default_splits
 from oscarkv.kernels.split_k import merge_splits
 
 SPLITS = (256, 512, 1024, 2048)
-MERGES = (0, 32, 64)
+MERGES = (32, 64)
 SHAPES = ((2, 1), (4, 1), (8, 1), (8, 4))  # (KV heads, batch)
 
 

@@ -16,7 +16,7 @@ run() { local side=$1 name=$2 gpus=$3; shift 3; local dir=$ROOT; [ "$side" = old
     > "$W/$side/$name.log" 2>&1
   echo "== $side $name: exit $? in $(( $(date +%s) - t ))s"; }
 for side in new old; do d=$ROOT; [ "$side" = old ] && d=$ROOT/.ab_old
-  (cd "$d" && PYTHONPATH=$ROOT python3 -c "import oscarkv.kernels.split_k as s; print('$side: column merge', hasattr(s, '_merge_cols_kernel'), s.__file__)"); done
+  (cd "$d" && PYTHONPATH=$ROOT python3 -c "import oscarkv.kernels.split_k as s; print('$side:', s.__file__)"); done
 for side in new old; do run $side decode_8b_tp1 0 --tensor-parallel-size 1 --methods bf16,oscar; done
 for m in bf16 oscar; do for side in new old; do
   run $side decode_8b_tp2_one_shot_$m 0,1 --tensor-parallel-size 2 --all-reduce one_shot --methods $m; done; done

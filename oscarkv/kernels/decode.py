@@ -17,7 +17,7 @@ Algorithm (flash-decoding over the layout of :mod:`oscarkv.cache.paged_layout`):
         a 2-bit level table (KLEV/VLEV; Int2Pages.levels): c → L[c] (tl.where on the scalars l1, l2)
         before either form
     write (acc / l, log2-sum-exp) of the split to Mid_O [B, Hq, NUM_SPLITS, d], Mid_L [B, Hq, NUM_SPLITS]
-    then _reduce_kernel, grid (B * Hq,), merges the splits with the same online softmax.
+    then split_k._merge_kernel, grid (B * Hq, d / 32), merges the splits with the same online softmax.
 
 INT2 caches with groups of >= 64 channels (every default shape) go to the raw-code kernel of
 :mod:`oscarkv.kernels.decode_int2` (same grid, splits and merge; codes straight into fp16 dots,

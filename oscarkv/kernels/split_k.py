@@ -68,37 +68,13 @@ def pick_page(pages, c0, n0, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.c
 
 
 @triton.jit
-def _reduce_kernel(MidO, MidL, Out, NUM_SPLITS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                   stride_b, stride_h, HQ: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                   BLOCK_S: tl.constexpr):
-    b = tl.program_id(0) // HQ
-    hq = tl.program_id(0) % HQ
-    cols = tl.arange(0, D)
-    lp = MidL + b * stride_lb + hq * stride_lh
-    s = tl.arange(0, SPLITS_PAD)
-    top = tl.max(tl.load(lp + s, mask=s < NUM_SPLITS, other=float("-inf")), 0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # empty sequence: every weight is 0
-    acc = tl.zeros([D], dtype=tl.float32)
-    den = 0.0
-    for s0 in range(0, NUM_SPLITS, BLOCK_S):  # NOTE: tiles of BLOCK_S splits keep [BLOCK_S, D] in registers at any S
-        t = s0 + tl.arange(0, BLOCK_S)
-        ok = t < NUM_SPLITS
-        w = tl.exp2(tl.load(lp + t, mask=ok, other=float("-inf")) - top)
-        o = tl.load(MidO + b * stride_ob + hq * stride_oh + t[:, None] * stride_os + cols[None, :], mask=ok[:, None],
-                    other=0.0)
-        acc += tl.sum(w[:, None] * o, 0)
-        den += tl.sum(w, 0)
-    out = acc / tl.where(den > 0, den, 1.0)
-    tl.store(Out + b * stride_b + hq * stride_h + cols, out.to(Out.dtype.element_ty))
-
-
-@triton.jit
-def _merge_cols_kernel(MidO, MidL, Out, NUM_SPLITS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                       stride_b, stride_h, HQ: tl.constexpr, BD: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                       BLOCK_S: tl.constexpr):
+def _merge_kernel(MidO, MidL, Out, NUM_SPLITS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                  stride_b, stride_h, HQ: tl.constexpr, BD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                  BLOCK_S: tl.constexpr):
     """The merge of ``BD`` output columns of one (sequence, query head): grid ``(B * Hq, d / BD)``. Every tile of
     splits is unrolled (``SPLITS_PAD`` constexpr), so the loads of all tiles are independent of the sums and issue
-    together: no chain of one load per tile, and ``d / BD`` times the programs of ``_reduce_kernel``."""
+    together. NOTE: one program per row with a loop over tiles of 64 splits (one dependent load each) took 8.9 us
+    at 256 splits and 26.4 at 1 024, this 3.3 and 6.7 (H200, 2026-11-27, ``lab/bench_gpu/2026-11-27/few_heads_h200x2/``)."""
     b = tl.program_id(0) // HQ
     hq = tl.program_id(0) % HQ
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -122,19 +98,10 @@ def _merge_cols_kernel(MidO, MidL, Out, NUM_SPLITS, stride_ob, stride_oh, stride
 
 def merge_splits(mid_o: torch.Tensor, mid_l: torch.Tensor, out: torch.Tensor, num_warps: int = 4,
                  cols: int = 32) -> None:
-    """The split-K merge: per-split outputs ``mid_o [B, Hq, S, d]`` fp32 and log2-sum-exps ``mid_l [B, Hq, S]`` →
-    ``out [B, Hq, d]`` (its dtype). ``cols`` = 0: ``_reduce_kernel`` (one program per row, a loop over tiles of 64
-    splits); ``cols`` > 0: ``_merge_cols_kernel`` (one program per ``cols`` columns of a row, tiles unrolled), the
-    default: 3.3 against 8.9 us at 256 splits, 6.7 against 26.4 at 1 024 (H200, 2026-11-27,
-    ``python -m lab.scripts.few_heads_sweep``)."""
+    """The split-K merge (``_merge_kernel``, ``cols`` output columns a program): per-split outputs
+    ``mid_o [B, Hq, S, d]`` fp32 and log2-sum-exps ``mid_l [B, Hq, S]`` → ``out [B, Hq, d]`` (its dtype)."""
     bsz, hq, splits, d = mid_o.shape
-    strides = (mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1), out.stride(0),
-               out.stride(1))
-    pad = max(2, triton.next_power_of_2(splits))
-    if cols:
-        bd = min(cols, d)
-        _merge_cols_kernel[(bsz * hq, d // bd)](mid_o, mid_l, out, splits, *strides, HQ=hq, BD=bd, SPLITS_PAD=pad,
-                                                BLOCK_S=min(128, pad), num_warps=num_warps)
-        return
-    _reduce_kernel[(bsz * hq,)](mid_o, mid_l, out, splits, *strides, HQ=hq, D=d, SPLITS_PAD=pad,
-                                BLOCK_S=min(64, pad), num_warps=num_warps)
+    bd, pad = min(cols, d), max(2, triton.next_power_of_2(splits))
+    _merge_kernel[(bsz * hq, d // bd)](mid_o, mid_l, out, splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+                                       mid_l.stride(0), mid_l.stride(1), out.stride(0), out.stride(1), HQ=hq, BD=bd,
+                                       SPLITS_PAD=pad, BLOCK_S=min(128, pad), num_warps=num_warps)

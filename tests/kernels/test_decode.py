@@ -74,7 +74,7 @@ def test_decode_matches_oracle_cpu(lens, hq, h, d, group, int2, splits):
                                                 ([2000, 70], 64, 150, 32),  # two unrolled tiles of 128 splits
                                                 ([300], 64, 40, 64)])  # one program a row, empty splits
 def test_column_merge_matches_oracle_cpu(lens, d, splits, cols):
-    """The column-parallel merge (``MERGE_COLS``) = the oracle, as the one-program-per-row merge is."""
+    """The merge at other column widths per program (``MERGE_COLS``) = the oracle."""
     _check(lens, 4, 1, d, splits=splits, seed=len(lens) + d + cols, config={"MERGE_COLS": cols})
 
 
