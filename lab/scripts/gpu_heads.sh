@@ -9,6 +9,10 @@
 #   h8b     the same cell: 34 and 36 heads (over the budget: the frontier)
 #   h4      4K single needle, 20 per haystack: 28 and 34 heads
 #   m8      8K multi-needle (three tasks, 20 per haystack each): 28 heads
+#   h8w     (not in the default list) 8K single needle, 80 a cell: 38 heads in place of windows, within INT2+win's
+#           bits by the codec: no sink / recent 64, and pages of 32 with sink 32 / recent 32 (the engine serves a sink
+#           of whole pages): `bash lab/scripts/gpu_heads.sh h8w m8w`
+#   m8w     (not in the default list) 8K multi-needle, 20 per haystack and task: the same two
 # Recipes: lab/scripts/twobit_recipe_8192_heads{28,34,36}.json (lab/scripts/twobit_head_recipe.py: heads ranked on
 # development samples). Out ($OUT): lanes.tgz (every result and log), summary.txt.
 set -uo pipefail
@@ -27,6 +31,9 @@ h8a() { ev h8a 8192 single 40 "h28=${R}28.json,shipped=oscarkv/data/default_reci
 h8b() { ev h8b 8192 single 40 "h34=${R}34.json,h36=${R}36.json"; }
 h4() { ev h4 4096 single 20 "h28=${R}28.json,h34=${R}34.json"; }
 m8() { ev m8 8192 multi 20 "h28=${R}28.json"; }
+W38="h38_s0=lab/scripts/twobit_recipe_8192_s0_r64.json,h38_p32=lab/scripts/twobit_recipe_8192_s32_r32_p32.json"
+h8w() { ev h8w 8192 single 40 "$W38"; }
+m8w() { ev m8w 8192 multi 20 "$W38"; }
 for lane in ${*:-tests h8a h8b h4 m8}; do $lane & done; wait
 { nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md; do echo "== $f"; cat "$f"; done
   echo "== tests"; tail -n 30 "$W/gpu_tests.log" 2>/dev/null; echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1

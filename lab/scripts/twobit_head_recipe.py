@@ -1,12 +1,12 @@
 """A per-head key allocation recipe (issue 26) from the development head sensitivities, sized to a budget.
 
-    python lab/scripts/twobit_head_recipe.py --context 8192 [--heads N] --out lab/scripts/twobit_recipe_8192_heads.json
+    python lab/scripts/twobit_head_recipe.py --context 8192 [--heads N] [--sink S --recent R --page P] --out lab/scripts/twobit_recipe_8192_heads.json
 
 Heads are ranked by their development gain (teacher-forced answer NLL when that head alone stores 4-bit keys,
 seeds 1000/1001: ``lab/results/dev_twobit_8k_heads/sens_*.jsonl``, ``twobit_heads.py sens``); the recipe takes the
 ``N`` most sensitive (``--heads``; default: the most that keep the codec's bits per element at ``--context`` within
 INT2+win's, the uniform recipe's with its windows: the budget of issue 26), sink 64 / recent 64 (the shipped
-windows), values and every other head at 2 bits, the uniform INT2 recipe's key clip. The ranking and the budget
+windows; ``--sink``/``--recent`` trade them for heads; the engine serves a sink of whole pages, ``--page``), values and every other head at 2 bits, the uniform INT2 recipe's key clip. The ranking and the budget
 come from development data only; nothing here reads an evaluation sample.
 """
 
@@ -40,10 +40,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--heads", type=int, default=None)
+    p.add_argument("--sink", type=int, default=64)
+    p.add_argument("--recent", type=int, default=64)
+    p.add_argument("--page", type=int, default=64)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     art = frontier_artifacts(Artifact.load(SHIPPED))["int2"]
-    base = replace(apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art), sink=64, recent=64)
+    base = replace(apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art), sink=a.sink, recent=a.recent, page_size=a.page)
     ranked = ranked_heads()
     limit = budget(a.context)
 
@@ -53,7 +56,7 @@ def main() -> None:
     kv, fields = recipe_for(ranked, n, base, art)
     codec = build_codec(kv, *art.fingerprint.kv_dims, art)
     rec = {k: v for k, v in art.manifest["recipe"].items() if k not in ("candidates", "tolerance", "bf16")}
-    rec |= {"sink": 64, "recent": 64, **fields, "bpe": round(codec.bpe(a.context), 4), "context": a.context,
+    rec |= {"sink": a.sink, "recent": a.recent, "page_size": a.page, **fields, "bpe": round(codec.bpe(a.context), 4), "context": a.context,
             "max_bpe": round(limit, 4), "objective": (
                 f"the {n} KV heads (of {art.fingerprint.num_layers * art.fingerprint.num_kv_heads}) whose 4-bit keys gain most development answer NLL alone "
                 "(teacher-forced, 8192 tokens, seeds 1000/1001: lab/results/dev_twobit_8k_heads/), within INT2+win's "
