@@ -3,8 +3,8 @@ of 4-bit keys beat the sink and recent window they displace?
 
 Configurations (each at most the uniform INT2 recipe's bits per element at 8192 tokens by the codec, 3.0273): the
 shipped 28 heads with sink 64 / recent 64; 38 heads with sink 64 and no recent window; 38 heads with recent 64 and
-no sink; 47 heads with neither. Heads ranked as the shipped recipe ranks them (``twobit_head_recipe.py``). Scored on
-development samples (calibration haystack) with the recipe search's objective, ``--protocol forced`` (teacher-forced
+no sink; 47 heads with neither; 38 heads with pages of 32, sink 32 and recent 32. Heads ranked as the shipped recipe
+ranks them (``twobit_head_recipe.py``). Scored on development samples (calibration haystack) with the recipe search's objective, ``--protocol forced`` (teacher-forced
 answer NLL) or ``served`` (the engine's chunked prefill, free-running), paired against the shipped recipe.
 
     OMP_NUM_THREADS=1 python lab/scripts/twobit_head_windows.py --seeds 1006 --samples 6 --out DIR &
@@ -31,17 +31,19 @@ from oscarkv.eval.paired import difference  # noqa: E402
 from oscarkv.quant.artifact import Artifact, apply_recipe  # noqa: E402
 from oscarkv.quant.codec import build_codec  # noqa: E402
 
-CONFIGS = {"28 heads s64/r64": (28, 64, 64), "38 heads s64/r0": (38, 64, 0), "38 heads s0/r64": (38, 0, 64),
-           "47 heads s0/r0": (47, 0, 0)}
+CONFIGS = {"28 heads s64/r64": (28, 64, 64, 64), "38 heads s64/r0": (38, 64, 0, 64), "38 heads s0/r64": (38, 0, 64, 64),
+           "47 heads s0/r0": (47, 0, 0, 64), "38 heads s32/r32 p32": (38, 32, 32, 32)}
+"""label: (4-bit key heads, sink, recent, page size); the served protocol leaves out what the engine cannot serve (no
+recent window; a sink of part of a page)."""
 
 
 def configs(art: Artifact) -> dict:
     base = apply_recipe(KVConfig(group_size=art.manifest["group_size"]), art)
     ranked = ranked_heads()
     out = {}
-    for label, (n, sink, recent) in CONFIGS.items():
+    for label, (n, sink, recent, page) in CONFIGS.items():
         heads = tuple(tuple(sorted(h for li, h in ranked[:n] if li == i)) for i in range(art.fingerprint.num_layers))
-        out[label] = build_codec(replace(base, sink=sink, recent=recent, layer_key_heads=heads),
+        out[label] = build_codec(replace(base, sink=sink, recent=recent, page_size=page, layer_key_heads=heads),
                                  *art.fingerprint.kv_dims, art)
     return out
 
@@ -50,7 +52,7 @@ def combine(out: Path) -> None:
     rows = [json.loads(line) for f in sorted(out.glob("scores_*.jsonl")) for line in f.read_text().splitlines()]
     base = [r["nll"]["28 heads s64/r64"] for r in rows]
     summary = {}
-    for label in CONFIGS:
+    for label in [k for k in CONFIGS if k in rows[0]["nll"]]:
         mine = [r["nll"][label] for r in rows]
         d, se = difference(mine, base)
         summary[label] = {"nll": sum(mine) / len(mine), "accuracy": sum(r["accuracy"][label] for r in rows) / len(rows),

@@ -93,7 +93,6 @@ class ModelRunner:
         self.model, self.pools, self.storage, self.backend = model, pools, storage, backend
         self.sliding = SlidingLayers.from_config(model.config)
         self.tp = tp or TensorParallel()
-        self.samples = self.tp.rank == 0  # NOTE: the hidden states are whole on every rank; rank 0 samples
         self.device = next(model.parameters()).device
         self.scale = model.attention_scale
         self.graphs = DecodeGraphs(self, graph_buckets) if graph_buckets and self.device.type == "cuda" else None

@@ -261,7 +261,7 @@ class ParallelRunner:
             self._closed = True
             self._teardown()
             raise
-        self.pools, self.device, self.model, self.samples = self.local.pools, device, self.local.model, True
+        self.pools, self.device, self.model = self.local.pools, device, self.local.model
         self.backend, self.storage, self.graphs = self.local.backend, self.local.storage, self.local.graphs  # rank 0's
         self.extend_graphs = self.local.extend_graphs
         if device.type == "cuda":
