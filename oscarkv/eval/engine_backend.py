@@ -43,9 +43,12 @@ def answer_budget(answer_tokens: int, prompt_tokens: int, max_len: int | None) -
 
 
 def served(kv: KVConfig) -> bool:
-    """Whether ``serve`` can run this configuration: an engine method, and low-bit methods only
-    with their BF16 windows (the engine demotes whole pages behind a recent window)."""
-    return kv.method in ENGINE_METHODS and (kv.method == "bf16" or kv.sink > 0 or kv.recent > 0)
+    """Whether ``serve`` can run this configuration, by ``EngineConfig``'s rules: an engine method, a sink of whole
+    pages, and low-bit methods only with a recent window (the engine demotes whole pages behind it; at one-token pages
+    a sink alone will do)."""
+    if kv.method not in ENGINE_METHODS or kv.sink % kv.page_size:
+        return False
+    return kv.method == "bf16" or kv.recent > 0 or (kv.page_size == 1 and kv.sink > 0)
 
 
 def engine_for(loaded, kv: KVConfig, artifact, context: int, batch: int) -> LLMEngine:

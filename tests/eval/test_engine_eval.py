@@ -16,6 +16,10 @@ from tests.engine.conftest import D, make_artifact
 def test_served_configurations():
     assert served(KVConfig("bf16")) and served(KVConfig("oscar")) and served(KVConfig("quarot"))
     assert not served(KVConfig("oscar").without_windows()) and not served(KVConfig("kivi"))
+    # what EngineConfig refuses is not served: no recent window behind pages of 64, a sink of half a page
+    assert not served(KVConfig("oscar", sink=64, recent=0)) and not served(KVConfig("oscar", sink=32, recent=32))
+    assert served(KVConfig("oscar", sink=0, recent=64)) and served(KVConfig("oscar", sink=32, recent=32, page_size=32))
+    assert served(KVConfig("oscar", sink=4, recent=0, page_size=1))
 
 
 def test_both_protocols_on_the_same_samples(loaded):
