@@ -67,20 +67,9 @@ def write_path_us(engine) -> tuple[float, float]:
 
 
 def host_profile(engine, steps: int, top: int = 14) -> list[dict]:
-    """cProfile of ``steps`` calls of ``LLMEngine.step``: the functions with the most own time
-    (µs per step; cProfile roughly doubles Python's cost, so read the shares, not the sums)."""
-    import cProfile
-    import pstats
-
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(steps):
-        engine.step()
-    torch.cuda.synchronize()
-    prof.disable()
-    st = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
-    rows = sorted(((v[2], k) for k, v in st.items()), reverse=True)[:top]
-    return [dict(name=f"{k[0].rsplit('/', 1)[-1]}:{k[1]}({k[2]})", us=1e6 * t / steps) for t, k in rows]
+    """cProfile of ``steps`` calls of ``LLMEngine.step`` (``e2e.host_functions``): µs per step of the functions with
+    the most own time."""
+    return e2e.host_functions(engine.step, steps, top)
 
 
 def launch_us(graph, reps: int = 10) -> float:

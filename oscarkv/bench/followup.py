@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -66,13 +67,14 @@ def cache_prefix(engine: LLMEngine, prefix: list[int]) -> None:
 
 def followup_step(engine: LLMEngine, prefix: list[int], k: int, seed: int, whole: bool = True) -> dict:
     """One follow-up request (``prefix`` + k fresh tokens, ``max_tokens = 1``), timed from ``add_request`` (its
-    validation and page hashing) to its output, synchronized; with ``whole``, raises unless the prefix cache served
+    validation and page hashing: ``admit_s``) to its output, synchronized; with ``whole``, raises unless the prefix cache served
     all of ``prefix`` and one launch computed k tokens (else the hit and the tokens computed are reported)."""
     runner, hits, ids = engine.runner, engine.manager.hit_tokens, prefix + _ids(engine, k, seed)
     n = len(runner.launches)
     e2e.sync()
     t, steps = time.perf_counter(), 0
     engine.add_request(f"f{len(prefix)}-{k}-{seed}", ids, SamplingParams(max_tokens=1, ignore_eos=True))
+    admit = time.perf_counter() - t
     while engine.has_unfinished():
         engine.step()
         steps += 1
@@ -82,7 +84,7 @@ def followup_step(engine: LLMEngine, prefix: list[int], k: int, seed: int, whole
     if whole and (hit != len(prefix) or launched != [k]):
         raise RuntimeError(f"bench followup: prefix hit {hit} of {len(prefix)} tokens, model launches of {launched} "
                            f"tokens (expected one of {k})")
-    return dict(step_s=wall, engine_steps=steps, hit_tokens=hit, computed_tokens=sum(launched))
+    return dict(step_s=wall, admit_s=admit, engine_steps=steps, hit_tokens=hit, computed_tokens=sum(launched))
 
 
 def decode_step(engine: LLMEngine, prefix: list[int], steps: int) -> float:
@@ -125,6 +127,8 @@ def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[d
                 decode_s = decode_step(engine, prefix, cfg.steps)
                 for k, got in runs.items():
                     bound = dict(gemm_s=gemm[k], target_s=2 * decode_s + gemm[k]) if gemm else {}
+                    if cfg.profile and ctx == max(cfg.contexts):  # one more follow-up, after the timed ones
+                        bound["host"] = e2e.host_functions(partial(followup_step, engine, prefix, k, 99, whole))
                     rows.append(dict(shape=shape, method=method, context=ctx, new_tokens=k, decode_s=decode_s,
                                      prefill_chunk=cfg.prefill_chunk, cached_tokens=len(prefix), **got[-1],
                                      all_step_s=[g["step_s"] for g in got], **bound))

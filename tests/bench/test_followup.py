@@ -18,14 +18,18 @@ CONFIG = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
 def test_followup_hits_the_whole_prefix_and_computes_k_tokens(method):
     """Contexts past the windows (INT2 history for oscar): every follow-up request is served the whole prefix
     from the cache and one launch computes exactly its k tokens (``followup_step`` raises otherwise; the rows
-    say so too); repeats are separate requests; the decode step is timed at the same context."""
+    say so too); repeats are separate requests; the decode step is timed at the same context. With ``profile``
+    (oscar here) rows at the longest context carry the host profile of one more follow-up."""
     cfg = FollowupBench(contexts=(640, 1024), new_tokens=(1, 8, 64), methods=(method,), repeats=2, steps=3,
-                        kv_gib=1 / 64)
+                        kv_gib=1 / 64, profile=method == "oscar")
     rows = followup.followup_rows(PagedLM.random(CONFIG), cfg, "tiny")
     assert [(r["context"], r["new_tokens"]) for r in rows] == [(n, k) for n in (640, 1024) for k in (1, 8, 64)]
     for r in rows:
         assert r["hit_tokens"] == r["context"] and r["computed_tokens"] == r["new_tokens"]
         assert len(r["all_step_s"]) == 2 and r["step_s"] == r["all_step_s"][-1] > 0 and r["decode_s"] > 0
+        assert 0 < r["admit_s"] < r["step_s"]
+        assert ("host" in r) == (cfg.profile and r["context"] == 1024)
+        assert all(f["us"] >= 0 and "(" in f["name"] for f in r.get("host", []))
     table = followup.format_table(rows)
     assert table.count(f"| tiny | 1024 | {method} |") == 1 and "k = 64 / decode" in table
 
