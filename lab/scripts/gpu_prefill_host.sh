@@ -8,9 +8,13 @@
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-runs/gpu_prefill_host}; mkdir -p "$OUT"
 CTX=${CTX:-32768,102400}
+ROOT=$PWD; case $OUT in /*) ;; *) OUT=$ROOT/$OUT;; esac
+# NOTE: `python -m` puts the working directory ahead of PYTHONPATH, so a tree is run from inside it (until
+# 2026-11-28 this passed the tree on PYTHONPATH from the root: both sides imported the working tree)
 bench() {  # $1: tree holding oscarkv/, $2: output name
-  PYTHONPATH="$1" timeout 200 python3 -m oscarkv.cli bench prefill --shapes qwen3-4b --contexts "$CTX" --chunks 512 \
-    --methods bf16,oscar --profile-context 0 --out "$OUT/$2.json" 2>&1 | grep '^|'
+  (cd "$1" && PYTHONPATH=$ROOT python3 -c "import oscarkv; print('$2 imports', oscarkv.__file__)" &&
+   PYTHONPATH=$ROOT timeout 200 python3 -m oscarkv.cli bench prefill --shapes qwen3-4b --contexts "$CTX" --chunks 512 \
+    --methods bf16,oscar --profile-context 0 --out "$OUT/$2.json" 2>&1 | grep -e '^|' -e imports)
 }
 { nvidia-smi --query-gpu=name --format=csv,noheader
   PYTHONPATH=. python3 - <<'EOF'
