@@ -316,7 +316,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
 
     ``q [B, Hq, d]`` rotated queries (bf16 or fp32) → ``[B, Hq, d]`` in ``out_dtype`` (default ``q``'s
     dtype; the merge rounds to it). ``config`` overrides the tile table (``BLOCK_N``, ``num_warps``,
-    ``num_stages``; benchmarks only)."""
+    ``num_stages``, the split cap ``MAX_SPLITS``, the merge's ``MERGE_COLS``; benchmarks only)."""
     bsz, hq, d = q.shape
     _, h, p, dk = kv.bf16_k.shape
     int2 = kv.int2_k is not None
