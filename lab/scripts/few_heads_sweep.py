@@ -1,7 +1,8 @@
 """Decode attention at few KV heads: where its fixed cost goes, and what more splits with a column-parallel merge buy.
 
 At tp 2 and 4 a Qwen3-8B rank holds 4 or 2 KV heads; the INT2 decode kernel then costs ~30 µs a layer at 100K
-whatever the split count (``splits_sweep``), against 3.5-7 µs of bytes. This times, as CUDA-graph replays over
+whatever the split count (``lab/bench_gpu/2026-11-27/splits_h200.json``, from the ``splits_sweep`` this script
+replaces), against 3.5-7 µs of bytes. This times, as CUDA-graph replays over
 caches that exceed L2 (batch 1 unless stated, INT2 history, the shipped windows):
 
 * the whole call (kernel + merge) for each split count, with the merge of 32 or 64 columns a program

@@ -66,12 +66,6 @@ def write_path_us(engine) -> tuple[float, float]:
     return w, 1e6 * e2e.event_seconds(lambda: r.backend.demote_all(r.pools, r.storage, page, page))
 
 
-def host_profile(engine, steps: int, top: int = 14) -> list[dict]:
-    """cProfile of ``steps`` calls of ``LLMEngine.step`` (``e2e.host_functions``): µs per step of the functions with
-    the most own time."""
-    return e2e.host_functions(engine.step, steps, top)
-
-
 def launch_us(graph, reps: int = 10) -> float:
     """Median host time of ``graph.replay()`` itself (the launch; the GPU idle before it)."""
     times = []
@@ -156,7 +150,7 @@ def measure(engine, ctx: int, cfg: DecodeBench, copy_gbps: float, wbytes: int) -
     if solo:
         phases["launch_us"] = launch_us(graph)
     if cfg.profile and ctx == max(cfg.contexts):
-        phases["host"] = host_profile(engine, cfg.steps)
+        phases["host"] = e2e.host_functions(engine.step, cfg.steps)
         try:  # with tensor parallelism every rank profiles its graph and prints its rows (a JSON line per rank)
             phases["kernels"] = kernel_profile(replay) if solo else runner.profile(bucket)
         except Exception as e:  # the profile is a diagnosis; the timings stand without it
