@@ -46,6 +46,9 @@ d8b() { ev d8b 8192 single 80 "$H42,$H45" calibration 7000; }
 e8a() { ev e8a 8192 single 40 "$H38,$H42"; }
 e8b() { ev e8b 8192 single 40 "$H45,h38_p32=${S}s32_r32_p32.json"; }
 e4() { ev e4 4096 single 40 "$H42,$H45"; }
+# the recipe the development needles chose (45 heads, pages of 16, no sink / recent 16): multi-needle at 8K and 4K
+m8h() { ev m8h 8192 multi 20 "$H45"; }
+m4h() { ev m4h 4096 multi 20 "$H45"; }
 for lane in ${*:-tests h8a h8b h4 m8}; do $lane & done; wait
 { nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md; do echo "== $f"; cat "$f"; done
   echo "== tests"; tail -n 30 "$W/gpu_tests.log" 2>/dev/null; echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1

@@ -6,7 +6,7 @@ calibrated model's. :func:`allocation_config` turns one such spec into the ``osc
 bench engine is built with (``oscarkv.bench.e2e.build_engine``):
 
 - ``FILE``: a recipe JSON (``lab/scripts/twobit_recipe_*.json``, or a manifest holding one under ``recipe``):
-  its windows, and its shares of 4-bit-key (and 4-bit-value) layers spread over the shape's layers as the
+  its windows and page size, and its shares of 4-bit-key (and 4-bit-value) layers spread over the shape's layers as the
   recipe spreads them (:func:`spread`); a per-head recipe (``layer_key_heads``): each shape layer takes the
   share of 4-bit key heads of the source layer at its relative depth (:func:`spread_heads`), its first heads;
 - ``FRACTION`` in (0, 1]: that share of the layers, evenly spaced, the default windows.
@@ -84,5 +84,6 @@ def allocation_config(spec: str, num_layers: int, num_kv_heads: int, source_kv_h
     keys = spread(rec["layer_key_bits"], num_layers) if rec.get("layer_key_bits") else ()
     heads = rec.get("layer_key_heads")
     return KVConfig("oscar", sink=rec.get("sink", KVConfig.sink), recent=rec.get("recent", KVConfig.recent),
+                    page_size=rec.get("page_size", KVConfig.page_size),
                     layer_key_bits=keys, layer_value_bits=spread(values, num_layers) if 4 in values else (),
                     layer_key_heads=spread_heads(heads, source_kv_heads, num_layers, num_kv_heads) if heads else ())

@@ -53,6 +53,11 @@ def test_recipe_file_brings_its_windows(tmp_path):
     f.write_text(json.dumps({"recipe": {"sink": 0, "recent": 128, "layer_key_bits": [4, 2, 2] * 10}}))
     kv = allocation_config(str(f), 36, 8)
     assert (kv.sink, kv.recent, kv.method) == (0, 128, "oscar") and kv.layer_key_bits.count(4) == 12
+    assert kv.page_size == KVConfig.page_size
+    g = tmp_path / "p16.json"
+    g.write_text(json.dumps({"sink": 0, "recent": 16, "page_size": 16, "layer_key_heads": [[0], [], [1, 2]] * 10}))
+    kv = allocation_config(str(g), 36, 8)  # the page size the recipe's windows were sized for
+    assert (kv.sink, kv.recent, kv.page_size) == (0, 16, 16) and sum(map(len, kv.layer_key_heads)) > 0
     with pytest.raises(ValueError, match="neither a fraction"):
         DecodeBench(layer_key_bits=("1.5",))
     labels = [label for label, _ in decode.kv_configs(DecodeBench(methods=("bf16",), layer_key_bits=(str(f), "0.5")), 36, 8)]
