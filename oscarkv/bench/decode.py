@@ -45,8 +45,8 @@ from oscarkv.engine.rank_profile import kernel_profile
 
 
 def write_path_us(engine) -> tuple[float, float]:
-    """(one token's K/V write into every layer, CUDA graph; one page demotion in every layer, eager,
-    as the graphs run it: ``demote_all``) in µs."""
+    """(one token's K/V write into every layer, CUDA graph; one page demotion in every layer as the engine runs
+    it before a graph's replay: ``ModelRunner.demote_all``) in µs."""
     r = engine.runner
     geo = r.pools.geo
     k, v = torch.randn(2, 1, geo.num_kv_heads, geo.head_dim, device="cuda")
@@ -62,8 +62,7 @@ def write_path_us(engine) -> tuple[float, float]:
     w = 1e6 * e2e.event_seconds(g.replay)
     if not geo.int2_pages:
         return w, 0.0
-    page = torch.zeros(1, dtype=torch.int32, device="cuda")
-    return w, 1e6 * e2e.event_seconds(lambda: r.backend.demote_all(r.pools, r.storage, page, page))
+    return w, 1e6 * e2e.event_seconds(lambda: r.demote_all([0], [0]))  # the scratch page into itself
 
 
 def launch_us(graph, reps: int = 10) -> float:

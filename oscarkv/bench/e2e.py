@@ -211,6 +211,7 @@ class BenchRunner:
         self.model, self.pools, self.device, self.tp = inner.model, inner.pools, inner.device, inner.tp
         self.backend, self.storage, self.graphs = inner.backend, inner.storage, inner.graphs
         self.extend_graphs = inner.extend_graphs
+        self.demote_all = getattr(inner, "local", inner).demote_all  # rank 0's ModelRunner's (one rank's pages)
         self.launches: list[Launch] = []
         self.filling = False
 

@@ -17,10 +17,12 @@ int2_lens`` go through one pinned host buffer and one copy; the page tables are
 last step (a decode step usually changes none: a row gains a page every ``P`` steps, and the
 BF16 view shifts by a page when one is demoted).
 
-Not captured (eager, before the replay): the demotions of the step, every layer in one launch
+Not in the step's graph (before the replay): the demotions of the step, every layer in one launch
 per clip rank (``AttentionBackend.demote_all``; they read full BF16 pages that this step does
 not write, so running them before the forward gives the same bytes as running them inside
-each layer).
+each layer). Pools with no one tensor for every layer's history (a per-layer or per-head allocation,
+sliding layers) demote with launches per layer and head range, whose host work a graph of its own replaces
+(:class:`DemoteGraphs`).
 
 Padding rows (``B < Bp``): token 0 at position 0, write slot 0 of the scratch page 0 (owned by
 no sequence, see ``oscarkv.cache.paged_layout``), lengths 0, so the decode kernel reads
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oscarkv.cache.paged_layout import PageTables
+from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.attention.step import StepContext
 from oscarkv.models.parallel import graph_logits
 
@@ -198,3 +200,58 @@ class DecodeGraphs:
         if bp not in self.graphs:
             self.graphs[bp] = _Graph(self.runner, bp, self.pool)
         return bp
+
+
+def padded_pages(src: list[int], dst: list[int], n: int) -> list[int]:
+    """``src`` then ``dst``, each padded to ``n`` by repeating its last page (a page encoded twice into the same
+    place writes the same bytes): one staging copy of a demotion bucket."""
+    pad = n - len(src)
+    return src + src[-1:] * pad + dst + dst[-1:] * pad
+
+
+class DemoteGraphs:
+    """A step's demotions as CUDA graph replays, one graph per bucket of page counts (powers of two up to ``cap``;
+    more pages: several replays of the largest). For pools demoted with launches per layer and head range
+    (:meth:`wanted`): their host work made each page boundary of the 45-head recipe of pages of 16 cost ~34 ms
+    eagerly at the Qwen3-8B shape (two launches per layer and range, H100, 2026-11-28,
+    ``lab/bench_gpu/2026-11-28/heads_p16_h100``), against ~0.6 ms for two launches over one pool."""
+
+    def __init__(self, runner, cap: int = 64) -> None:
+        self.runner = runner
+        self.buckets = tuple(1 << i for i in range(cap.bit_length()) if 1 << i <= cap)
+        self.graphs: dict[int, tuple[torch.Tensor, torch.cuda.CUDAGraph]] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+
+    @staticmethod
+    def wanted(pools) -> bool:
+        """Whether ``pools`` demote layer by layer (``TritonAttention.demote_all``): no one history tensor."""
+        return pools.int2_k is None or bool(pools.sliding)
+
+    def run(self, src: list[int], dst: list[int]) -> None:
+        """Demote BF16 pages ``src`` into INT2 pages ``dst`` in every layer (asynchronous)."""
+        top = self.buckets[-1]
+        for i in range(0, len(src), top):
+            s, d = src[i:i + top], dst[i:i + top]
+            pages, graph = self.capture(next(b for b in self.buckets if b >= len(s)))
+            pages.copy_(device_tensor(padded_pages(s, d, pages.shape[1]), pages.device).view(pages.shape))
+            graph.replay()
+
+    def capture(self, n: int) -> tuple[torch.Tensor, torch.cuda.CUDAGraph]:
+        """The graph of bucket ``n`` and its page buffer ``[2, n]`` (src, dst), captured unless it exists: the
+        warm-up (Triton compiles) and the capture demote the scratch page 0 into itself, which no sequence owns."""
+        if n not in self.graphs:
+            r = self.runner
+            pages = torch.zeros(2, n, dtype=torch.int32, device=r.device)
+
+            def demote() -> None:
+                r.backend.demote_all(r.pools, r.storage, pages[0], pages[1])
+            side = torch.cuda.Stream(r.device)
+            side.wait_stream(torch.cuda.current_stream(r.device))
+            with torch.cuda.stream(side):
+                demote()
+            torch.cuda.current_stream(r.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                demote()
+            self.graphs[n] = (pages, graph)
+        return self.graphs[n]

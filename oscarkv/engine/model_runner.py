@@ -43,7 +43,7 @@ from oscarkv.cache.manager import WritePlan
 from oscarkv.attention.backends import TritonAttention
 from oscarkv.attention.step import AttentionBackend, LayerStorage, StepContext, WindowStep
 from oscarkv.config import EngineConfig
-from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs
+from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs, DemoteGraphs
 from oscarkv.engine.extend_graphs import ExtendGraphs
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
@@ -97,6 +97,8 @@ class ModelRunner:
         self.scale = model.attention_scale
         self.graphs = DecodeGraphs(self, graph_buckets) if graph_buckets and self.device.type == "cuda" else None
         self.extend_graphs: ExtendGraphs | None = None  # set by build_runner (EngineConfig.extend_graph_buckets)
+        self.demote_graphs = (DemoteGraphs(self) if self.graphs is not None and isinstance(backend, TritonAttention)
+                              and DemoteGraphs.wanted(pools) else None)
 
     def is_decode(self, plans: list[WritePlan]) -> bool:
         """Whether the step goes to ``decode``: one token per sequence and a backend that wants it."""
@@ -197,7 +199,9 @@ class ModelRunner:
         """Encode BF16 pages ``src`` into INT2 pages ``dst`` in every layer: two launches per clip rank rather
         than two per layer (an eager 512-token prefill step spent ~0.5 ms of host time per layer on demotion,
         H100, 2026-11-27, ``lab/scripts/prefill_host_profile.py``); the graphs call it before their replays."""
-        if src:
+        if src and self.demote_graphs is not None:  # launches per layer and head range: graph replays
+            self.demote_graphs.run(src, dst)
+        elif src:
             s, d = (device_tensor(p, self.device) for p in (src, dst))
             self.backend.demote_all(self.pools, self.storage, s, d)
 
@@ -213,6 +217,9 @@ class ModelRunner:
                 self.graphs.capture(n)
             if ext is not None and n >= 2 and ext.bucket(n) is not None:
                 ext.capture(n)
+        for n in self.demote_graphs.buckets if self.demote_graphs is not None else ():
+            if n <= rows:  # a decode step demotes at most a page per row (not counted: graphs of the forward)
+                self.demote_graphs.capture(n)
         return self.num_graphs() - before
 
     def num_graphs(self) -> int:

@@ -95,6 +95,44 @@ def test_triton_demote_all_encodes_each_layer_at_its_bits(llama, artifact, alloc
                 assert a.codes[1:3].any()
 
 
+def test_demotion_buckets_repeat_the_last_page():
+    """A demotion graph's bucket of ``n`` pages: the step's pairs, then its last pair again (the same page encoded
+    into the same place: the same bytes), src then dst in one staging copy."""
+    from oscarkv.engine.cuda_graphs import padded_pages
+
+    assert padded_pages([5, 7], [1, 2], 4) == [5, 7, 7, 7, 1, 2, 2, 2]
+    assert padded_pages([3], [9], 1) == [3, 9]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pages", [1, 3, 70])
+def test_demotion_graphs_store_the_eager_bytes_gpu(artifact, pages):
+    """Per-head pools demote by graph replays (``DemoteGraphs``: buckets of powers of two, a count between them
+    padded, more than the largest in several replays): every layer and head range holds the bytes the eager
+    launches store."""
+    from tests.engine.conftest import tiny_model
+    from oscarkv.engine.engine import LLMEngine
+
+    model = tiny_model().to("cuda", torch.bfloat16)
+    cfg = engine_config()
+    cfg = replace(cfg, kv_memory_bytes=4 * cfg.kv_memory_bytes, kv=replace(cfg.kv, **HEADS))
+    out = []
+    for graphs in (True, False):
+        r = LLMEngine.from_hf(model, cfg, artifact).runner
+        assert r.demote_graphs is not None
+        r.demote_graphs = r.demote_graphs if graphs else None
+        g = torch.Generator(device="cuda").manual_seed(0)
+        r.pools.bf16_k.copy_(torch.randn(r.pools.bf16_k.shape, generator=g, device="cuda"))
+        r.pools.bf16_v.copy_(torch.randn(r.pools.bf16_v.shape, generator=g, device="cuda"))
+        src = [1 + i % (r.pools.geo.bf16_pages - 1) for i in range(pages)]
+        r.demote_all(src, list(range(1, pages + 1)))
+        out.append([getattr(kv, kind) for i in range(L) for _, kv in r.pools.parts(i) for kind in ("int2_k", "int2_v")])
+    for a, b in zip(*out):
+        assert all(torch.equal(getattr(a, f)[1:pages + 1], getattr(b, f)[1:pages + 1]) for f in ("codes", "scale", "zero"))
+        assert a.codes[1:pages + 1].any()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("alloc", ["layers", "heads"])
