@@ -224,8 +224,9 @@ class DemoteGraphs:
 
     @staticmethod
     def wanted(pools) -> bool:
-        """Whether ``pools`` demote layer by layer (``TritonAttention.demote_all``): no one history tensor."""
-        return pools.int2_k is None or bool(pools.sliding)
+        """Whether ``pools`` demote layer by layer (``TritonAttention.demote_all``): history pages, no one tensor
+        for them (BF16 pools have none: nothing to demote)."""
+        return bool(pools.geo.int2_pages) and (pools.int2_k is None or bool(pools.sliding))
 
     def run(self, src: list[int], dst: list[int]) -> None:
         """Demote BF16 pages ``src`` into INT2 pages ``dst`` in every layer (asynchronous)."""
