@@ -26,7 +26,8 @@ def setup(p: argparse.ArgumentParser) -> None:
                    help="choose the recipe (--max-bpe or --tolerance) for this existing artifact instead of fitting "
                         "one; the artifact is written to --out with its recipe (default: fit)")
     add_fields(p, RecipeSearchConfig, ["max_bpe", "context", "tolerance", "dev_samples", "dev_context", "dev_seeds",
-                                       "sinks", "recents", "rungs", "key_clips", "levels", "protocol", "allocate"])
+                                       "sinks", "recents", "pages", "rungs", "key_clips", "levels", "protocol",
+                                       "allocate"])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -55,6 +55,10 @@ class RecipeSearchConfig:
     """Candidate BF16 sink sizes (tokens); the engine serves whole pages only."""
     recents: tuple[int, ...] = (0, 64, 128, 256, 512, 1024, 2048)
     """Candidate BF16 recent window sizes (tokens)."""
+    pages: tuple[int, ...] = (64,)
+    """Candidate page sizes (tokens), each with every sink and recent window: smaller pages serve smaller windows
+    (a sink of whole pages, a recent window rounded up to a page), whose bytes a per-head allocation spends on
+    4-bit keys instead (``lab/results/gpu_heads_windows/``: pages of 16 chose the shipped recipe)."""
     protocol: str = "served"
     """How a candidate is scored (``oscarkv.eval.objective``): ``served``, through the engine's
     chunked prefill as ``serve`` runs it (one prefill per sample and candidate), or ``forced``,
@@ -95,6 +99,8 @@ class RecipeSearchConfig:
         bad = [r for r in self.rungs if r not in RUNGS]
         if bad or not self.rungs:
             raise ValueError(f"RecipeSearchConfig.rungs: unknown {bad or 'empty list'}; choose from {tuple(RUNGS)}")
+        if not self.pages or any(p < 1 for p in self.pages):
+            raise ValueError(f"RecipeSearchConfig.pages must be page sizes >= 1 (--pages), got {self.pages}")
         if self.protocol not in DEV_PROTOCOLS:
             raise ValueError(f"RecipeSearchConfig.protocol must be one of {DEV_PROTOCOLS}, got {self.protocol!r}")
         if self.dev_samples < len(self.dev_seeds) or not self.dev_seeds:

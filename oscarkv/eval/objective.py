@@ -124,12 +124,23 @@ def _served_scores(loaded, codecs: dict[str, KVCodec], samples: list[task_lib.Sa
 
 def window_codecs(loaded, artifact, context: int, max_bpe: float | None, base: KVConfig,
                   sinks: tuple[int, ...], recents: tuple[int, ...], rungs: tuple[str, ...] = ("int2",),
-                  key_clips: tuple[float, ...] = (), levels: tuple[str, ...] = ("uniform",)) -> dict[str, KVCodec]:
+                  key_clips: tuple[float, ...] = (), levels: tuple[str, ...] = ("uniform",),
+                  pages: tuple[int, ...] = ()) -> dict[str, KVCodec]:
     """``oscar s=SINK r=RECENT`` codecs (``oscar-RUNG s=...`` for a rung other than INT2; ``... c=CLIP``
-    for a key clip in place of the fitted ones; ``... lm`` for Lloyd-Max levels) for every candidate window
-    the engine serves (a sink of whole pages; a recent window unless there is no window at all: page size
-    1, as :class:`~oscarkv.config.EngineConfig` requires), rung, key clip and level table within ``max_bpe``
-    at ``context``."""
+    for a key clip in place of the fitted ones; ``... lm`` for Lloyd-Max levels; ``... p=PAGE`` for a page size
+    other than ``base``'s) for every candidate window the engine serves (a sink of whole pages; a recent window
+    unless there is no window at all: page size 1, as :class:`~oscarkv.config.EngineConfig` requires), page
+    size of ``pages`` (empty: ``base``'s), rung, key clip and level table within ``max_bpe`` at ``context``."""
+    out = {}
+    for page in pages or (base.page_size,):
+        mine = replace(base, page_size=page)
+        found = _windows_at(loaded, artifact, context, max_bpe, mine, sinks, recents, rungs, key_clips, levels)
+        out |= {k + ("" if page == base.page_size else f" p={page}"): v for k, v in found.items()}
+    return out
+
+
+def _windows_at(loaded, artifact, context, max_bpe, base, sinks, recents, rungs, key_clips, levels) -> dict[str, KVCodec]:
+    """:func:`window_codecs` at ``base``'s page size."""
     c = loaded.model.config
     dims = ModelFingerprint.from_config(c).kv_dims
     out = {}
@@ -169,7 +180,8 @@ def recipe_record(label: str, scores: dict[str, DevScore], codecs: dict[str, KVC
                   dev: dict, reference: DevScore | None = None) -> dict:
     """The manifest's ``recipe``: the chosen windows, how they were chosen, every candidate's scores."""
     kv = codecs[label].config
-    cands = [{"sink": codecs[k].config.sink, "recent": codecs[k].config.recent, "key_bits": codecs[k].config.key_bits,
+    cands = [{"sink": codecs[k].config.sink, "recent": codecs[k].config.recent,
+              "page_size": codecs[k].config.page_size, "key_bits": codecs[k].config.key_bits,
               "value_bits": codecs[k].config.value_bits, **_clip_field(codecs[k].config),
               **_layer_bits_field(codecs[k].config),
               "bpe": round(codecs[k].bpe(context), 4),
@@ -237,7 +249,7 @@ def search_windows(loaded, artifact, cfg, extra: dict[str, KVCodec] | None = Non
     bf16 = {"bf16": build_codec(KVConfig("bf16"), *ModelFingerprint.from_config(c).kv_dims,
                                 sliding=SlidingLayers.from_config(c))}
     windows = window_codecs(loaded, artifact, cfg.context, cfg.max_bpe, KVConfig(), cfg.sinks, cfg.recents, cfg.rungs,
-                            cfg.key_clips, cfg.levels)
+                            cfg.key_clips, cfg.levels, cfg.pages)
     if not windows:
         raise ValueError(f"no window fits --max-bpe {cfg.max_bpe} at --context {cfg.context}")
     limit = getattr(c, "max_position_embeddings", None)
@@ -338,7 +350,7 @@ def search_recipe(loaded, results: dict, search, out: Path) -> dict:
     clip += f", per-layer key bits {''.join(map(str, recipe['layer_key_bits']))}" if "layer_key_bits" in recipe else ""
     clip += f", 4-bit key heads {sum(map(len, recipe['layer_key_heads']))}" if "layer_key_heads" in recipe else ""
     print(f"recipe: key bits {recipe['key_bits']}, value bits {recipe['value_bits']}{clip}, sink {recipe['sink']}, recent "
-          f"{recipe['recent']} ({recipe['bpe']:.3f} bits per element at "
+          f"{recipe['recent']}, page {recipe['page_size']} ({recipe['bpe']:.3f} bits per element at "
           f"{recipe['context']} tokens), development answer NLL {scores_of(recipe)} vs BF16 "
           f"{recipe['bf16']['answer_nll']:.3f}; study in {out / 'dev_study.json'}")
     return recipe

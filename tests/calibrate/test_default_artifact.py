@@ -1,7 +1,7 @@
 """The default model's artifact ships with the package and is what ``oscarkv calibrate --model default`` makes.
 
 The shipped files (``oscarkv/data/default_rotations``) were written by that command with the
-recipe's defaults; their manifest's ``recipe`` (4-bit keys in 28 of 90 KV heads, sink 64, recent 64, the INT2 key
+recipe's defaults; their manifest's ``recipe`` (4-bit keys in 45 of 90 KV heads, pages of 16, no sink, recent 16, the INT2 key
 clip 0.95 elsewhere) is what the per-head allocation study then chose for them on development samples
 (``lab/scripts/twobit_heads.py``, ``lab/scripts/twobit_head_recipe.py``, ``lab/results/dev_twobit_8k_heads/``), kept as data (``oscarkv/data/default_recipe.json``, with the options it holds for and its provenance)
 that the command writes into what it fits, so that it makes the shipped artifact in full, recipe included.
@@ -34,19 +34,20 @@ def shipped() -> Artifact:
 
 def test_shipped_recipe_is_the_development_search(shipped):
     """The shipped recipe is the allocation the development study chose for this artifact
-    (``lab/scripts/twobit_head_recipe.py`` wrote it from ``lab/results/dev_twobit_8k_heads/``), and the serving entry
-    points apply it: 4-bit keys in the 28 most sensitive KV heads, 2-bit values, sink 64, recent 64, key clip 0.95."""
+    (``lab/scripts/twobit_head_recipe.py`` wrote it from ``lab/results/dev_twobit_8k_heads/``; development needles as
+    served chose its windows, ``lab/results/gpu_heads_windows/``), and the serving entry points apply it: 4-bit keys
+    in the 45 most sensitive KV heads, 2-bit values, pages of 16, no sink, recent 16, key clip 0.95."""
     import json
     from pathlib import Path
 
     from oscarkv.config import KVConfig
     from oscarkv.quant.artifact import apply_recipe
 
-    chosen = json.loads((Path(__file__).parents[2] / "lab/scripts/twobit_recipe_8192_heads28.json").read_text())
+    chosen = json.loads((Path(__file__).parents[2] / "lab/scripts/twobit_recipe_8192_s0_r16_p16.json").read_text())
     assert shipped.manifest["recipe"] == chosen
     kv = apply_recipe(KVConfig("oscar"), shipped)
-    assert (kv.key_clip, kv.sink, kv.recent, kv.bits, kv.levels) == (0.95, 64, 64, (2, 2), "uniform")
-    assert sum(map(len, kv.layer_key_heads)) == 28 and 2 in kv.layer_key_heads[18]  # layer 18 head 2: the most
+    assert (kv.key_clip, kv.sink, kv.recent, kv.page_size, kv.bits, kv.levels) == (0.95, 0, 16, 16, (2, 2), "uniform")
+    assert sum(map(len, kv.layer_key_heads)) == 45 and 2 in kv.layer_key_heads[18]  # layer 18 head 2: the most
     assert not kv.layer_key_bits and not kv.layer_value_bits
 
 
@@ -100,7 +101,7 @@ def test_the_validated_recipe_is_the_shipped_one(shipped):
     """``default_recipe.json`` holds the shipped manifest's recipe, for the options the artifact was fitted with."""
     entry = default_recipe()
     assert entry["recipe"] == shipped.manifest["recipe"] and entry["options"] == shipped.manifest["options"]
-    assert "lab/scripts/twobit_heads.py" in entry["provenance"] and "lab/results/gpu_heads/" in entry["provenance"]
+    assert "lab/scripts/twobit_heads.py" in entry["provenance"] and "lab/results/gpu_heads_windows/" in entry["provenance"]
 
 
 SKIP = {"calibration", "oscarkv_version"}  # seconds taken; the version

@@ -40,6 +40,22 @@ def test_search_respects_the_budget_and_writes_every_candidate(loaded):
     json.dumps(recipe)  # goes into the manifest as is
 
 
+def test_page_sizes_are_candidates_with_their_own_windows(loaded):
+    """``--pages``: each page size with every sink of whole pages and every recent window; a page size other than
+    the base's is named (``p=4``) and carried in the candidate's config, the search's recipe records it."""
+    art = make_artifact(loaded.model.config)
+    codecs = window_codecs(loaded, art, 512, None, KVConfig(page_size=8), (0, 4, 8), (4, 16), pages=(8, 4))
+    assert {"oscar s=4 r=4 p=4", "oscar s=8 r=16 p=4", "oscar s=0 r=4"} <= set(codecs)
+    assert not any(k.startswith("oscar s=4 ") and not k.endswith("p=4") for k in codecs)  # 4 is no page of 8
+    assert codecs["oscar s=4 r=4 p=4"].config.page_size == 4 and codecs["oscar s=0 r=4"].config.page_size == 8
+    cfg = RecipeSearchConfig(max_bpe=None, context=512, dev_samples=1, dev_context=256, sinks=(4,), recents=(4,),
+                             pages=(4,), tolerance=0.5, protocol="forced",
+                             dev_seeds=(1000,))
+    recipe, _ = search_windows(loaded, art, cfg)
+    assert (recipe["sink"], recipe["recent"], recipe["page_size"]) == (4, 4, 4)
+    assert recipe["candidates"][0]["page_size"] == 4
+
+
 def test_served_protocol_reads_earlier_chunks_as_stored(loaded):
     """Through the engine's chunked prefill: an unquantized cache scores as the shared full-precision
     prefill does; a prompt within one chunk is computed at full precision whatever the storage;
