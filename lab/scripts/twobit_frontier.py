@@ -1,6 +1,6 @@
 """The two-bit frontier (issue 26): every served point tried, and the per-layer sensitivities behind the recipes.
 
-Reads every ``results.json`` under ``lab/results/gpu_twobit*/`` and ``gpu_heads/`` (``oscarkv eval`` as ``gpu_twobit.sh
+Reads every ``results.json`` under ``lab/results/gpu_twobit*/``, ``gpu_heads/`` and ``gpu_heads_windows/`` (its evaluation lanes) (``oscarkv eval`` as ``gpu_twobit.sh
 eval`` runs it)
 and, per context (4K, 8K) and task group (single needle, multi-needle mean), plots each configuration's stored
 bits per element (as served) against its share of the unquantized reference on the same samples
@@ -149,7 +149,8 @@ def main() -> None:
                    help="sensitivity.json files (default: 8K development, lab/results/dev_twobit_8k)")
     p.add_argument("--out", type=Path, default=Path("lab/results"))
     a = p.parse_args()
-    results = sorted([*a.results.glob("gpu_twobit*/eval_*/results.json"), *a.results.glob("gpu_heads/*/eval_*/results.json")])
+    results = sorted([*a.results.glob("gpu_twobit*/eval_*/results.json"), *a.results.glob("gpu_heads/*/eval_*/results.json"),
+                      *a.results.glob("gpu_heads_windows/[em]*/eval_*/results.json")])  # not d8*: development
     rows, captions = points(results)
     frontier_plot(rows, captions, a.out / "twobit_frontier.png")
     (a.out / "twobit_frontier.json").write_text(json.dumps({"command": COMMAND, "runs": captions, "points": rows}, indent=1))
