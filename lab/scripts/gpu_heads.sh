@@ -49,6 +49,9 @@ e4() { ev e4 4096 single 40 "$H42,$H45"; }
 # the recipe the development needles chose (45 heads, pages of 16, no sink / recent 16): multi-needle at 8K and 4K
 m8h() { ev m8h 8192 multi 20 "$H45"; }
 m4h() { ev m4h 4096 multi 20 "$H45"; }
+# next: is the 4K multi-needle cost of the shipped recipe (82%, 28 heads with sink / recent 64 kept 101%) its missing
+# sink? Development multi-needle at 4K (calibration haystack, seed 7000, 40 per task): shipped, sink 16, 28 heads
+d4m() { ev d4m 4096 multi 40 "shipped=oscarkv/data/default_recipe.json,$H42,h28=${R}28.json" calibration 7000; }
 for lane in ${*:-tests h8a h8b h4 m8}; do $lane & done; wait
 { nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md; do echo "== $f"; cat "$f"; done
   echo "== tests"; tail -n 30 "$W/gpu_tests.log" 2>/dev/null; echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1
