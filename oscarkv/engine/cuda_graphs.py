@@ -238,21 +238,13 @@ class DemoteGraphs:
             graph.replay()
 
     def capture(self, n: int) -> tuple[torch.Tensor, torch.cuda.CUDAGraph]:
-        """The graph of bucket ``n`` and its page buffer ``[2, n]`` (src, dst), captured unless it exists: the
-        warm-up (Triton compiles) and the capture demote the scratch page 0 into itself, which no sequence owns."""
+        """The graph of bucket ``n`` and its page buffer ``[2, n]`` (src, dst), captured unless it exists
+        (:func:`_capture`): the warm-up (Triton compiles) and the capture demote the scratch page 0 into itself,
+        which no sequence owns."""
         if n not in self.graphs:
             r = self.runner
             pages = torch.zeros(2, n, dtype=torch.int32, device=r.device)
-
-            def demote() -> None:
-                r.backend.demote_all(r.pools, r.storage, pages[0], pages[1])
-            side = torch.cuda.Stream(r.device)
-            side.wait_stream(torch.cuda.current_stream(r.device))
-            with torch.cuda.stream(side):
-                demote()
-            torch.cuda.current_stream(r.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                demote()
+            graph, _ = _capture(lambda: r.backend.demote_all(r.pools, r.storage, pages[0], pages[1]), r.device,
+                                self.pool)
             self.graphs[n] = (pages, graph)
         return self.graphs[n]
