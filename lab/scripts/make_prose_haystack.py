@@ -122,8 +122,10 @@ def paragraph(rng: random.Random, province: str) -> str:
     return f"{town.upper()}.\n" + "\n".join(lines + [line])
 
 
-def main() -> None:
-    rng = random.Random("oscarkv gazetteer 1")
+def gazetteer(seed: str = "oscarkv gazetteer 1") -> str:
+    """The whole text for one RNG seed (the shipped file's seed by default; other seeds give development text of
+    the same kind, e.g. ``lab/scripts/spec_draft_policies.py``)."""
+    rng = random.Random(seed)
     parts = ["A Gazetteer of the Inland Provinces", "Compiled for travellers and merchants"]
     for i in range(PARAGRAPHS):
         if i % 20 == 0:
@@ -132,6 +134,11 @@ def main() -> None:
         parts.append(paragraph(rng, province))
     text = "\n\n".join(parts) + "\n"
     assert not any(c.isdigit() for c in text) and "-" not in text
+    return text
+
+
+def main() -> None:
+    text = gazetteer()
     OUT.write_text(text, encoding="utf-8")
     print(f"wrote {OUT}: {len(text)} characters")
 
