@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oscarkv.bench.layer_bits import is_fraction
-from oscarkv.config import ENGINE_METHODS, SPECULATIVE_METHODS
+from oscarkv.config import ENGINE_METHODS, SPECULATIVE_METHODS, prefetch_points
 
 
 def _check_positive(bench, *names: str) -> None:
@@ -97,6 +97,11 @@ class DecodeBench:
     """Also profile the graph of each row at the longest context (torch.profiler; with tensor parallelism,
     whole engine steps). NOTE: CUPTI stays attached after a profile and slows later graph launches (seen
     on an H100, 2026-11-22: 21 µs → 320 µs): time in one invocation, profile in another."""
+    l2_prefetch: tuple[str, ...] = ("off",)
+    """Weight prefetch variants (``EngineConfig.l2_prefetch``, points joined by ``+``: e.g. ``off,attn,all``): every
+    method and allocation is timed under each, labelled ``METHOD l2=VARIANT`` unless ``off``."""
+    l2_prefetch_mib: int = 24
+    """Bytes prefetched at each point, at most (``EngineConfig.l2_prefetch_mib``)."""
     layer_key_bits: tuple[str, ...] = ()
     """Per-layer allocations timed after ``methods``, each as an ``oscar`` row (``KVConfig.layer_key_bits``,
     :mod:`oscarkv.bench.layer_bits`): a recipe JSON (its windows, its share of 4-bit-key layers spread over the
@@ -104,8 +109,10 @@ class DecodeBench:
 
     def __post_init__(self) -> None:
         _check_methods(self)
-        _check_positive(self, "contexts", "steps", "batch", "tensor_parallel_size")
+        _check_positive(self, "contexts", "steps", "batch", "tensor_parallel_size", "l2_prefetch_mib")
         _check_allocations(self)
+        for v in self.l2_prefetch:
+            prefetch_points(v)
 
 
 @dataclass(frozen=True)

@@ -173,11 +173,12 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
     rows = []
     for shape in cfg.shapes:
         model = e2e.random_model(shape, cfg.tensor_parallel_size)
-        for method, kv in kv_configs(cfg, model.config.num_hidden_layers, model.config.num_key_value_heads):
+        for method, kv, prefetch in variants(cfg, model.config):
             # NOTE: the step budget (chunk x seqs) sizes the BF16 pool; a batch uses bench capacity's small
             # INT2 chunk so that its sequences fit the KV budget
             engine = e2e.build_engine(model, kv, int(cfg.kv_gib * 2**30), cfg.batch,
-                                      8192 if cfg.batch == 1 else 256, cfg.tensor_parallel_size, cfg.all_reduce)
+                                      8192 if cfg.batch == 1 else 256, cfg.tensor_parallel_size, cfg.all_reduce,
+                                      l2_prefetch=prefetch, l2_prefetch_mib=cfg.l2_prefetch_mib)
             wbytes = e2e.weight_bytes(engine.runner.model)  # rank 0's shard with tensor parallelism
             w_us, d_us = write_path_us(engine)
             for ctx in cfg.contexts:
@@ -199,6 +200,13 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
 def kv_configs(cfg: DecodeBench, num_layers: int, num_kv_heads: int) -> list[tuple[str, KVConfig]]:
     """(row label, KV config) of each method, then of each ``layer_key_bits`` allocation (``layer_bits.kv_rows``)."""
     return kv_rows(cfg.methods, cfg.layer_key_bits, num_layers, num_kv_heads)
+
+
+def variants(cfg: DecodeBench, config) -> list[tuple[str, KVConfig, str]]:
+    """(row label, KV config, ``l2_prefetch``) of every KV row (:func:`kv_configs`) under each prefetch variant;
+    a label gains `` l2=VARIANT`` unless the variant is ``off``."""
+    rows = kv_configs(cfg, config.num_hidden_layers, config.num_key_value_heads)
+    return [(label if v == "off" else f"{label} l2={v}", kv, v) for v in cfg.l2_prefetch for label, kv in rows]
 
 
 def format_table(rows: list[dict], copy_gbps: float) -> str:

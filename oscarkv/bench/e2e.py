@@ -93,18 +93,18 @@ def random_model(shape: str, tensor_parallel_size: int = 1) -> PagedLM:
 
 
 def build_engine(model: PagedLM, method: str | KVConfig, kv_bytes: int, max_num_seqs: int, chunk: int = 8192,
-                 tensor_parallel_size: int = 1, all_reduce: str = "auto") -> LLMEngine:
+                 tensor_parallel_size: int = 1, all_reduce: str = "auto", **engine) -> LLMEngine:
     """Engine over ``model`` (``bf16``, ``naive`` INT2, or ``oscar`` with :func:`random_artifact`; or a whole
     ``KVConfig``, e.g. a per-layer allocation) and a :class:`BenchRunner`, no prefix caching, default windows
     (64 + 256, P = 64) for a method name; ``kv_bytes`` per GPU with
     tensor parallelism, whose ranks run on the GPUs whatever holds ``model`` (:func:`random_model` leaves it
     on the host; on a CPU-only machine the ranks run on the CPU) and sum through ``all_reduce``
-    (``EngineConfig.tensor_parallel_all_reduce``)."""
+    (``EngineConfig.tensor_parallel_all_reduce``); ``engine``: other ``EngineConfig`` fields (e.g. ``l2_prefetch``)."""
     kv = method if isinstance(method, KVConfig) else KVConfig(method)
     cfg = EngineConfig(kv, kv_memory_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk,  # all advance
                        enable_prefix_caching=False, tensor_parallel_size=tensor_parallel_size,
-                       tensor_parallel_all_reduce=all_reduce)
+                       tensor_parallel_all_reduce=all_reduce, **engine)
     return bench_engine(model, cfg, random_artifact(model.config) if kv.method == "oscar" else None)
 
 

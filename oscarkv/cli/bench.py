@@ -22,7 +22,7 @@ BENCHES = {
                    "levels"]),
     "decode": (DecodeBench, "GPU: end-to-end decode ms per step vs the byte floor, BF16 vs INT2 (random weights)",
                ["shapes", "contexts", "methods", "steps", "kv_gib", "batch", "temperature", "tensor_parallel_size",
-                "all_reduce", "profile", "layer_key_bits"]),
+                "all_reduce", "profile", "layer_key_bits", "l2_prefetch", "l2_prefetch_mib"]),
     "prefill": (PrefillBench, "GPU: time to first token of long prompts through the engine vs the floor, BF16 vs OSCAR",
                 ["shapes", "contexts", "methods", "chunks", "kv_gib", "profile_context", "tensor_parallel_size",
                  "layer_key_bits"]),

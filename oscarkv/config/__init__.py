@@ -13,15 +13,16 @@ imports nothing heavy (the command line's ``--help`` reads it without torch).
 from __future__ import annotations
 
 from oscarkv.config.serving import (CACHE_DIR, DEVICES, DTYPES, ENGINE_METHODS, FIXED_BITS, LADDER_METHODS,
-                                    LEVEL_KINDS, METHODS, RUNGS, ROUTER_POLICIES, SPECULATIVE_METHODS, DistributedConfig,
-                                    EngineConfig, KVConfig, ReplicaConfig, ServerConfig, SpeculativeConfig)
+                                    L2_PREFETCH_POINTS, LEVEL_KINDS, METHODS, RUNGS, ROUTER_POLICIES, SPECULATIVE_METHODS,
+                                    DistributedConfig,
+                                    EngineConfig, KVConfig, ReplicaConfig, ServerConfig, SpeculativeConfig, prefetch_points)
 from oscarkv.config.studies import (ALLOCATE_KINDS, CENTER_MODES, CLIP_MODES, DEV_PROTOCOLS, HAYSTACKS,
                                     QUERY_WEIGHTINGS, TASKS, CalibrationConfig, EvalConfig, RecipeSearchConfig, ReferenceRecipe)
 
 __version__ = "0.1.0"
 """The package version (recorded in every artifact manifest)."""
 
-__all__ = ["CACHE_DIR", "DEVICES", "DTYPES", "ENGINE_METHODS", "FIXED_BITS", "LADDER_METHODS", "LEVEL_KINDS", "METHODS", "RUNGS",
+__all__ = ["L2_PREFETCH_POINTS", "prefetch_points", "CACHE_DIR", "DEVICES", "DTYPES", "ENGINE_METHODS", "FIXED_BITS", "LADDER_METHODS", "LEVEL_KINDS", "METHODS", "RUNGS",
            "SPECULATIVE_METHODS", "SpeculativeConfig", "DistributedConfig", "ReplicaConfig", "ROUTER_POLICIES",
            "EngineConfig", "KVConfig", "ServerConfig", "ALLOCATE_KINDS", "CENTER_MODES", "CLIP_MODES", "DEV_PROTOCOLS", "HAYSTACKS",
            "QUERY_WEIGHTINGS", "TASKS", "CalibrationConfig", "EvalConfig", "RecipeSearchConfig", "ReferenceRecipe",

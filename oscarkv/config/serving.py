@@ -199,6 +199,22 @@ format."""
 SPECULATIVE_METHODS = ("none", "ngram")
 """Speculative decoding methods of the paged engine: ``ngram`` drafts by prompt lookup (no draft model)."""
 TP_ALL_REDUCES = ("auto", "nccl", "one_shot", "two_shot")
+
+L2_PREFETCH_POINTS = ("attn", "reduce", "act", "next")
+"""Where a decode step may prefetch the next projection's weights into L2 (``oscarkv.models.prefetch``)."""
+
+
+def prefetch_points(spec: str) -> tuple[str, ...]:
+    """``EngineConfig.l2_prefetch`` as points: ``off`` none, ``all`` every one, else a list of
+    :data:`L2_PREFETCH_POINTS` joined by ``,`` or ``+``; a ValueError names the flag."""
+    if spec in ("", "off"):
+        return ()
+    names = L2_PREFETCH_POINTS if spec == "all" else tuple(s.strip() for s in spec.replace("+", ",").split(","))
+    bad = [n for n in names if n not in L2_PREFETCH_POINTS]
+    if bad:
+        raise ValueError(f"EngineConfig.l2_prefetch (--l2-prefetch): unknown point(s) {bad}; use off, all or a "
+                         f"comma-separated list of {', '.join(L2_PREFETCH_POINTS)}")
+    return names
 """All-reduces of the row-parallel projections (``oscarkv.models.allreduce``)."""
 
 
@@ -317,6 +333,13 @@ class EngineConfig:
     cached prefix, a speculative verify chunk; ``oscarkv.engine.extend_graphs``): a step of ``k`` tokens replays
     the smallest bucket ``>= k``, padded. Used with the decode graphs (CUDA, the Triton backend); empty: such
     steps run eagerly."""
+    l2_prefetch: str = "off"
+    """Prefetch each projection's weights into L2 while the latency-bound work before it runs (CUDA, compute
+    capability 9.0+; ``oscarkv.models.prefetch``): ``off``, ``all``, or a comma list of ``attn`` (o_proj during
+    attention), ``reduce`` (gate_up during o_proj's all-reduce and the norm), ``act`` (down_proj during SiLU·mul),
+    ``next`` (the next layer's qkv during down_proj's all-reduce and the norm). Outputs do not change."""
+    l2_prefetch_mib: int = 24
+    """Bytes prefetched at each point, at most (MiB; the first bytes of the weight)."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     """Speculative decoding (off by default). With ``overlap`` a step is planned ahead only while none of its
     sequences may draft (drafts and a verify step's plan need the tokens on the host)."""
@@ -353,6 +376,9 @@ class EngineConfig:
         if self.tensor_parallel_all_reduce not in TP_ALL_REDUCES:
             raise ValueError(f"EngineConfig.tensor_parallel_all_reduce must be one of {TP_ALL_REDUCES}, "
                              f"got {self.tensor_parallel_all_reduce!r}")
+        prefetch_points(self.l2_prefetch)
+        if self.l2_prefetch_mib < 1:
+            raise ValueError(f"EngineConfig.l2_prefetch_mib (--l2-prefetch-mib) must be >= 1, got {self.l2_prefetch_mib}")
         if any(b < 2 for b in self.extend_graph_buckets):
             raise ValueError(f"EngineConfig.extend_graph_buckets must be token counts >= 2 (one token is a decode "
                              f"step), got {self.extend_graph_buckets}")

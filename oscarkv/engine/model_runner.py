@@ -42,13 +42,14 @@ from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.cache.manager import WritePlan
 from oscarkv.attention.backends import TritonAttention
 from oscarkv.attention.step import AttentionBackend, LayerStorage, StepContext, WindowStep
-from oscarkv.config import EngineConfig
+from oscarkv.config import EngineConfig, prefetch_points
 from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs, DemoteGraphs
 from oscarkv.engine.extend_graphs import ExtendGraphs
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.folding import fold_values, permute_kv_heads
 from oscarkv.models.parallel import TensorParallel
+from oscarkv.models.prefetch import attach
 from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import LayerCodec, TensorCodec
 
@@ -309,6 +310,7 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
                      layer_bits(codecs, sliding), layer_parts(codecs, sliding, attn.num_kv_heads), page_bytes)
     levels = {i: (st.key.levels, st.value.levels) for i, st in enumerate(storage)}
     pools = KVPools(geo, p.device, sliding.layers if sliding else frozenset(), levels)
+    attach(model.model.layers, prefetch_points(cfg.l2_prefetch), cfg.l2_prefetch_mib << 20)  # after folding
     runner = ModelRunner(model, pools, storage, backend, graph_buckets, tp)
     if graph_buckets and cfg.extend_graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
         runner.extend_graphs = ExtendGraphs(runner, cfg.extend_graph_buckets)

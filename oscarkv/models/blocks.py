@@ -17,6 +17,7 @@ from torch import nn
 
 from oscarkv.attention.step import QKRope
 from oscarkv.models.loader import check_config
+from oscarkv.models.prefetch import after_gemv
 
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -98,6 +99,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step) -> torch.Tensor:
         T, d, Hq, H = x.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(T, Hq + 2 * H, d)  # [T, Hq + 2H, d]
+        after_gemv(self.qkv_proj)  # EngineConfig.l2_prefetch (oscarkv.models.prefetch): o_proj's weights
         if x.is_cuda and self.fused_kernels:
             o = self._attention_fused(qkv, self._qk_rope(cos, sin), step)
         else:
@@ -107,7 +109,9 @@ class Attention(nn.Module):
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, d]
             q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
             o = step.attention(self.layer_idx, q, k, v)
-        return self.o_proj(o.to(x.dtype).reshape(T, -1))  # o: [T, Hq, d] fp32 or x's dtype, rotated value domain
+        out = self.o_proj(o.to(x.dtype).reshape(T, -1))  # o: [T, Hq, d] fp32 or x's dtype, rotated value domain
+        after_gemv(self.o_proj)
+        return out
 
     def _qk_rope(self, cos: torch.Tensor, sin: torch.Tensor) -> QKRope:
         """This layer's QK-norm (if any) and RoPE at ``cos, sin [T, d]``, for the step context or the kernel."""
@@ -141,9 +145,14 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up_proj(x)  # [T, 2I]
+        after_gemv(self.gate_up_proj)
         if x.is_cuda:
             from oscarkv.kernels.fused import silu_mul
 
-            return self.down_proj(silu_mul(gu))
-        gate, up = gu.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            h = silu_mul(gu)
+        else:
+            gate, up = gu.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        out = self.down_proj(h)
+        after_gemv(self.down_proj)
+        return out

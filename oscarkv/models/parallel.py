@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from oscarkv.models.llama import PagedLM
+from oscarkv.models.prefetch import issue
 from oscarkv.quant.codec import LayerCodec, TensorCodec, with_bits
 
 
@@ -154,12 +155,16 @@ def graph_logits(model: PagedLM, hidden: torch.Tensor, tp: TensorParallel) -> to
 class RowParallelLinear(nn.Linear):
     """``nn.Linear`` over this rank's input columns; the ranks' partial outputs are summed (one all-reduce)."""
 
+    issues_own_prefetch = True  # oscarkv.models.prefetch: between the GEMV and the all-reduce
+
     def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(super().forward(x))
+        y = super().forward(x)
+        issue(self)
+        return self.tp.all_reduce(y)
 
 
 def sharded_model(config, tp: TensorParallel, dtype: torch.dtype, device: torch.device | str) -> PagedLM:

@@ -137,6 +137,22 @@ def test_overlap_matches_sequential_gpu(cuda_model, artifact, method):
     _compare(ref, out, 1e-9)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9, reason="needs CUDA, compute capability 9.0+")
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_l2_prefetch_keeps_outputs_gpu(cuda_model, artifact, method):
+    """``EngineConfig.l2_prefetch``: the prefetch kernel runs (eager and inside the decode graphs) and changes
+    nothing: the same tokens and log-probs as without it."""
+    ps = prompts(3, 50)
+    engines = [LLMEngine.from_hf(cuda_model, engine_config(method, l2_prefetch=v, l2_prefetch_mib=1),
+                                 artifact if method == "oscar" else None) for v in ("off", "all")]
+    layers = engines[1].runner.model.model.layers
+    assert all("l2_next" in layer.self_attn.qkv_proj.__dict__ for layer in layers)
+    ref, out = (run(e, ps) for e in engines)
+    assert engines[1].runner.graphs.graphs
+    _compare(ref, out, 1e-9)
+
+
 def test_staged_table_uploads_changed_tails():
     dev = torch.device("cuda" if CUDA else "cpu")
     t = StagedTable(3, 40, dev)
