@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_prose_haystack import gazetteer  # noqa: E402
-from spec_gate_sim import Seq, greedy  # noqa: E402
+from spec_gate_sim import greedy, replay  # noqa: E402
 
 from oscarkv.bench.speculative import TASKS  # noqa: E402
 from oscarkv.cli.flags import load  # noqa: E402
@@ -108,34 +108,13 @@ def cap(page: int, sink: int, recent: int):
     return limit
 
 
-def replay(prompt: list[int], text: list[int], k: int, policy: str, limit) -> dict:
-    """The engine's calls over ``text`` with overlap (``spec_gate_sim.replay``), drafts from ``policy``, capped."""
+def run(prompt: list[int], text: list[int], k: int, policy: str, limit) -> dict:
+    """``spec_gate_sim.replay`` with ``policy``'s index and settings, drafts capped by ``limit``."""
     kind, lo, hi = POLICIES[policy]
-    spec = S.SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=k, prompt_lookup_min=lo,
-                                                  prompt_lookup_max=hi))
-    seq, t, steps, breaks = Seq(list(prompt)), 0, 0, 0
-    spec._index[seq] = kind(lo, hi)
-    while t < len(text):
-        steps += 1
-        if t > 0 and not spec.drafts_next(seq):
-            spec.skip(seq)
-            t += 1
-            continue
-        breaks += 1
-        seq.token_ids = prompt + text[:t]
-        room = len(text) - t - 1 if limit is None else min(len(text) - t - 1, limit(len(prompt) + t + 1))
-        drafts = spec.propose(seq, room)
-        a = next((j for j in range(len(drafts)) if drafts[j] != text[t + j]), len(drafts))
-        if drafts:
-            spec.stats.verify_steps += 1
-            spec.stats.drafted += len(drafts)
-            spec.stats.accepted += a
-            spec._gate[seq].update(len(drafts), a)
-        t += a + 1
-    s = spec.stats
-    return dict(k=k, policy=policy, steps=steps, breaks=breaks, verify_steps=s.verify_steps, drafted=s.drafted,
-                accepted=s.accepted, tokens=len(text), tokens_per_step=len(text) / steps,
-                model_ms=(steps * STEP_MS + breaks * BREAK_MS) / len(text))
+    cfg = SpeculativeConfig("ngram", num_speculative_tokens=k, prompt_lookup_min=lo, prompt_lookup_max=hi)
+    r = replay(prompt, text, k, cfg, kind(lo, hi), limit)
+    return dict(r, policy=policy, tokens=len(text), tokens_per_step=len(text) / r["steps"],
+                model_ms=(r["steps"] * STEP_MS + r["breaks"] * BREAK_MS) / len(text))
 
 
 def texts(loaded, docs: dict[str, str], max_tokens: int, out: Path) -> dict[tuple[str, str], tuple[list, list]]:
@@ -184,7 +163,7 @@ def main() -> None:
         for c, limit in caps.items():
             for k in (4, 8):
                 for policy in POLICIES:
-                    rows.append(dict(doc=name, task=task, cap=c, **replay(ids, text, k, policy, limit)))
+                    rows.append(dict(doc=name, task=task, cap=c, **run(ids, text, k, policy, limit)))
     if not a.only:
         (a.out / "replay.json").write_text(json.dumps(rows, indent=1))
         table = summary(rows)

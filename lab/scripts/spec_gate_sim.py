@@ -39,10 +39,15 @@ def greedy(loaded, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def replay(prompt: list[int], text: list[int], k: int) -> dict:
-    """The gate over ``text``: the engine's calls, one decode step at a time (with overlap)."""
-    spec = SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=k))
+def replay(prompt: list[int], text: list[int], k: int, cfg: SpeculativeConfig | None = None, index=None,
+           limit=None) -> dict:
+    """The gate over ``text``: the engine's calls, one decode step at a time (with overlap). ``cfg``: the drafter's
+    settings (default: ngram, K = ``k``); ``index``: its n-gram index (default: the engine's); ``limit(t)``: the most
+    drafts a step to ``t`` tokens may add (``KVCacheManager.draft_end``; default: no cap)."""
+    spec = SpeculativeDecoder(cfg or SpeculativeConfig("ngram", num_speculative_tokens=k))
     seq, t, steps, breaks = Seq(list(prompt)), 0, 0, 0
+    if index is not None:
+        spec._index[seq] = index
     while t < len(text):
         steps += 1
         seq.token_ids = prompt + text[:max(0, t - 1)]  # the host's view: the running step's token is not there yet
@@ -52,7 +57,8 @@ def replay(prompt: list[int], text: list[int], k: int) -> dict:
             continue
         breaks += 1  # this step waits for the last token on the host
         seq.token_ids = prompt + text[:t]
-        drafts = spec.propose(seq, len(text) - t - 1)
+        room = len(text) - t - 1
+        drafts = spec.propose(seq, room if limit is None else min(room, limit(len(prompt) + t + 1)))
         a = next((j for j in range(len(drafts)) if drafts[j] != text[t + j]), len(drafts))
         if drafts:
             spec.stats.verify_steps += 1
