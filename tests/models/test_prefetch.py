@@ -127,3 +127,14 @@ def test_kernel_compiles_for_sm90_with_the_bulk_prefetch():
     ptx = k.asm["ptx"]
     assert "@p cp.async.bulk.prefetch.L2.global" in ptx and "setp.gt.s32" in ptx
     assert k.asm["cubin"]
+
+
+def test_bench_decode_times_each_variant_of_each_method():
+    from transformers import Qwen3Config
+
+    from oscarkv.bench.decode import variants
+
+    cfg = DecodeBench(methods=("bf16", "oscar"), l2_prefetch=("off", "attn+next"))
+    rows = variants(cfg, Qwen3Config(num_hidden_layers=2, num_key_value_heads=2))
+    assert [(label, v) for label, _, v in rows] == [("bf16", "off"), ("oscar", "off"), ("bf16 l2=attn+next", "attn+next"),
+                                                    ("oscar l2=attn+next", "attn+next")]
