@@ -42,8 +42,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(X, Y, W, Out, Res, eps, stride_x, stride_y, stride_o, stride_r, N,
-                     BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+def _rms_norm_kernel(x_rows, y_rows, W, out_rows, res_rows, eps, N, BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+    """Each ``*_rows`` is ``(pointer, row stride)``."""
+    X, stride_x = x_rows  # NOTE: one level per statement (Triton 3.6)
+    Y, stride_y = y_rows
+    Out, stride_o = out_rows
+    Res, stride_r = res_rows
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -115,8 +119,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     res = torch.empty_like(x) if residual is not None else x
     y = residual if residual is not None else x
     assert y.shape == x.shape and y.stride(1) == 1
-    _rms_norm_kernel[(T,)](x, y, weight, out, res, eps, x.stride(0), y.stride(0), out.stride(0), res.stride(0), N,
-                           BLOCK=triton.next_power_of_2(N), HAS_RES=residual is not None,
+    _rms_norm_kernel[(T,)]((x, x.stride(0)), (y, y.stride(0)), weight, (out, out.stride(0)), (res, res.stride(0)), eps,
+                           N, BLOCK=triton.next_power_of_2(N), HAS_RES=residual is not None,
                            num_warps=4 if N <= 4096 else 8)
     return out, res
 
