@@ -45,6 +45,9 @@ RUNGS = {  # name: (kernel, overrides); options default to the kernel's producti
     "int2_k4v4_g64": ("decode_int2", dict(G=64, KBITS=4, VBITS=4)),
     "int2_klev_vlev_g64": ("decode_int2", dict(G=64, KLEV=1, VLEV=1)),
     "int2_k2v2_g128_uncapped": ("decode_int2", dict(maxnreg=0)),
+    "int2_k2v2_g128_p16": ("decode_int2", dict(P=16, BLOCK_N=16)),  # pages of 16 (the shipped recipe): tiles of a page
+    "int2_k2v2_g128_p16_span64": ("decode_int2", dict(P=16, BLOCK_N=64)),  # ... or of four pages (SPAN_PAGES)
+    "int2_k4v2_g128_p16_span64": ("decode_int2", dict(P=16, BLOCK_N=64, KBITS=4)),
     "generic_int2_g32": ("decode", dict(G=32)),
     "generic_k4v4_g32": ("decode", dict(G=32, KBITS=4, VBITS=4)),
     "generic_lev_g32": ("decode", dict(G=32, KLEV=1, VLEV=1)),

@@ -3,9 +3,11 @@
 #   1. the GPU tests: outputs with prefetch equal those without (eager and CUDA graphs), the kernel on the device
 #   2. decode at 100K, batch 1, Qwen3-8B and Qwen3-4B shapes: bf16 and oscar under each variant (off, attn,
 #      attn+reduce+next, all; 24 MiB a point), then Qwen3-8B with 12 and 40 MiB at the variant `all`
+#   span: decode attention over pages of 16 in tiles of one page or several (decode._config SPAN_PAGES; its GPU
+#      tests, then python -m lab.scripts.page_span_sweep, ~2 min)
 #   3. with 2 GPUs or more: Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
-# Usage: bash lab/scripts/gpu_l2_prefetch.sh [PART ...]  (default: tests d8 d4 mib tp2). Out ($OUT): *.log, *.json.
+# Usage: bash lab/scripts/gpu_l2_prefetch.sh [PART ...]  (default: tests span d8 d4 mib tp2). Out ($OUT): *.log, *.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/gpu_l2_prefetch}; mkdir -p "$OUT"
@@ -15,6 +17,9 @@ bench() { name=$1; shift; timeout 300 python3 -m oscarkv.cli bench decode --cont
   > "$OUT/$name.log" 2>&1; echo "== $name: exit $?"; grep -v "^{" "$OUT/$name.log" | tail -n 25; }
 tests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/models/test_prefetch.py \
   tests/engine/test_gpu_engine.py -k "prefetch or graph_matches" > "$OUT/gpu_tests.log" 2>&1; tail -n 12 "$OUT/gpu_tests.log"; }
+span() { timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_decode.py -k pages_of_16 \
+  > "$OUT/span_tests.log" 2>&1; tail -n 3 "$OUT/span_tests.log"
+  timeout 300 python3 -m lab.scripts.page_span_sweep --out "$OUT/page_span.json" > "$OUT/page_span.log" 2>&1; tail -n 6 "$OUT/page_span.log"; }
 d8() { bench d8 --shapes qwen3-8b --methods bf16,oscar --l2-prefetch "$V"; }
 d4() { bench d4 --shapes qwen3-4b --methods bf16,oscar --l2-prefetch "$V"; }
 mib() { for m in 12 40; do bench "d8_mib$m" --shapes qwen3-8b --methods bf16,oscar --l2-prefetch off,all --l2-prefetch-mib $m; done; }
@@ -22,4 +27,4 @@ tp2() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tp2: one GPU, skipped
   for m in bf16 oscar; do for v in off all; do bench "tp2_${m}_$v" --shapes qwen3-8b --methods $m \
     --tensor-parallel-size 2 --all-reduce one_shot --l2-prefetch $v; done; done; }
 nvidia-smi --query-gpu=name --format=csv,noheader
-for part in ${*:-tests d8 d4 mib tp2}; do $part; done
+for part in ${*:-tests span d8 d4 mib tp2}; do $part; done

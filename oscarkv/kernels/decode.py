@@ -285,7 +285,10 @@ def _config(kind: str, device: torch.device, programs: int) -> dict:
     # At 2-4 KV heads a call is mostly fixed cost (H200, 2026-11-27, ``python -m lab.scripts.few_heads_sweep``, 100K):
     # with the column merge (split_k.merge_splits) and the windows on the last splits, 2 KV heads took 16.2 us at
     # 512 splits and 17.1 at 256, 4 KV heads 24.4 at 396 and 21.9 at 256: the cap stays 256 (default_splits).
-    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=12, CHUNK=32, maxnreg=168),
+    # SPAN_PAGES: pages smaller than BLOCK_N (16-token pages of the shipped recipe) read in tiles of several pages
+    # instead of tiles of one page; off until timed (``python -m lab.scripts.page_span_sweep``).
+    return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=12, CHUNK=32, maxnreg=168,
+                             SPAN_PAGES=False),
             "int2": dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=2),
             "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]
 
@@ -316,7 +319,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
 
     ``q [B, Hq, d]`` rotated queries (bf16 or fp32) → ``[B, Hq, d]`` in ``out_dtype`` (default ``q``'s
     dtype; the merge rounds to it). ``config`` overrides the tile table (``BLOCK_N``, ``num_warps``,
-    ``num_stages``, the split cap ``MAX_SPLITS``, the merge's ``MERGE_COLS``; benchmarks only)."""
+    ``num_stages``, the split cap ``MAX_SPLITS``, the merge's ``MERGE_COLS``, ``SPAN_PAGES``; benchmarks only)."""
     bsz, hq, d = q.shape
     _, h, p, dk = kv.bf16_k.shape
     int2 = kv.int2_k is not None
@@ -332,8 +335,8 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     raw = int2 and uses_raw_int2(d, g, p)
     assert raw or kv.split is None, "a per-head split decodes in one launch with the raw INT2 kernel only (splits_in_one)"
     cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device, bsz * h), **(config or {})}
-    if raw:  # NOTE: its INT2 tiles must not straddle pages (decode_int2: full tiles only)
-        cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)
+    if raw and not (cfg.get("SPAN_PAGES") and cfg["BLOCK_N"] % p == 0):
+        cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)  # NOTE: else tiles of BLOCK_N / P pages (decode_int2)
     splits = num_splits or default_splits(bsz, h, q.device, cfg.get("PER_SM", 2), cfg.get("MAX_SPLITS", 256))
     rep = hq // h
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)

@@ -318,11 +318,15 @@ def _int2_history(history, tier, split, NUM_SPLITS, h, qk_scale, q, state,
                   VBITS: tl.constexpr, KLEV: tl.constexpr, VLEV: tl.constexpr):
     """The split's share of the INT2 history in full tiles (INT2 lengths are multiples of ``P``,
     ``P % BLOCK_N == 0``, split shares ``BLOCK_N``-aligned); page ids read ``CHUNK`` tiles at a time
-    ahead of the tile loop (module docstring, "Pipelining")."""
+    ahead of the tile loop (module docstring, "Pipelining"). Tiles of several pages (``BLOCK_N`` a multiple of
+    ``P``, small pages): full tiles as well, then the history's last ``length % BLOCK_N`` tokens one page a tile."""
     table, length = tier
     c0, end = split_range(length, split, NUM_SPLITS, BLOCK_N)
-    while c0 < end:
-        c_end = tl.minimum(end, c0 + CHUNK * BLOCK_N)
+    tail = end
+    if BLOCK_N > P:  # tiles of several pages: the history's last ``length % BLOCK_N`` tokens go page by page below
+        tail = c0 + tl.maximum(end - c0, 0) // BLOCK_N * BLOCK_N
+    while c0 < tail:
+        c_end = tl.minimum(tail, c0 + CHUNK * BLOCK_N)
         pages = chunk_pages(table, c0, c_end, P, BLOCK_N, CHUNK)
         if INTERPRET:
             n0 = c0
@@ -337,6 +341,13 @@ def _int2_history(history, tier, split, NUM_SPLITS, h, qk_scale, q, state,
                 state = _int2_step(page, off, h, qk_scale, history, q, state,
                                    F16, LG, NG, CONV, KBITS, VBITS, KLEV, VLEV)
         c0 = c_end
+    if BLOCK_N > P:
+        n0 = tail
+        while n0 < end:
+            page = tl.load(table + n0 // P).to(tl.int64)
+            state = _int2_step(page, tl.arange(0, P), h, qk_scale, history, q, state,
+                               F16, LG, NG, CONV, KBITS, VBITS, KLEV, VLEV)
+            n0 += P
     return state
 
 

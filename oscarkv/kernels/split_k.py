@@ -54,17 +54,30 @@ def tile(table, n0, end, P: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def chunk_pages(table, c0, c_end, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
-    """Page ids ``[CHUNK]`` of the tiles starting at ``c0, c0 + BLOCK_N, ...`` below ``c_end`` (one vector load)."""
-    toks = c0 + tl.arange(0, CHUNK) * BLOCK_N
+    """Page ids ``[CHUNK]`` of the tiles starting at ``c0, c0 + BLOCK_N, ...`` below ``c_end`` (one vector load);
+    tiles of several pages (``BLOCK_N > P``): ``[CHUNK, BLOCK_N // P]``, each tile's pages in order."""
+    if BLOCK_N > P:
+        SPAN: tl.constexpr = BLOCK_N // P
+        toks = c0 + tl.arange(0, CHUNK)[:, None] * BLOCK_N + tl.arange(0, SPAN)[None, :] * P
+    else:
+        toks = c0 + tl.arange(0, CHUNK) * BLOCK_N
     return tl.load(table + toks // P, mask=toks < c_end, other=0)
 
 
 @triton.jit
 def pick_page(pages, c0, n0, P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
     """Page id and in-page offsets ``[BLOCK_N]`` of the tile at ``n0`` from its chunk's ``pages``: no load,
-    so the tile's addresses are a function of the loop index and Triton can issue its copies stages ahead."""
-    page = tl.sum(tl.where(tl.arange(0, CHUNK) == (n0 - c0) // BLOCK_N, pages, 0), 0).to(tl.int64)
-    return page, tl.multiple_of(n0 % P, BLOCK_N) + tl.arange(0, BLOCK_N)
+    so the tile's addresses are a function of the loop index and Triton can issue its copies stages ahead.
+    A tile of several pages (``BLOCK_N > P``) gets a page id per token (each page's ``P`` tokens in a row)."""
+    if BLOCK_N > P:  # NOTE: one return after the branches (Triton 3.6 compiles the code after a constexpr if)
+        SPAN: tl.constexpr = BLOCK_N // P
+        mine = tl.sum(tl.where((tl.arange(0, CHUNK) == (n0 - c0) // BLOCK_N)[:, None], pages, 0), 0)  # [SPAN]
+        page = tl.reshape(tl.broadcast_to(mine.to(tl.int64)[:, None], (SPAN, P)), (BLOCK_N,))
+        off = tl.arange(0, BLOCK_N) % P
+    else:
+        page = tl.sum(tl.where(tl.arange(0, CHUNK) == (n0 - c0) // BLOCK_N, pages, 0), 0).to(tl.int64)
+        off = tl.multiple_of(n0 % P, BLOCK_N) + tl.arange(0, BLOCK_N)
+    return page, off
 
 
 @triton.jit

@@ -78,6 +78,20 @@ def test_column_merge_matches_oracle_cpu(lens, d, splits, cols):
     _check(lens, 4, 1, d, splits=splits, seed=len(lens) + d + cols, config={"MERGE_COLS": cols})
 
 
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+@pytest.mark.parametrize("lens,splits,block,bits", [
+    ([403, 1], 1, 64, (2, 2)),  # one split: full tiles of 4 pages across page-id chunks, then a tail page by page
+    ([300, 45], 7, 32, (2, 2)),  # splits holding tiles of both tiers, tiles of 2 pages
+    ([300], 40, 64, (2, 2)),  # more splits than tiles (empty splits)
+    ([530, 77], 3, 64, (4, 2)),  # 4-bit keys (the shipped recipe's 4-bit heads)
+])
+def test_tiles_of_several_pages_match_oracle_cpu(lens, splits, block, bits):
+    """Pages of 16 read in tiles of several pages (``SPAN_PAGES``; sink 16, recent 16 as the shipped recipe's
+    windows; INT2 lengths not multiples of the tile: the tail goes page by page) = the oracle."""
+    _check(lens, 8, 2, 64, splits=splits, seed=len(lens) + block + bits[0], sink=16, recent=16, bits=bits,
+           config={"BLOCK_N": block, "SPAN_PAGES": True, "CHUNK": 4})
+
+
 RUNG_CASES = [  # (lens, Hq, H, d, group, splits): the generic kernel (G < d), the raw-code kernel (1 and 2 groups)
     ([200, 1], 8, 1, 32, 16, 2),
     ([300, 45], 8, 2, 64, None, 7),
@@ -117,6 +131,17 @@ def test_decode_real_shape_gpu():
     """Qwen3-8B attention shape, 32K context, batch 4, G = 64 and G = 128."""
     for group in (64, 128):
         _check([32768, 32001, 16385, 9000], 32, 8, 128, group=group, page=64, sink=64, recent=256, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("block", [16, 32, 64])
+@pytest.mark.parametrize("bits", [(2, 2), (4, 2)], ids=["int2", "k4v2"])
+def test_pages_of_16_match_oracle_gpu(block, bits):
+    """Pages of 16 with the shipped recipe's windows (sink 16, recent 16): tiles of one page (16) or of several
+    (``SPAN_PAGES``: 32, 64), at the Qwen3-8B attention shape."""
+    _check([1, 63, 300, 20011, 0, 4097], 32, 8, 128, group=128, page=16, sink=16, recent=16, device="cuda",
+           bits=bits, config={"BLOCK_N": block, "SPAN_PAGES": True}, seed=block + bits[0])
 
 
 def test_out_dtype_is_the_rounded_output():
