@@ -173,7 +173,8 @@ def _config(device: torch.device, rows: int, int2: bool) -> dict:
         return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0, CHUNK=4, PER_SM=2)
     warps, per_sm, stages, block_n = {8: (2, 8, 2, 64), 16: (2, 4, 3, 64), 32: (2, 4, 3, 64)}.get(
         rows, (4, 2, 3, 32) if int2 else (8, 1, 2, 64))
-    return dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, CONV=2, CHUNK=32, PER_SM=per_sm)
+    return dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, CONV=2, CHUNK=32, PER_SM=per_sm,
+                SPAN_PAGES=False)  # pages smaller than BLOCK_N in tiles of several (decode._config), off until timed
 
 
 def _rows(device: torch.device, max_chunk: int, rep_pad: int) -> int:
@@ -204,7 +205,8 @@ def chunk_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     rep_pad = triton.next_power_of_2(rep)
     rows = (config or {}).get("ROWS") or _rows(q.device, max_chunk, rep_pad)
     cfg = {**_config(q.device, rows, int2), **(config or {})}
-    cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)  # NOTE: INT2 tiles must not straddle pages (decode_int2)
+    if not (cfg.get("SPAN_PAGES") and cfg["BLOCK_N"] % p == 0):  # else tiles of several pages (decode_int2)
+        cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)
     grid_t = triton.cdiv(max_chunk, rows // rep_pad)
     splits = num_splits or max(1, min(256, cfg["PER_SM"] * _num_sms(q.device) // (bsz * h * grid_t)))
     mid_o = torch.empty(t, hq, splits, d, dtype=torch.float32, device=q.device)

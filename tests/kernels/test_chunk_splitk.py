@@ -18,7 +18,7 @@ LM = (0.0, 0.8125, 2.1875, 3.0)  # a Lloyd-Max-like 2-bit table (fp16 values)
 
 
 def _check(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, splits=None, seed=0,
-           bits=(2, 2), levels=(None, None)):
+           bits=(2, 2), levels=(None, None), config=None):
     kv, tables = random_cache(cached, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
                               device=DEV, seed=seed, bits=bits, levels=levels)
     assert serves(kv)
@@ -28,7 +28,8 @@ def _check(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32,
     cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
     # NOTE: fp32 (bf16 values) in the interpreter, which truncates fp32 → bf16 casts
     cast = (lambda x: x) if CUDA else (lambda x: x.float())
-    out = chunk_attention(cast(q), cast(k_new), cast(v_new), kv, tables, cu, d**-0.5, max(chunks), num_splits=splits)
+    out = chunk_attention(cast(q), cast(k_new), cast(v_new), kv, tables, cu, d**-0.5, max(chunks), num_splits=splits,
+                          config=config)
     ref = extend_attention_ref(q.float(), k_new, v_new, kv, tables, cu, d**-0.5)
     assert out.shape == ref.shape and torch.isfinite(out).all()
     tol = max(2 * _bf16_error(q, k_new, v_new, kv, tables, cu, d**-0.5, ref), 1e-3)
@@ -57,6 +58,15 @@ def test_chunk_matches_oracle_cpu(cached, chunks, hq, h, d, group, int2, splits)
                          ids=["k4v2", "k2v4", "int4", "levels", "value-levels"])
 def test_chunk_rungs_cpu(bits, levels):
     _check([230, 17], [6, 2], 8, 2, 64, splits=3, seed=bits[0] + 3 * bits[1], bits=bits, levels=levels)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+@pytest.mark.parametrize("bits", [(2, 2), (4, 2)], ids=["int2", "k4v2"])
+def test_chunk_tiles_of_several_pages_cpu(bits):
+    """Pages of 16 (sink and recent 16, the shipped recipe's windows) in tiles of four pages (``SPAN_PAGES``):
+    INT2 lengths not multiples of the tile, so each history ends page by page."""
+    _check([403, 150], [5, 2], 8, 2, 64, sink=16, recent=16, splits=2, seed=bits[0] + 11, bits=bits,
+           config={"BLOCK_N": 64, "SPAN_PAGES": True, "CHUNK": 4})
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
