@@ -3,7 +3,8 @@
 ``python -m lab.benchmarks.chunk_attention OUT.json`` (needs CUDA). One sequence, Qwen3-4B/8B attention shape
 (both: 32 query heads, 8 KV heads, head_dim 128; page 64, sink 64, recent 256, G = 128), a cached prefix of 32K
 or 100K tokens (BF16-only or INT2) and a chunk of k = 1, 8, 64, 512 new tokens. Per shape, milliseconds per
-layer (median of CUDA-event timings after a warm-up; the INT2 32K cache fits the L2, the others do not):
+layer on the GPU (``_ms``: calls replayed from a CUDA graph, as the engine's extend graphs run them; the INT2 32K
+cache fits the L2, the others do not):
 
 * ``splitk`` — :func:`oscarkv.kernels.chunk_splitk.chunk_attention` at its table; ``splitk_rows=R`` other row tiles;
 * ``tile`` — :func:`oscarkv.kernels.extend.extend_attention` (today's path for k < 64);
@@ -31,8 +32,39 @@ ROWS = (16, 32, 64)
 
 
 def _ms(fn, reps: int = 10) -> float:
-    """Median milliseconds of ``fn()`` over ``reps`` CUDA-event timings after two warm-up calls."""
+    """Milliseconds of one ``fn()`` on the GPU alone: ``reps`` calls captured in one CUDA graph, the median of 7
+    replays over ``reps`` (an eager call of a few Triton launches costs ~0.2 ms of host time, which had hidden the
+    kernels' differences below it). A call that cannot be captured (a host sync) is timed eagerly: median of
+    ``reps`` CUDA-event timings, host time included; :data:`EAGER` names those."""
     fn(), fn()
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                fn()
+    except Exception:  # NOTE: e.g. a path that reads a tensor on the host; the capture is abandoned
+        torch.cuda.synchronize()
+        EAGER.add(getattr(fn, "__name__", repr(fn)))
+        return _eager_ms(fn, reps)
+    g.replay()
+    times = []
+    for _ in range(7):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / reps)
+    del g
+    return statistics.median(times)
+
+
+EAGER: set[str] = set()
+"""Functions :func:`_ms` timed eagerly (their capture failed)."""
+
+
+def _eager_ms(fn, reps: int) -> float:
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -4,7 +4,8 @@
 cache (BF16-only and INT2; Qwen3-4B/8B attention: 32 query heads, 8 KV heads, d = 128, page 64, G = 128) for chunks
 of k = 1..256 tokens under every (query rows per program, warps, pipeline stages, key tile) and several split counts,
 beside the staged path (``prefill_attention``) and the default configuration; each best configuration's relative
-error against the staged path is checked. Milliseconds per layer, CUDA events, median of 5 (10 for the default) after two warm-ups.
+error against the staged path is checked. Milliseconds per layer on the GPU (``chunk_attention._ms``: calls replayed from a
+CUDA graph); the 2026-11-27 run timed eager calls, whose ~0.2 ms of host time per call hid the kernels at small k.
 
     python -m lab.scripts.chunk_sweep --out DIR [--chunks 1,8,16,32,64,128,256]
 """

@@ -5,6 +5,8 @@
 #      attn+reduce+next, all; 24 MiB a point), then Qwen3-8B with 12 and 40 MiB at the variant `all`
 #   span: decode attention over pages of 16 in tiles of one page or several (decode._config SPAN_PAGES; its GPU
 #      tests, then python -m lab.scripts.page_span_sweep, ~2 min)
+#   chunk: short chunks over 100K timed on the GPU alone (CUDA-graph replays; the tables of chunk_splitk were set
+#      from eager timings, ~0.2 ms of host per call): chunk_attention bench, then chunk_sweep for k = 1, 8, 16 (INT2)
 #   3. with 2 GPUs or more: Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
 # Usage: bash lab/scripts/gpu_l2_prefetch.sh [PART ...]  (default: tests span d8 d4 mib tp2). Out ($OUT): *.log, *.json.
@@ -20,6 +22,9 @@ tests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/
 span() { timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_decode.py -k pages_of_16 \
   > "$OUT/span_tests.log" 2>&1; tail -n 3 "$OUT/span_tests.log"
   timeout 300 python3 -m lab.scripts.page_span_sweep --out "$OUT/page_span.json" > "$OUT/page_span.log" 2>&1; tail -n 6 "$OUT/page_span.log"; }
+chunk() { timeout 240 python3 -m lab.benchmarks.chunk_attention "$OUT/chunk_attention.json" > "$OUT/chunk_attention.log" 2>&1
+  tail -n 18 "$OUT/chunk_attention.log"; timeout 300 python3 -m lab.scripts.chunk_sweep --out "$OUT/chunk_sweep" \
+  --chunks 1,8,16 --kinds int2 > "$OUT/chunk_sweep.log" 2>&1; tail -n 4 "$OUT/chunk_sweep.log"; }
 d8() { bench d8 --shapes qwen3-8b --methods bf16,oscar --l2-prefetch "$V"; }
 d4() { bench d4 --shapes qwen3-4b --methods bf16,oscar --l2-prefetch "$V"; }
 mib() { for m in 12 40; do bench "d8_mib$m" --shapes qwen3-8b --methods bf16,oscar --l2-prefetch off,all --l2-prefetch-mib $m; done; }

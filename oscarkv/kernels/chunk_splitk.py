@@ -166,7 +166,8 @@ def _config(device: torch.device, rows: int, int2: bool) -> dict:
     chunk_sweep.json``: 100K cached tokens, Qwen3-4B/8B attention, every rows × warps × stages × key tile × splits):
     over INT2 history, k = 1 (R = 8): 2 warps, 8 per SM, 0.21 ms per layer (the register-count table before it:
     0.29); k = 8 (R = 32): 2 warps, 3 stages, 4 per SM, 0.26 (0.31); k = 32 and 64 (R = 64): 4 warps, 3 stages,
-    32-key tiles, 2 per SM, 0.44 and 0.76 (1.09 and 1.76; the staged path 1.8). Over BF16 only R = 8 and 32 were
+    32-key tiles, 2 per SM, 0.44 and 0.76 (1.09 and 1.76; the staged path 1.8). NOTE: those were eager calls, host
+    time included (~0.2 ms: an eager decode call timed 0.23 there); ``chunk_sweep`` now times CUDA-graph replays. Over BF16 only R = 8 and 32 were
     timed (0.30 and 0.36 ms against 0.39 and 0.44, the same settings win); R = 16, and R = 64 over BF16, keep the
     register-count table (``lab.benchmarks.compile_sm90 --table OUT.json SASS_DIR chunk``)."""
     if device.type != "cuda":
