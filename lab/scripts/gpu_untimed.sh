@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Weight prefetch into L2 (EngineConfig.l2_prefetch, oscarkv.models.prefetch) on a Hopper GPU, one call (~4 min):
-#   1. the GPU tests: outputs with prefetch equal those without (eager and CUDA graphs), the kernel on the device
-#   2. decode at 100K, batch 1, Qwen3-8B and Qwen3-4B shapes: bf16 and oscar under each variant (off, attn,
-#      attn+reduce+next, all; 24 MiB a point), then Qwen3-8B with 12 and 40 MiB at the variant `all`
+# What the ninth session built without a GPU, timed on one (Hopper). Parts, each under its own timeout; at most
+# ~9 min a call, so: call 1 `tests span chunk`, call 2 `d8 d4 mib` (call 3 `tp2` on two GPUs).
+#   tests: weight prefetch into L2 (EngineConfig.l2_prefetch): outputs with prefetch equal those without (eager
+#      and CUDA graphs), the kernel on the device
+#   d8, d4: decode at 100K, batch 1, Qwen3-8B and Qwen3-4B shapes: bf16 and oscar under each variant (off, attn,
+#      attn+reduce+next, all; 24 MiB a point); mib: Qwen3-8B with 12 and 40 MiB at the variant `all`
 #   span: decode attention over pages of 16 in tiles of one page or several (decode._config SPAN_PAGES; its GPU
 #      tests, then python -m lab.scripts.page_span_sweep, ~2 min)
 #   chunk: short chunks over 100K timed on the GPU alone (CUDA-graph replays; the tables of chunk_splitk were set
 #      from eager timings, ~0.2 ms of host per call): chunk_attention bench, then chunk_sweep for k = 1, 8, 16 (INT2)
-#   3. with 2 GPUs or more: Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
+#   tp2 (2 GPUs or more): Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
-# Usage: bash lab/scripts/gpu_l2_prefetch.sh [PART ...]  (default: tests span d8 d4 mib tp2). Out ($OUT): *.log, *.json.
+# Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-runs/gpu_l2_prefetch}; mkdir -p "$OUT"
+OUT=${OUT:-runs/gpu_untimed}; mkdir -p "$OUT"
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
 V=off,attn,attn+reduce+next,all
 bench() { name=$1; shift; timeout 300 python3 -m oscarkv.cli bench decode --contexts 102400 "$@" --out "$OUT/$name.json" \
@@ -32,4 +34,4 @@ tp2() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tp2: one GPU, skipped
   for m in bf16 oscar; do for v in off all; do bench "tp2_${m}_$v" --shapes qwen3-8b --methods $m \
     --tensor-parallel-size 2 --all-reduce one_shot --l2-prefetch $v; done; done; }
 nvidia-smi --query-gpu=name --format=csv,noheader
-for part in ${*:-tests span d8 d4 mib tp2}; do $part; done
+for part in ${*:-tests span chunk}; do $part; done
