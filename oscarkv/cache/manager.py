@@ -271,7 +271,7 @@ class KVCacheManager:
             self.window.abandon(plan.window)
 
     def _key(self, seq: CachedSequence, index: int) -> bytes:
-        return seq.kv.key(index, seq.token_ids, seq.schedule, self.P)
+        return seq.kv.key(index, seq.token_ids, seq.schedule, self.P, self.hist_ends)
 
     # ------------------------------------------------------------------------- whole sequences
     def free(self, seq: CachedSequence) -> None:
@@ -298,7 +298,7 @@ class KVCacheManager:
         starts = [t for t in seq.schedule.starts() if t and t % P == 0]
         if not starts:
             return 0
-        keys = seq.kv.prefix_keys(starts[-1] // P, seq.token_ids, seq.schedule, P)
+        keys = seq.kv.prefix_keys(starts[-1] // P, seq.token_ids, seq.schedule, P, self.hist_ends)
         bf16_miss, int2_miss = _misses(self.bf16, keys), _misses(self.int2, keys)
         S0 = self.kv.sink // P
         for t in reversed(starts):

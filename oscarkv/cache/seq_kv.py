@@ -7,10 +7,10 @@ tokens stored; :class:`ChunkSchedule` fixes where its prefill chunks end.
 Why the schedule is part of a page's identity: a prefill chunk attends to itself at full
 precision and to its prefix *as stored* (DESIGN.md §3), so a token's K/V — and hence the
 bytes of its page — depend on which chunk computed it, not only on the tokens before it.
-Chunk ends are therefore a fixed function of the position (multiples of
-``EngineConfig.prefill_chunk``, the prompt's end, then one token per decode step, or an
-explicit list a request asks for), and a page's key hashes the previous page's key, its
-tokens and the chunk ends that computed them. Two pages with equal keys hold equal bytes;
+Chunk ends are therefore a fixed function of the request (multiples of
+``EngineConfig.prefill_chunk``, the prompt's end and the request's resume points, then one token per
+decode step, or an explicit list a request asks for), and a page's key hashes the previous page's key,
+its tokens, and for each token its chunk's start and the tiers at that chunk's end. Two pages with equal keys hold equal bytes;
 that is what makes a prefix-cache hit, and a preempted request's replay, token-identical to
 a cold run. The tier (BF16 or INT2) is the pool the key is looked up in.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +37,14 @@ class ChunkSchedule:
     prompt_len: int
     chunk: int  # EngineConfig.prefill_chunk
     boundaries: tuple[int, ...] = ()  # explicit prefill chunk ends inside the prompt (sorted)
+    resume: tuple[int, ...] = ()  # extra chunk starts beside the multiples of ``chunk`` (sorted; canonical only)
+    """Where an earlier request's prompt ended, rounded down to a page (``Admission.validate``'s ``resume``): a chunk
+    starts there, so the cached pages of that request's last, partial chunk are hits (their K/V depend on the
+    chunk's start and on the tiers at its end, which a page-aligned start inside the same page keeps)."""
+
+    def __post_init__(self) -> None:
+        if self.boundaries and self.resume:
+            raise ValueError("ChunkSchedule: explicit chunk ends (chunk_ends) and resume points do not combine")
 
     def end(self, t0: int) -> int:
         """End (exclusive) of the chunk that holds position ``t0`` (starts there, for :meth:`starts`)."""
@@ -45,7 +53,9 @@ class ChunkSchedule:
         if self.boundaries:
             i = bisect_right(self.boundaries, t0)
             return self.boundaries[i] if i < len(self.boundaries) else self.prompt_len
-        return min((t0 // self.chunk + 1) * self.chunk, self.prompt_len)
+        end = min((t0 // self.chunk + 1) * self.chunk, self.prompt_len)
+        i = bisect_right(self.resume, t0)
+        return min(end, self.resume[i]) if i < len(self.resume) else end
 
     def ends(self, pos: np.ndarray) -> np.ndarray:
         """:meth:`end` of every position in ``pos`` (int64, any shape), vectorized."""
@@ -54,12 +64,22 @@ class ChunkSchedule:
             inside = bounds[np.searchsorted(bounds[:-1], pos, side="right")]
         else:
             inside = np.minimum((pos // self.chunk + 1) * self.chunk, self.prompt_len)
+            if self.resume:
+                bounds = np.array(self.resume + (self.prompt_len,), dtype=np.int64)
+                inside = np.minimum(inside, bounds[np.searchsorted(bounds[:-1], pos, side="right")])
         return np.where(pos >= self.prompt_len, pos + 1, inside)
+
+    def firsts(self, pos: np.ndarray) -> np.ndarray:
+        """Start of the chunk that holds each position in ``pos`` (a decode token: itself), vectorized."""
+        starts = np.array(self.starts(), dtype=np.int64)
+        return np.where(pos >= self.prompt_len, pos, starts[np.searchsorted(starts, pos, side="right") - 1])
 
     def starts(self) -> list[int]:
         """Start positions of the prefill chunks, ascending."""
         if self.boundaries:
             return sorted({0, *(b for b in self.boundaries if 0 < b < self.prompt_len)})
+        if self.resume:
+            return sorted({*range(0, self.prompt_len, self.chunk), *(r for r in self.resume if 0 < r < self.prompt_len)})
         return list(range(0, self.prompt_len, self.chunk))
 
     def salt(self) -> bytes:
@@ -67,25 +87,31 @@ class ChunkSchedule:
         return repr(self.boundaries).encode() if self.boundaries else b""
 
 
-def page_keys(prev: bytes, tokens: Sequence[int], pages: range, schedule: ChunkSchedule, page: int) -> list[bytes]:
+def page_keys(prev: bytes, tokens: Sequence[int], pages: range, schedule: ChunkSchedule, page: int,
+              tiers: Callable[[np.ndarray], np.ndarray] | None = None) -> list[bytes]:
     """Content keys of the full pages ``pages`` (consecutive), chained from ``prev`` (the key of page
-    ``pages.start - 1``, ``b""`` for page 0): key ``i`` = SHA-256 of key ``i - 1``, then page ``i``'s
-    tokens and the ends of the chunks that computed its first and last token as int32, then the salt.
+    ``pages.start - 1``, ``b""`` for page 0): key ``i`` = SHA-256 of key ``i - 1``, then page ``i``'s tokens, for
+    each token the start of the chunk that computed it and ``tiers`` of that chunk's end (the history end its
+    prefix was read with: ``KVCacheManager.hist_ends``; ``None``: the end itself), as int32, then the salt.
 
-    ``tokens`` must cover the pages. The ends together with the positions (implied by the chain)
-    determine every token's chunk. NOTE: one int32 record per page built in bulk (numpy), then one
-    hash call per page: a 100K-token prompt's 1 600 keys cost about one millisecond."""
+    A token's K/V are a function of the tokens up to it, its chunk's start (what it reads at full precision) and
+    the tiers at its chunk's end (how it reads the prefix before that start), given the keys before it: so equal
+    keys mean equal bytes, and a chunk that ends elsewhere with the same tiers shares its pages.
+    ``tokens`` must cover the pages. NOTE: one int32 record per page built in bulk (numpy), then one hash call
+    per page: a 100K-token prompt's 1 600 keys cost a few milliseconds."""
     if not pages:
         return []
     P, lo, n = page, pages.start * page, len(pages)
     assert pages.stop * P <= len(tokens), "page key of a page whose tokens are not known yet"
     ids, seg = array("i"), tokens[lo:lo + n * P]
     ids.fromlist(seg if isinstance(seg, list) else list(seg))  # NOTE: fromlist: twice as fast as array("i", seg)
-    rec = np.empty((n, P + 2), dtype=np.int32)  # [page, P tokens + first end + last end]
-    rec[:, :P] = np.frombuffer(ids, dtype=np.int32).reshape(n, P)
-    first = np.arange(lo, lo + n * P, P, dtype=np.int64)
-    rec[:, P], rec[:, P + 1] = schedule.ends(first), schedule.ends(first + P - 1)
-    buf, size, salt, out = rec.tobytes(), (P + 2) * 4, schedule.salt(), []
+    pos = np.arange(lo, lo + n * P, dtype=np.int64)
+    ends = schedule.ends(pos)
+    rec = np.empty((3, n, P), dtype=np.int32)  # tokens, chunk starts, tiers at chunk ends; then per page
+    rec[0] = np.frombuffer(ids, dtype=np.int32).reshape(n, P)
+    rec[1] = schedule.firsts(pos).reshape(n, P)
+    rec[2] = (ends if tiers is None else tiers(ends)).reshape(n, P)
+    buf, size, salt, out = np.ascontiguousarray(rec.transpose(1, 0, 2)).tobytes(), 3 * P * 4, schedule.salt(), []
     for off in range(0, n * size, size):
         prev = _HASH(prev + buf[off:off + size] + salt).digest()
         out.append(prev)
@@ -105,14 +131,17 @@ class SeqKV:
     keys: list[bytes] = field(default_factory=list)  # keys of full pages 0, 1, ... (computed lazily)
     window: WindowKV = field(default_factory=WindowKV)  # the sliding layers' pages (oscarkv.cache.window)
 
-    def key(self, index: int, tokens: list[int], schedule: ChunkSchedule, page: int) -> bytes:
-        """Content key of full page ``index``; ``tokens`` must cover it."""
-        return self.keys[index] if index < len(self.keys) else self.prefix_keys(index + 1, tokens, schedule, page)[index]
+    def key(self, index: int, tokens: list[int], schedule: ChunkSchedule, page: int, tiers=None) -> bytes:
+        """Content key of full page ``index``; ``tokens`` must cover it (``tiers``: as :func:`page_keys`)."""
+        if index < len(self.keys):
+            return self.keys[index]
+        return self.prefix_keys(index + 1, tokens, schedule, page, tiers)[index]
 
-    def prefix_keys(self, n: int, tokens: list[int], schedule: ChunkSchedule, page: int) -> list[bytes]:
+    def prefix_keys(self, n: int, tokens: list[int], schedule: ChunkSchedule, page: int, tiers=None) -> list[bytes]:
         """Content keys of full pages ``0 .. n - 1`` (the missing ones computed in one batch, then kept)."""
         if len(self.keys) < n:
-            self.keys += page_keys(self.keys[-1] if self.keys else b"", tokens, range(len(self.keys), n), schedule, page)
+            self.keys += page_keys(self.keys[-1] if self.keys else b"", tokens, range(len(self.keys), n), schedule,
+                                   page, tiers)
         return self.keys[:n] if len(self.keys) > n else self.keys
 
     def reset(self) -> None:

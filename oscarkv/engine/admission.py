@@ -48,15 +48,21 @@ class Admission:
     max_model_len: int | None
 
     def validate(self, request_id: str, prompt_ids: list[int] | tuple[int, ...], params: SamplingParams,
-                 chunk_ends: tuple[int, ...] = ()) -> ValidRequest:
-        """The request with its chunk schedule, or ``ValueError`` (module docstring)."""
+                 chunk_ends: tuple[int, ...] = (), resume: tuple[int, ...] = ()) -> ValidRequest:
+        """The request with its chunk schedule, or ``ValueError`` (module docstring). ``resume``: where earlier
+        requests' prompts ended inside this one (a follow-up turn): chunks also start there, rounded down to a page,
+        so the cached pages of those prompts' last chunks are hits (``ChunkSchedule.resume``)."""
         n, total = len(prompt_ids), len(prompt_ids) + params.max_tokens
         if not n:
             raise ValueError(f"request {request_id}: the prompt is empty")
         if self.max_model_len is not None and total > self.max_model_len:
             raise ValueError(f"request {request_id}: prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {total} "
                              f"tokens exceeds the model's maximum length of {self.max_model_len} tokens")
-        schedule = ChunkSchedule(n, self.cfg.prefill_chunk, tuple(sorted(chunk_ends)))
+        if chunk_ends and resume:
+            raise ValueError(f"request {request_id}: chunk_ends and resume do not combine (give one)")
+        P = self.cfg.kv.page_size
+        starts = tuple(sorted({r - r % P for r in resume if P <= r < n}))
+        schedule = ChunkSchedule(n, self.cfg.prefill_chunk, tuple(sorted(chunk_ends)), starts)
         for t0 in schedule.starts():
             if schedule.end(t0) - t0 > self.cfg.max_num_batched_tokens:
                 raise ValueError(f"request {request_id}: chunk [{t0}, {schedule.end(t0)}) exceeds "
@@ -70,7 +76,7 @@ class Admission:
         if not self.manager.prefix_caching:
             return ()
         P = self.cfg.kv.page_size
-        return tuple(page_keys(b"", prompt, range(len(prompt) // P), schedule, P))
+        return tuple(page_keys(b"", prompt, range(len(prompt) // P), schedule, P, self.manager.hist_ends))
 
     def _check_pages(self, request_id: str, schedule: ChunkSchedule, num_tokens: int) -> None:
         need = self.manager.pages_needed(schedule, num_tokens)

@@ -170,18 +170,20 @@ class LLMEngine:
 
     # ------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    chunk_ends: tuple[int, ...] = ()) -> None:
+                    chunk_ends: tuple[int, ...] = (), resume: tuple[int, ...] = ()) -> None:
         """Validate and queue a request (``ValueError`` if refused, :meth:`validate`). ``chunk_ends``: explicit
-        prefill chunk ends inside the prompt (default: multiples of ``EngineConfig.prefill_chunk``)."""
-        self.add(self.validate(request_id, prompt, params, chunk_ends))
+        prefill chunk ends inside the prompt (default: multiples of ``EngineConfig.prefill_chunk``); ``resume``:
+        where earlier requests' prompts ended inside this one (a follow-up turn on a cached document), so that their
+        cached last chunks are hits (``Admission.validate``)."""
+        self.add(self.validate(request_id, prompt, params, chunk_ends, resume))
 
     def validate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                 chunk_ends: tuple[int, ...] = ()) -> ValidRequest:
+                 chunk_ends: tuple[int, ...] = (), resume: tuple[int, ...] = ()) -> ValidRequest:
         """Tokenize a text prompt and check the request (:class:`~oscarkv.engine.admission.Admission`): the
         :class:`ValidRequest` that :meth:`add` queues, or ``ValueError`` naming the numbers. Safe from another
         thread than the one that steps the engine (a server validates before its response starts)."""
         ids = self.tokenizer(prompt).input_ids if isinstance(prompt, str) else prompt
-        return self.admission.validate(request_id, ids, params, chunk_ends)
+        return self.admission.validate(request_id, ids, params, chunk_ends, resume)
 
     def add(self, request: ValidRequest) -> None:
         """Queue a validated request (checked again only for a request id already in use: ``ValueError``)."""

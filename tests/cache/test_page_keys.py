@@ -3,6 +3,7 @@ same whichever way they are batched (the admission's bulk, a prefix match, a com
 
 import random
 
+import numpy as np
 import pytest
 
 from oscarkv.cache import seq_kv
@@ -88,3 +89,28 @@ def test_keys_are_the_same_in_any_batches(schedule):
     split = SeqKV(keys=whole[:4])
     assert one_by_one.keys == whole and split.prefix_keys(15, tokens, schedule, 3) == whole
     assert split.prefix_keys(6, tokens, schedule, 3) == whole[:6]
+
+
+def test_keys_hash_chunk_starts_and_tiers_not_ends():
+    """Two chunks from one start whose ends give the same tiers compute the same bytes: equal keys; another start
+    (a resume point) or other tiers: other keys from that page on."""
+    tokens = list(range(32))
+    flat = lambda ends: np.zeros_like(ends)  # noqa: E731  (every end reads the prefix with the same tiers)
+    longer = page_keys(b"", tokens, range(8), ChunkSchedule(32, 8), 4, flat)
+    shorter = page_keys(b"", tokens, range(7), ChunkSchedule(30, 8), 4, flat)
+    assert shorter == longer[:7]
+    resumed = page_keys(b"", tokens, range(8), ChunkSchedule(32, 8, resume=(12,)), 4, flat)
+    assert resumed[:3] == longer[:3] and all(x != y for x, y in zip(resumed[3:], longer[3:]))
+    by_end = page_keys(b"", tokens, range(8), ChunkSchedule(32, 8), 4, lambda ends: (ends >= 24).astype(ends.dtype))
+    assert by_end[:4] == longer[:4] and by_end[4] != longer[4]  # chunk [16, 24) reads its prefix otherwise
+
+
+def test_resume_schedule():
+    s = ChunkSchedule(40, 16, resume=(24,))
+    assert s.starts() == [0, 16, 24, 32] and [s.end(t) for t in (0, 16, 24, 32, 40)] == [16, 24, 32, 40, 41]
+    pos = np.arange(45)
+    assert s.ends(pos).tolist() == [s.end(int(t)) if t >= 40 else s.end(max(x for x in s.starts() if x <= t))
+                                    for t in pos]
+    assert s.firsts(pos).tolist() == [t if t >= 40 else max(x for x in s.starts() if x <= t) for t in pos]
+    with pytest.raises(ValueError, match="resume"):
+        ChunkSchedule(40, 16, boundaries=(8,), resume=(24,))

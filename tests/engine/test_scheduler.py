@@ -22,6 +22,36 @@ def test_prefix_hit_identical_to_cold(llama, artifact):
     assert hot.logprobs == cold.logprobs  # same bytes, same arithmetic
 
 
+def _follow_up(engine, doc, params, resume):
+    engine.add_request("f", doc, params, resume=resume)
+    out = None
+    while engine.has_unfinished():
+        for o in engine.step():
+            out = o if o.finished else out
+    return out
+
+
+def test_follow_up_resumes_the_cached_partial_chunk(llama, artifact):
+    """A follow-up turn that names where the first turn's prompt ended (``resume``) hits that prompt's last, partial
+    chunk down to its page (the first turn's schedule is unchanged) and gives what a cold run of its schedule gives;
+    without ``resume`` the hit stops at the last chunk start."""
+    doc = prompts(1, 75, seed=8)[0]  # chunks of 32: [0, 32), [32, 64), [64, 75); pages of 8
+    follow = doc + [3, 1, 4, 1, 5, 9, 2, 6, 5]
+    kw = dict(prefill_chunk=32, max_num_batched_tokens=48)
+    warm = make_engine(llama, "oscar", artifact, **kw)
+    first = run(warm, [doc])[0]
+    hot = _follow_up(warm, follow, GREEDY, (len(doc),))
+    assert warm.manager.hit_tokens == 72  # 75 rounded down to a page, past the chunk start 64
+    cold_engine = make_engine(llama, "oscar", artifact, **kw)
+    cold = _follow_up(cold_engine, follow, GREEDY, (len(doc),))
+    assert cold_engine.manager.hit_tokens == 0
+    assert hot.token_ids == cold.token_ids and hot.logprobs == cold.logprobs  # same bytes, same arithmetic
+    plain = make_engine(llama, "oscar", artifact, **kw)
+    assert run(plain, [doc])[0].token_ids == first.token_ids  # resume never changes the first turn
+    _follow_up(plain, follow, GREEDY, ())
+    assert plain.manager.hit_tokens == 64
+
+
 def test_preemption_resumes_exactly(llama, artifact):
     ps = [p[:24] for p in prompts(3, 24, seed=4)]
     params = [SamplingParams(max_tokens=20, temperature=0.8 if i % 2 else 0, seed=i, ignore_eos=True, logprobs=True)
