@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the ninth session built without a GPU, timed on one (Hopper). Parts, each under its own timeout; at most
-# ~9 min a call, so: call 1 `tests span chunk`, call 2 `d8 d4 mib` (call 3 `tp2` on two GPUs).
+# ~9 min a call, so: call 1 `tests span chunk`, call 2 `followup d8 d4`, call 3 `mib` (`tp2` on two GPUs).
 #   tests: weight prefetch into L2 (EngineConfig.l2_prefetch): outputs with prefetch equal those without (eager
 #      and CUDA graphs), the kernel on the device
 #   d8, d4: decode at 100K, batch 1, Qwen3-8B and Qwen3-4B shapes: bf16 and oscar under each variant (off, attn,
@@ -9,6 +9,8 @@
 #      tests, then python -m lab.scripts.page_span_sweep, ~2 min)
 #   chunk: short chunks over 100K timed on the GPU alone (CUDA-graph replays; the tables of chunk_splitk were set
 #      from eager timings, ~0.2 ms of host per call): chunk_attention bench, then chunk_sweep for k = 1, 8, 16 (INT2)
+#   followup: the first step of a follow-up on a cached 32K / 100K prompt as served (512-token chunks), resuming
+#      where the cached prompt ended (EngineConfig.resume_turns, chat follow-ups) and not (the previous behaviour)
 #   tp2 (2 GPUs or more): Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
@@ -27,6 +29,10 @@ span() { timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kerne
 chunk() { timeout 240 python3 -m lab.benchmarks.chunk_attention "$OUT/chunk_attention.json" > "$OUT/chunk_attention.log" 2>&1
   tail -n 18 "$OUT/chunk_attention.log"; timeout 300 python3 -m lab.scripts.chunk_sweep --out "$OUT/chunk_sweep" \
   --chunks 1,8,16 --kinds int2 > "$OUT/chunk_sweep.log" 2>&1; tail -n 4 "$OUT/chunk_sweep.log"; }
+followup() { for r in resume-turns no-resume-turns; do timeout 280 python3 -m oscarkv.cli bench followup --shapes qwen3-4b \
+  --contexts 32768,102400 --new-tokens 1,64,512 --methods bf16,oscar --prefill-chunk 512 --$r \
+  --out "$OUT/followup_$r.json" > "$OUT/followup_$r.log" 2>&1; echo "== followup --$r: exit $?"
+  grep "^|" "$OUT/followup_$r.log"; done; }
 d8() { bench d8 --shapes qwen3-8b --methods bf16,oscar --l2-prefetch "$V"; }
 d4() { bench d4 --shapes qwen3-4b --methods bf16,oscar --l2-prefetch "$V"; }
 mib() { for m in 12 40; do bench "d8_mib$m" --shapes qwen3-8b --methods bf16,oscar --l2-prefetch off,all --l2-prefetch-mib $m; done; }

@@ -275,6 +275,9 @@ class FollowupBench:
     diagnostic); N (e.g. 512, ``EngineConfig.prefill_chunk``'s default): chunks as a server makes them, the cached
     prompt ``context + N // 2`` tokens long (half a chunk past a multiple: the mean misalignment), so a follow-up
     also recomputes the cached prompt's last partial chunk — what a user of ``serve`` waits for."""
+    resume_turns: bool = True
+    """The follow-up resumes where the cached prompt ended (``add_request(resume=...)``, what a chat follow-up gets from
+    ``EngineConfig.resume_turns``), so the cached prompt's last partial chunk is a hit; off: it is recomputed."""
     profile: bool = False
     """Also profile the host of one more follow-up per k at the longest context (cProfile: the functions with the
     most own time, in the row's ``host``; no CUPTI, so the timings beside it keep)."""

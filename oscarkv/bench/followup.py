@@ -65,15 +65,18 @@ def cache_prefix(engine: LLMEngine, prefix: list[int]) -> None:
     e2e.drive(engine)
 
 
-def followup_step(engine: LLMEngine, prefix: list[int], k: int, seed: int, whole: bool = True) -> dict:
-    """One follow-up request (``prefix`` + k fresh tokens, ``max_tokens = 1``), timed from ``add_request`` (its
-    validation and page hashing: ``admit_s``) to its output, synchronized; with ``whole``, raises unless the prefix cache served
-    all of ``prefix`` and one launch computed k tokens (else the hit and the tokens computed are reported)."""
+def followup_step(engine: LLMEngine, prefix: list[int], k: int, seed: int, whole: bool = True,
+                  resume: bool = True) -> dict:
+    """One follow-up request (``prefix`` + k fresh tokens, ``max_tokens = 1``; with ``resume``, resuming where
+    ``prefix`` ended), timed from ``add_request`` (its validation and page hashing: ``admit_s``) to its output,
+    synchronized; with ``whole``, raises unless the prefix cache served all of ``prefix`` and one launch computed
+    k tokens (else the hit and the tokens computed are reported)."""
     runner, hits, ids = engine.runner, engine.manager.hit_tokens, prefix + _ids(engine, k, seed)
     n = len(runner.launches)
     e2e.sync()
     t, steps = time.perf_counter(), 0
-    engine.add_request(f"f{len(prefix)}-{k}-{seed}", ids, SamplingParams(max_tokens=1, ignore_eos=True))
+    engine.add_request(f"f{len(prefix)}-{k}-{seed}", ids, SamplingParams(max_tokens=1, ignore_eos=True),
+                       resume=(len(prefix),) if resume else ())
     admit = time.perf_counter() - t
     while engine.has_unfinished():
         engine.step()
@@ -122,15 +125,17 @@ def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[d
             for ctx in cfg.contexts:
                 prefix = _ids(engine, ctx + cfg.prefill_chunk // 2, ctx)
                 cache_prefix(engine, prefix)
-                runs = {k: [followup_step(engine, prefix, k, seed, whole) for seed in range(cfg.repeats)]
+                runs = {k: [followup_step(engine, prefix, k, seed, whole, cfg.resume_turns) for seed in range(cfg.repeats)]
                         for k in cfg.new_tokens}
                 decode_s = decode_step(engine, prefix, cfg.steps)
                 for k, got in runs.items():
                     bound = dict(gemm_s=gemm[k], target_s=2 * decode_s + gemm[k]) if gemm else {}
                     if cfg.profile and ctx == max(cfg.contexts):  # one more follow-up, after the timed ones
-                        bound["host"] = e2e.host_functions(partial(followup_step, engine, prefix, k, 99, whole))
+                        bound["host"] = e2e.host_functions(partial(followup_step, engine, prefix, k, 99, whole,
+                                                                   cfg.resume_turns))
                     rows.append(dict(shape=shape, method=method, context=ctx, new_tokens=k, decode_s=decode_s,
-                                     prefill_chunk=cfg.prefill_chunk, cached_tokens=len(prefix), **got[-1],
+                                     prefill_chunk=cfg.prefill_chunk, resume=cfg.resume_turns, cached_tokens=len(prefix),
+                                     **got[-1],
                                      all_step_s=[g["step_s"] for g in got], **bound))
                     print(json.dumps(rows[-1]), flush=True)
         finally:

@@ -305,6 +305,11 @@ class EngineConfig:
     of the position: a prefix-cache hit and a preempted request replay them exactly."""
     enable_prefix_caching: bool = True
     """Share full pages between requests by content hash (per prefix and tier)."""
+    resume_turns: bool = True
+    """In a chat prompt, start a prefill chunk where each earlier turn's prompt ended (rounded down to a page: found
+    by the chat template's assistant prefix), so a follow-up turn hits the cached last chunk of the turn before
+    instead of recomputing it. A function of the prompt (a cold run computes the same); single-turn prompts are
+    unchanged."""
     prefix_windows: int = 4
     """With prefix caching and a quantized cache: BF16 room for this many cached windows (sink and recent pages)
     beyond what the running sequences need. A hit needs the BF16 window at its chunk start; without the room a

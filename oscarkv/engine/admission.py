@@ -16,7 +16,10 @@ another thread than the one that steps the engine.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 from oscarkv.cache.manager import KVCacheManager
 from oscarkv.cache.seq_kv import ChunkSchedule, page_keys
@@ -46,6 +49,9 @@ class Admission:
     cfg: EngineConfig
     manager: KVCacheManager
     max_model_len: int | None
+    turn_marker: tuple[int, ...] = ()
+    """The tokens a chat template ends a prompt with before the assistant speaks (:func:`turn_marker`): where they
+    occur inside a prompt an earlier turn's prompt ended, a resume point (``EngineConfig.resume_turns``)."""
 
     def validate(self, request_id: str, prompt_ids: list[int] | tuple[int, ...], params: SamplingParams,
                  chunk_ends: tuple[int, ...] = (), resume: tuple[int, ...] = ()) -> ValidRequest:
@@ -60,6 +66,8 @@ class Admission:
                              f"tokens exceeds the model's maximum length of {self.max_model_len} tokens")
         if chunk_ends and resume:
             raise ValueError(f"request {request_id}: chunk_ends and resume do not combine (give one)")
+        if not chunk_ends and not resume and self.turn_marker:
+            resume = turn_ends(prompt_ids, self.turn_marker)
         P = self.cfg.kv.page_size
         starts = tuple(sorted({r - r % P for r in resume if P <= r < n}))
         schedule = ChunkSchedule(n, self.cfg.prefill_chunk, tuple(sorted(chunk_ends)), starts)
@@ -88,3 +96,30 @@ class Admission:
             raise ValueError(f"request {request_id}: storing {num_tokens} tokens needs {need[0]} BF16 and {need[1]} "
                              f"INT2 KV pages, but the pools hold {have[0]} and {have[1]} pages in all{win}; "
                              "lower max_tokens or raise EngineConfig.kv_memory_bytes")
+
+
+def turn_marker(tokenizer) -> tuple[int, ...]:
+    """The tokens ``tokenizer``'s chat template appends for the assistant's turn (its generation prompt, e.g.
+    ``<|im_start|>assistant\\n``); ``()`` without a chat template or where that is not a plain suffix."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return ()
+    try:
+        turn = [{"role": "user", "content": "x"}]
+        bare, ask = (tokenizer.apply_chat_template(turn, tokenize=True, add_generation_prompt=g) for g in (False, True))
+    except Exception:  # NOTE: a template that needs other fields; no resume points then
+        return ()
+    bare, ask = (list(x["input_ids"] if isinstance(x, Mapping) else x) for x in (bare, ask))  # an encoding, or ids
+    return tuple(ask[len(bare):]) if len(ask) > len(bare) and ask[:len(bare)] == bare else ()
+
+
+def turn_ends(ids, marker: tuple[int, ...]) -> tuple[int, ...]:
+    """Positions right after each occurrence of ``marker`` in ``ids`` (vectorized: ~1 ms for 100K tokens)."""
+    m = len(marker)
+    if not m or len(ids) < m:
+        return ()
+    arr = np.fromiter(ids, dtype=np.int64, count=len(ids))
+    hit = np.ones(len(ids) - m + 1, dtype=bool)
+    for j, t in enumerate(marker):
+        hit &= arr[j:len(ids) - m + 1 + j] == t
+    return tuple((np.flatnonzero(hit) + m).tolist())
+

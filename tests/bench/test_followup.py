@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from transformers import Qwen3Config
 
@@ -54,14 +56,17 @@ def test_table_holds_each_step_to_its_target_where_measured():
 
 def test_the_servers_chunking_recomputes_the_cached_prompts_last_partial_chunk():
     """``prefill_chunk`` N: the cached prompt runs N // 2 tokens past a multiple of N; a follow-up hits it up to that
-    multiple and computes the rest with its k tokens, which the row and the table report."""
+    multiple and computes the rest with its k tokens, which the row and the table report; resuming where the cached
+    prompt ended (``resume_turns``, a chat follow-up), it hits all of it."""
     cfg = FollowupBench(contexts=(640,), new_tokens=(1, 8), methods=("oscar",), repeats=1, steps=2, kv_gib=1 / 64,
-                        prefill_chunk=128)
+                        prefill_chunk=128, resume_turns=False)
     rows = followup.followup_rows(PagedLM.random(CONFIG), cfg, "tiny")
     for r in rows:
         assert r["cached_tokens"] == 704 and r["hit_tokens"] == 640
         assert r["computed_tokens"] == 64 + r["new_tokens"]
     assert "(65 computed)" in followup.format_table(rows)
+    rows = followup.followup_rows(PagedLM.random(CONFIG), replace(cfg, resume_turns=True), "tiny")
+    assert [(r["hit_tokens"], r["computed_tokens"]) for r in rows] == [(704, 1), (704, 8)]
     with pytest.raises(ValueError, match="--prefill-chunk"):
         FollowupBench(prefill_chunk=-1)
 
@@ -73,5 +78,5 @@ def test_followups_longer_than_a_chunk_keep_hitting_the_document():
     cfg = FollowupBench(contexts=(1024,), new_tokens=(512,), methods=("oscar",), repeats=2, steps=2, kv_gib=1 / 64,
                         prefill_chunk=512)
     rows = followup.followup_rows(PagedLM.random(CONFIG), cfg, "tiny")
-    assert [(r["hit_tokens"], r["computed_tokens"]) for r in rows] == [(1024, 768)]
+    assert [(r["hit_tokens"], r["computed_tokens"]) for r in rows] == [(1280, 512)]
     assert all(s > 0 for s in rows[0]["all_step_s"])

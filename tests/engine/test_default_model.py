@@ -63,3 +63,20 @@ def test_default_model_bf16_matches_transformers():
         assert len(ref) == NEW_TOKENS
         first = next((k for k, (a, b) in enumerate(zip(out.token_ids, ref)) if a != b), None)
         assert out.token_ids == ref, f"prompt {i} ({len(p)} tokens) diverges at new token {first}"
+
+
+def test_turn_marker_of_the_default_chat_template():
+    """The default model's template ends a prompt with ``<|im_start|>assistant\\n``: a follow-up chat's earlier turn
+    ends where that occurs, exactly at the first turn's prompt length."""
+    from oscarkv.engine.admission import turn_ends, turn_marker
+    from oscarkv.models.loader import load_model
+
+    tok = load_model("default", torch.float32).tokenizer
+    marker = turn_marker(tok)
+    assert tok.decode(list(marker)) == "<|im_start|>assistant\n"
+    chat = CHATS[1]
+    first = tok(tok.apply_chat_template(chat[:2], tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False).input_ids
+    whole = tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True), add_special_tokens=False).input_ids
+    assert whole[:len(first)] == first and turn_ends(whole, marker) == (len(first), len(whole))
+

@@ -52,6 +52,26 @@ def test_follow_up_resumes_the_cached_partial_chunk(llama, artifact):
     assert plain.manager.hit_tokens == 64
 
 
+def test_chat_follow_up_resumes_where_the_turn_marker_ends(llama, artifact):
+    """``EngineConfig.resume_turns``: a prompt holding the chat template's assistant prefix (here a stand-in marker)
+    resumes where it ends, as an explicit ``resume`` would; without the marker (or with the flag off) nothing changes."""
+    from dataclasses import replace
+
+    from oscarkv.engine.admission import turn_ends
+
+    marker = (7, 7, 7)
+    doc = prompts(1, 72, seed=8)[0] + list(marker)  # the first turn's prompt ends with the assistant prefix
+    follow = doc + [3, 1, 4, 1, 5, 9] + list(marker)
+    assert turn_ends(follow, marker) == (75, 84) and turn_ends(doc[:-1], marker) == ()
+    kw = dict(prefill_chunk=32, max_num_batched_tokens=48)
+    for on, hit in ((True, 72), (False, 64)):
+        engine = make_engine(llama, "oscar", artifact, resume_turns=on, **kw)
+        engine.admission = replace(engine.admission, turn_marker=marker if on else ())
+        run(engine, [doc])
+        _follow_up(engine, follow, GREEDY, ())
+        assert engine.manager.hit_tokens == hit
+
+
 def test_preemption_resumes_exactly(llama, artifact):
     ps = [p[:24] for p in prompts(3, 24, seed=4)]
     params = [SamplingParams(max_tokens=20, temperature=0.8 if i % 2 else 0, seed=i, ignore_eos=True, logprobs=True)
