@@ -32,32 +32,18 @@ ROWS = (16, 32, 64)
 
 
 def _ms(fn, reps: int = 10) -> float:
-    """Milliseconds of one ``fn()`` on the GPU alone: ``reps`` calls captured in one CUDA graph, the median of 7
-    replays over ``reps`` (an eager call of a few Triton launches costs ~0.2 ms of host time, which had hidden the
-    kernels' differences below it). A call that cannot be captured (a host sync) is timed eagerly: median of
-    ``reps`` CUDA-event timings, host time included; :data:`EAGER` names those."""
-    fn(), fn()
-    torch.cuda.synchronize()
+    """Milliseconds of one ``fn()`` on the GPU alone (``variants_common.graph_us``: ``reps`` calls replayed from one
+    CUDA graph; an eager call of a few Triton launches costs ~0.2 ms of host time, which had hidden the kernels'
+    differences below it). A call that cannot be captured (a host sync) is timed eagerly: median of ``reps``
+    CUDA-event timings, host time included; :data:`EAGER` names those."""
+    from lab.benchmarks.variants_common import graph_us
+
     try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
+        return graph_us([fn], reps) / 1e3
     except Exception:  # NOTE: e.g. a path that reads a tensor on the host; the capture is abandoned
         torch.cuda.synchronize()
         EAGER.add(getattr(fn, "__name__", repr(fn)))
         return _eager_ms(fn, reps)
-    g.replay()
-    times = []
-    for _ in range(7):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    del g
-    return statistics.median(times)
 
 
 EAGER: set[str] = set()
