@@ -107,15 +107,22 @@ def page_keys(prev: bytes, tokens: Sequence[int], pages: range, schedule: ChunkS
     ids.fromlist(seg if isinstance(seg, list) else list(seg))  # NOTE: fromlist: twice as fast as array("i", seg)
     pos = np.arange(lo, lo + n * P, dtype=np.int64)
     ends = schedule.ends(pos)
-    rec = np.empty((3, n, P), dtype=np.int32)  # tokens, chunk starts, tiers at chunk ends; then per page
-    rec[0] = np.frombuffer(ids, dtype=np.int32).reshape(n, P)
-    rec[1] = schedule.firsts(pos).reshape(n, P)
-    rec[2] = (ends if tiers is None else tiers(ends)).reshape(n, P)
-    buf, size, salt, out = np.ascontiguousarray(rec.transpose(1, 0, 2)).tobytes(), 3 * P * 4, schedule.salt(), []
+    rec = np.empty((n, 3, P), dtype=np.int32)  # per page: tokens, chunk starts, tiers at chunk ends
+    rec[:, 0] = np.frombuffer(ids, dtype=np.int32).reshape(n, P)
+    rec[:, 1] = schedule.firsts(pos).reshape(n, P)
+    rec[:, 2] = (ends if tiers is None else _per_run(ends, tiers)).reshape(n, P)
+    buf, size, salt, out = rec.tobytes(), 3 * P * 4, schedule.salt(), []
     for off in range(0, n * size, size):
         prev = _HASH(prev + buf[off:off + size] + salt).digest()
         out.append(prev)
     return out
+
+
+def _per_run(ends: np.ndarray, f: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``f(ends)`` for a non-decreasing ``ends``, evaluated once per run of equal values (a prefill chunk's tokens
+    share one end)."""
+    first = np.flatnonzero(np.diff(ends, prepend=ends[0] - 1))
+    return np.repeat(f(ends[first]), np.diff(first, append=len(ends)))
 
 
 @dataclass
