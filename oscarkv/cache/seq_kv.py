@@ -97,18 +97,21 @@ def page_keys(prev: bytes, tokens: Sequence[int], pages: range, schedule: ChunkS
     A token's K/V are a function of the tokens up to it, its chunk's start (what it reads at full precision) and
     the tiers at its chunk's end (how it reads the prefix before that start), given the keys before it: so equal
     keys mean equal bytes, and a chunk that ends elsewhere with the same tiers shares its pages.
-    ``tokens`` must cover the pages. NOTE: one int32 record per page built in bulk (numpy), then one hash call
+    ``tokens`` (a sequence of ints or an int32 array) must cover the pages. NOTE: one int32 record per page built in bulk (numpy), then one hash call
     per page: a 100K-token prompt's 1 600 keys cost a few milliseconds."""
     if not pages:
         return []
     P, lo, n = page, pages.start * page, len(pages)
     assert pages.stop * P <= len(tokens), "page key of a page whose tokens are not known yet"
-    ids, seg = array("i"), tokens[lo:lo + n * P]
-    ids.fromlist(seg if isinstance(seg, list) else list(seg))  # NOTE: fromlist: twice as fast as array("i", seg)
+    seg = tokens[lo:lo + n * P]
+    if not isinstance(seg, np.ndarray):  # NOTE: an int32 array as Admission passes it needs no conversion
+        ids = array("i")
+        ids.fromlist(seg if isinstance(seg, list) else list(seg))  # NOTE: fromlist: twice as fast as array("i", seg)
+        seg = np.frombuffer(ids, dtype=np.int32)
     pos = np.arange(lo, lo + n * P, dtype=np.int64)
     ends = schedule.ends(pos)
     rec = np.empty((n, 3, P), dtype=np.int32)  # per page: tokens, chunk starts, tiers at chunk ends
-    rec[:, 0] = np.frombuffer(ids, dtype=np.int32).reshape(n, P)
+    rec[:, 0] = seg.reshape(n, P)
     rec[:, 1] = schedule.firsts(pos).reshape(n, P)
     rec[:, 2] = (ends if tiers is None else _per_run(ends, tiers)).reshape(n, P)
     buf, size, salt, out = rec.tobytes(), 3 * P * 4, schedule.salt(), []
