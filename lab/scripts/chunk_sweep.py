@@ -7,7 +7,8 @@ beside the staged path (``prefill_attention``) and the default configuration; ea
 error against the staged path is checked. Milliseconds per layer on the GPU (``chunk_attention._ms``: calls replayed from a
 CUDA graph); the 2026-11-27 run timed eager calls, whose ~0.2 ms of host time per call hid the kernels at small k.
 
-    python -m lab.scripts.chunk_sweep --out DIR [--chunks 1,8,16,32,64,128,256]
+    python -m lab.scripts.chunk_sweep --out DIR [--chunks 1,8,16,32,64,128,256] [--warps 1,2,4 --mults 1,2,4,8,16
+                                                 --maxnreg 168]
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from lab.benchmarks.chunk_attention import _ms as ms
 HQ, H, D, CTX = 32, 8, 128, 102400
 
 
-def sweep(kv, tables, k: int) -> dict:
+def sweep(kv, tables, k: int, warps_: tuple[int, ...] = (2, 4, 8), mults: tuple[int, ...] = (1, 2, 4, 8),
+          regs: tuple[int | None, ...] = (None,)) -> dict:
     from oscarkv.kernels import chunk_splitk
     from oscarkv.kernels.decode import _num_sms
     from oscarkv.kernels.prefill import prefill_attention
@@ -37,14 +39,15 @@ def sweep(kv, tables, k: int) -> dict:
     row = dict(k=k, staged=ms(staged, 5), default=ms(lambda: chunk_splitk.chunk_attention(q, kn, vn, kv, tables, cu,
                                                                                              scale, k)))
     sms, rep_pad, best = _num_sms(q.device), 4, []
-    for rows, warps, stages, bn in itertools.product((8, 16, 32, 64), (2, 4, 8), (2, 3), (32, 64)):
+    for rows, warps, stages, bn, reg in itertools.product((8, 16, 32, 64), warps_, (2, 3), (32, 64), regs):
         if rows < rep_pad or rows > max(8, 4 * rep_pad * k) or (rows == 8 and k > 2):
             continue
         grid_t = -(-k // (rows // rep_pad))
         base = max(1, sms // (H * grid_t))
-        for mult in (1, 2, 4, 8):
+        for mult in mults:
             splits = min(1024, base * mult)
-            cfg = dict(ROWS=rows, num_warps=warps, num_stages=stages, BLOCK_N=bn, CONV=2, CHUNK=32, PER_SM=1)
+            cfg = dict(ROWS=rows, num_warps=warps, num_stages=stages, BLOCK_N=bn, CONV=2, CHUNK=32, PER_SM=1,
+                       **({"maxnreg": reg} if reg else {}))
             fn = lambda: chunk_splitk.chunk_attention(q, kn, vn, kv, tables, cu, scale, k,  # noqa: E731
                                                      num_splits=splits, config=cfg)
             try:
@@ -69,7 +72,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--chunks", default="1,8,16,32,64,128,256")
     ap.add_argument("--kinds", default="int2,bf16")
+    ap.add_argument("--warps", default="2,4,8")
+    ap.add_argument("--mults", default="1,2,4,8", help="split counts: multiples of SMs / (KV heads x row blocks)")
+    ap.add_argument("--maxnreg", default="", help="register caps to try beside none (e.g. 168)")
     args = ap.parse_args()
+    grid = (tuple(map(int, args.warps.split(","))), tuple(map(int, args.mults.split(","))),
+            (None, *(int(x) for x in args.maxnreg.split(",") if x)))
     args.out.mkdir(parents=True, exist_ok=True)
     res = dict(device=torch.cuda.get_device_name(), ctx=CTX, rows=[])
     print(f"{'kv':>5} {'k':>4} {'staged':>8} {'default':>8} {'best':>8}  best config (ms/layer)")
@@ -77,7 +85,7 @@ def main() -> None:
         kv, tables = random_cache([CTX], H, D, page=64, group=128, sink=64, recent=256, int2=kind == "int2",
                                   device="cuda", shuffle=False)
         for k in map(int, args.chunks.split(",")):
-            r = dict(kv=kind, **sweep(kv, tables, k))
+            r = dict(kv=kind, **sweep(kv, tables, k, *grid))
             res["rows"].append(r)
             b = r["best"]
             print(f"{kind:>5} {k:>4} {r['staged']:8.3f} {r['default']:8.3f} {b['ms']:8.3f}  rows {b['cfg']['ROWS']} "

@@ -11,6 +11,9 @@
 #      from eager timings, ~0.2 ms of host per call): chunk_attention bench, then chunk_sweep for k = 1, 8, 16 (INT2)
 #   followup: the first step of a follow-up on a cached 32K / 100K prompt as served (512-token chunks), resuming
 #      where the cached prompt ended (EngineConfig.resume_turns, chat follow-ups) and not (the previous behaviour)
+#   (tenth session) vprof: where a verify step's time goes (lab.scripts.verify_profile: Qwen3-4B shape, 100K,
+#      K = 2 and 8, oscar and bf16); fprof: the follow-up step alone under the profiler (lab.scripts.followup_profile,
+#      oscar, k = 8 and 64); gtests: the decode kernel's GPU tests and the engine's graph / prefetch GPU tests
 #   tp2 (2 GPUs or more): Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
@@ -33,6 +36,20 @@ followup() { for r in resume-turns no-resume-turns; do timeout 280 python3 -m os
   --contexts 32768,102400 --new-tokens 1,64,512 --methods bf16,oscar --prefill-chunk 512 --$r \
   --out "$OUT/followup_$r.json" > "$OUT/followup_$r.log" 2>&1; echo "== followup --$r: exit $?"
   grep "^|" "$OUT/followup_$r.log"; done; }
+vprof() { timeout 400 python3 -m lab.scripts.verify_profile --out "$OUT/vprof" > "$OUT/vprof.log" 2>&1
+  echo "== vprof: exit $?"; cat "$OUT/vprof/verify_profile.txt" 2>/dev/null || tail -n 30 "$OUT/vprof.log"; }
+fprof() { timeout 300 python3 -m lab.scripts.followup_profile --methods oscar --new-tokens 8,64 --out "$OUT/fprof" \
+  > "$OUT/fprof.log" 2>&1; echo "== fprof: exit $?"; grep -E "^==|^ +[0-9.]+ ms" "$OUT/fprof.log"; }
+gtests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_decode.py \
+  tests/engine/test_gpu_engine.py > "$OUT/gtests.log" 2>&1; echo "== gtests: exit $?"; tail -n 8 "$OUT/gtests.log"; }
+csweep() { timeout 400 python3 -m lab.scripts.chunk_sweep --out "$OUT/csweep$1" --chunks "$1" --kinds int2 --warps 1,2,4 \
+  --mults 1,2,4,8,16 --maxnreg 168 > "$OUT/csweep$1.log" 2>&1; echo "== csweep $1: exit $?"; tail -n 2 "$OUT/csweep$1.log"; }
+cs1() { csweep 1; }; cs3() { csweep 3; }; cs9() { csweep 9; }; cs17() { csweep 17; }
+tp2s() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tp2s: one GPU, skipped"; return; }
+  for mv in bf16:off oscar:off oscar:attn oscar:all; do m=${mv%%:*}; v=${mv##*:}; timeout 130 python3 -m oscarkv.cli bench \
+    decode --contexts 102400 --shapes qwen3-8b --methods $m --tensor-parallel-size 2 --all-reduce one_shot --steps 12 \
+    --kv-gib 16 --l2-prefetch $v --out "$OUT/tp2_${m}_$v.json" > "$OUT/tp2_${m}_$v.log" 2>&1; echo "== tp2 $m $v: exit $?"
+    grep "^| qwen" "$OUT/tp2_${m}_$v.log"; done; }
 d8() { bench d8 --shapes qwen3-8b --methods bf16,oscar --l2-prefetch "$V"; }
 d4() { bench d4 --shapes qwen3-4b --methods bf16,oscar --l2-prefetch "$V"; }
 mib() { for m in 12 40; do bench "d8_mib$m" --shapes qwen3-8b --methods bf16,oscar --l2-prefetch off,all --l2-prefetch-mib $m; done; }

@@ -2,7 +2,7 @@
 
 The shipped recipe stores pages of 16 tokens, so the raw INT2 decode kernel walked its history in 16-token tiles
 (``BLOCK_N = gcd(64, P)``): at batch 8 the recipe's step read its bytes at 1.58x their floor against INT2's 1.29x
-with pages of 64 (H100, 2026-11-28). ``decode._config``'s ``SPAN_PAGES`` reads 32- or 64-token tiles of 2 or 4
+with pages of 64 (H100, 2026-11-28). ``decode._config``'s ``SPAN_PAGES`` (on since 2026-11-28, at 2 stages) reads 32- or 64-token tiles of 2 or 4
 pages instead (a page id per token; the history's last ``length % BLOCK_N`` tokens page by page). This times, as
 CUDA-graph replays over caches that exceed L2 (Qwen3-8B attention: 8 KV heads, 32 query heads, d = 128, groups of
 128; sink 16 and recent 16 as the recipe; 100K tokens; batch 1 and 8; 2-bit and 4-bit keys), each tiling beside
@@ -24,11 +24,11 @@ from oscarkv.kernels.synthetic import random_cache
 
 H, HQ, D, CTX = 8, 32, 128, 102400
 VARIANTS = {  # name: (page, config)
-    "p16_tile16": (16, {}),
-    "p16_span32": (16, {"BLOCK_N": 32, "SPAN_PAGES": True}),
-    "p16_span64": (16, {"BLOCK_N": 64, "SPAN_PAGES": True}),
+    "p16_tile16": (16, {"SPAN_PAGES": False}),
+    "p16_span32": (16, {"BLOCK_N": 32, "SPAN_PAGES": True, "num_stages": 3}),
+    "p16_span64": (16, {"BLOCK_N": 64, "SPAN_PAGES": True, "num_stages": 3}),
     "p16_span64_st2": (16, {"BLOCK_N": 64, "SPAN_PAGES": True, "num_stages": 2}),
-    "p16_span64_c16": (16, {"BLOCK_N": 64, "SPAN_PAGES": True, "CHUNK": 16}),
+    "p16_span64_c16": (16, {"BLOCK_N": 64, "SPAN_PAGES": True, "CHUNK": 16, "num_stages": 3}),
     "p64_tile64": (64, {}),
 }
 

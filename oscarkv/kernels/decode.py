@@ -285,10 +285,12 @@ def _config(kind: str, device: torch.device, programs: int) -> dict:
     # At 2-4 KV heads a call is mostly fixed cost (H200, 2026-11-27, ``python -m lab.scripts.few_heads_sweep``, 100K):
     # with the column merge (split_k.merge_splits) and the windows on the last splits, 2 KV heads took 16.2 us at
     # 512 splits and 17.1 at 256, 4 KV heads 24.4 at 396 and 21.9 at 256: the cap stays 256 (default_splits).
-    # SPAN_PAGES: pages smaller than BLOCK_N (16-token pages of the shipped recipe) read in tiles of several pages
-    # instead of tiles of one page; off until timed (``python -m lab.scripts.page_span_sweep``).
+    # SPAN_PAGES: pages smaller than BLOCK_N (16-token pages of the shipped recipe) read in 64-token tiles of several
+    # pages, at SPAN_STAGES stages, rather than tiles of one page (H200, 2026-11-28, ``python -m
+    # lab.scripts.page_span_sweep``, 100K, us): batch 1 45.4 -> 41.1 (2-bit keys), 51.9 -> 50.8 (4-bit); batch 8
+    # 308 -> 244, 352 -> 300; pages of 64 still lead (34.7, 43.9, 195, 254). 2 stages beat 3 by 1-4% at all four.
     return {"raw_int2": dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, PER_SM=12, CHUNK=32, maxnreg=168,
-                             SPAN_PAGES=False),
+                             SPAN_PAGES=True, SPAN_STAGES=2),
             "int2": dict(BLOCK_N=64, num_warps=4, num_stages=3, PER_SM=2),
             "bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PER_SM=2)}[kind]
 
@@ -337,6 +339,8 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device, bsz * h), **(config or {})}
     if raw and not (cfg.get("SPAN_PAGES") and cfg["BLOCK_N"] % p == 0):
         cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)  # NOTE: else tiles of BLOCK_N / P pages (decode_int2)
+    elif raw and p < cfg["BLOCK_N"] and "num_stages" not in (config or {}):
+        cfg["num_stages"] = cfg.get("SPAN_STAGES", cfg["num_stages"])
     splits = num_splits or default_splits(bsz, h, q.device, cfg.get("PER_SM", 2), cfg.get("MAX_SPLITS", 256))
     rep = hq // h
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)

@@ -1,9 +1,11 @@
 """A Triton kernel that hints L2 to load a byte range (Hopper's ``cp.async.bulk.prefetch.L2``).
 
 Role: :mod:`oscarkv.models.prefetch` issues it for the next projection's weights while a decode step's
-latency-bound work runs. Each of 128 lanes per program issues one bulk prefetch of up to 64 KiB (16-byte
-aligned, a multiple of 16 bytes); the instruction is asynchronous and writes nothing, so the launch ends at once
-and numerics never change. CUDA on compute capability 9.0 or later only (:func:`supported`).
+latency-bound work runs. Each of 32 lanes per program issues one bulk prefetch of up to 16 KiB (16-byte
+aligned, a multiple of 16 bytes): 512 KiB a program, so 24 MiB spread over 48 SMs' copy engines (three programs of
+128 × 64 KiB cost ~34 µs a point in line on an H200, 2026-11-28, about 24 MiB at a few SMs' copy rate: the launch
+seemingly lasts until its copies drain, hence also the side stream of :mod:`oscarkv.models.prefetch`). The
+instruction writes nothing, so numerics never change. CUDA on compute capability 9.0 or later only (:func:`supported`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-CHUNK, LANES = 1 << 16, 128
+CHUNK, LANES = 1 << 14, 32
 
 
 @triton.jit

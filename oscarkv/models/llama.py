@@ -50,6 +50,7 @@ from torch.nn import functional as F
 from oscarkv.models.blocks import FUSED, MLP, Attention, RMSNorm, fuse_state_dict, rotate_half  # noqa: F401 (re-exported)
 from oscarkv.models.gemma import GemmaBackbone
 from oscarkv.models.moe import SparseMoE, is_sparse_layer
+from oscarkv.models import prefetch
 
 GEMMA = "Gemma3ForCausalLM"
 
@@ -98,6 +99,7 @@ class Backbone(nn.Module):
             residual = None
             for layer in self.layers:
                 x, residual = layer.forward_fused(x, residual, cos[0], sin[0], step)
+            prefetch.join(x.device)  # EngineConfig.l2_prefetch's side stream, if any
             return rms_norm(x, self.norm.weight, self.norm.eps, residual)[0]
         for layer in self.layers:
             x = layer(x, cos[0], sin[0], step)

@@ -5,7 +5,9 @@ heads, tensor parallelism's all-reduces and the norms leave the memory system id
 :func:`attach` gives a projection the first bytes of the next one's weight (``l2_next``, a uint8 view);
 :func:`after_gemv` issues their prefetch (:mod:`oscarkv.kernels.prefetch`) right after the projection's
 GEMV — a row-parallel projection (:class:`~oscarkv.models.parallel.RowParallelLinear`) before its all-reduce —
-so they stream into L2 during the work in between and the next GEMV reads them from there. The points:
+so they stream into L2 during the work in between and the next GEMV reads them from there. On CUDA the prefetch
+launches on a side stream forked from the current one (a prefetch kernel lasts until its bulk copies drain: in
+line it delayed every kernel after it, 2026-11-28), and :func:`join` (the end of the model's forward) joins it. The points:
 ``attn`` qkv → o_proj (attention), ``reduce`` o_proj → gate_up (all-reduce, residual norm), ``act``
 gate_up → down_proj (SiLU·mul), ``next`` down_proj → the next layer's qkv (all-reduce, norm). A prefetch
 writes nothing: outputs are those without it. Inside a CUDA graph the launches are captured like any other.
@@ -31,12 +33,35 @@ def after_gemv(linear: nn.Module) -> None:
         issue(linear)
 
 
+_side: dict[int, torch.cuda.Stream] = {}
+"""Per CUDA device: the side stream prefetches run on."""
+_forked: set[int] = set()
+"""Devices whose side stream holds prefetches the current stream has not joined yet."""
+
+
 def issue(linear: nn.Module) -> None:
     t = linear.__dict__.get("l2_next")
-    if t is not None:
-        from oscarkv.kernels.prefetch import l2_prefetch
+    if t is None:
+        return
+    from oscarkv.kernels.prefetch import l2_prefetch
 
+    if not t.is_cuda:
         l2_prefetch(t)
+        return
+    dev = t.device.index
+    side = _side.setdefault(dev, torch.cuda.Stream(t.device))
+    side.wait_stream(torch.cuda.current_stream(t.device))  # after the GEMV's inputs, like the GEMV
+    with torch.cuda.stream(side):
+        l2_prefetch(t)
+    _forked.add(dev)
+
+
+def join(device: torch.device) -> None:
+    """The current stream waits for the prefetches forked since the last join (a CUDA graph's capture must join
+    every stream it forked); nothing when none were."""
+    if device.type == "cuda" and device.index in _forked:
+        torch.cuda.current_stream(device).wait_stream(_side[device.index])
+        _forked.discard(device.index)
 
 
 def attach(layers: nn.ModuleList, points: tuple[str, ...], budget: int) -> int:
