@@ -32,12 +32,17 @@ span() { timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kerne
 chunk() { timeout 240 python3 -m lab.benchmarks.chunk_attention "$OUT/chunk_attention.json" > "$OUT/chunk_attention.log" 2>&1
   tail -n 18 "$OUT/chunk_attention.log"; timeout 300 python3 -m lab.scripts.chunk_sweep --out "$OUT/chunk_sweep" \
   --chunks 1,8,16 --kinds int2 > "$OUT/chunk_sweep.log" 2>&1; tail -n 4 "$OUT/chunk_sweep.log"; }
-followup() { for r in resume-turns no-resume-turns; do timeout 280 python3 -m oscarkv.cli bench followup --shapes qwen3-4b \
+followup() { for r in ${FOLLOWUP_MODES:-resume-turns no-resume-turns}; do timeout 280 python3 -m oscarkv.cli bench followup --shapes qwen3-4b \
   --contexts 32768,102400 --new-tokens 1,64,512 --methods bf16,oscar --prefill-chunk 512 --$r \
   --out "$OUT/followup_$r.json" > "$OUT/followup_$r.log" 2>&1; echo "== followup --$r: exit $?"
   grep "^|" "$OUT/followup_$r.log"; done; }
 vprof() { timeout 400 python3 -m lab.scripts.verify_profile --out "$OUT/vprof" > "$OUT/vprof.log" 2>&1
   echo "== vprof: exit $?"; cat "$OUT/vprof/verify_profile.txt" 2>/dev/null || tail -n 30 "$OUT/vprof.log"; }
+vprofo() { timeout 300 python3 -m lab.scripts.verify_profile --methods oscar --out "$OUT/vprof" > "$OUT/vprof.log" 2>&1
+  echo "== vprof oscar: exit $?"; grep -A6 "K=" "$OUT/vprof/verify_profile.txt" 2>/dev/null || tail -n 30 "$OUT/vprof.log"; }
+ctests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_chunk_splitk.py \
+  tests/engine/test_extend_graphs_gpu.py tests/engine/test_speculative_gpu.py > "$OUT/ctests.log" 2>&1
+  echo "== ctests: exit $?"; tail -n 4 "$OUT/ctests.log"; }
 fprof() { timeout 300 python3 -m lab.scripts.followup_profile --methods oscar --new-tokens 8,64 --out "$OUT/fprof" \
   > "$OUT/fprof.log" 2>&1; echo "== fprof: exit $?"; grep -E "^==|^ +[0-9.]+ ms" "$OUT/fprof.log"; }
 gtests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_decode.py \

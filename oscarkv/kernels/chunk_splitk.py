@@ -172,15 +172,21 @@ def _config(device: torch.device, rows: int, int2: bool) -> dict:
     register-count table (``lab.benchmarks.compile_sm90 --table OUT.json SASS_DIR chunk``)."""
     if device.type != "cuda":
         return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0, CHUNK=4, PER_SM=2)
+    if int2 and rows <= 16:  # NOTE: CUDA-graph timings, H200, 2026-11-28 (``chunk_sweep --warps 1,2,4 --mults
+        # 1,2,4,8,16 --maxnreg 168``, lab/bench_gpu/2026-11-28/csweep_h200x4/): one warp, 8 programs per SM, 3 stages,
+        # 64-key tiles: k = 1 0.055 -> 0.038 ms per layer (the decode kernel 0.035), k = 3 0.093 -> 0.048, and k = 9
+        # in row blocks of 16 (_rows) 0.179 -> 0.119; a register cap of 168 changed nothing
+        return dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, CHUNK=32, PER_SM=8, SPAN_PAGES=False)
     warps, per_sm, stages, block_n = {8: (2, 8, 2, 64), 16: (2, 4, 3, 64), 32: (2, 4, 3, 64)}.get(
         rows, (4, 2, 3, 32) if int2 else (8, 1, 2, 64))
     return dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, CONV=2, CHUNK=32, PER_SM=per_sm,
                 SPAN_PAGES=False)  # pages smaller than BLOCK_N in tiles of several (decode._config), off until timed
 
 
-def _rows(device: torch.device, max_chunk: int, rep_pad: int) -> int:
-    """Query rows per program: the whole chunk's rows up to 64 (16 in the interpreter), at least the mma's 8."""
-    cap = 64 if device.type == "cuda" else 16
+def _rows(device: torch.device, max_chunk: int, rep_pad: int, int2: bool) -> int:
+    """Query rows per program: the whole chunk's rows up to 64 (16 in the interpreter, and for chunks of up to 16
+    tokens over INT2 history: 9 tokens in blocks of 4 beat one block of 16, _config), at least the mma's 8."""
+    cap = 64 if device.type == "cuda" and not (int2 and max_chunk <= 16) else 16
     return max(8, min(cap, triton.next_power_of_2(max_chunk) * rep_pad), rep_pad)
 
 
@@ -204,7 +210,7 @@ def chunk_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     int2 = kv.int2_k is not None
     rep = hq // h
     rep_pad = triton.next_power_of_2(rep)
-    rows = (config or {}).get("ROWS") or _rows(q.device, max_chunk, rep_pad)
+    rows = (config or {}).get("ROWS") or _rows(q.device, max_chunk, rep_pad, int2)
     cfg = {**_config(q.device, rows, int2), **(config or {})}
     if not (cfg.get("SPAN_PAGES") and cfg["BLOCK_N"] % p == 0):  # else tiles of several pages (decode_int2)
         cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)
