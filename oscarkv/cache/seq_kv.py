@@ -82,6 +82,19 @@ class ChunkSchedule:
             return sorted({*range(0, self.prompt_len, self.chunk), *(r for r in self.resume if 0 < r < self.prompt_len)})
         return list(range(0, self.prompt_len, self.chunk))
 
+    def runs(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Positions ``[lo, hi)`` as runs that share a chunk, in order: ``(start, end, length)`` int64 arrays, a
+        prompt chunk ``[starts()[i], starts()[i + 1])`` (the last ends at the prompt's end) cut to the range, then
+        each decode position its own run — what :meth:`firsts` and :meth:`ends` give per position, once per run."""
+        cut = min(hi, self.prompt_len)
+        bounds = np.array(self.starts() + [self.prompt_len], dtype=np.int64)
+        i0, i1 = np.searchsorted(bounds, lo, side="right") - 1, np.searchsorted(bounds, cut, side="left")
+        first, end = (bounds[i0:i1], bounds[i0 + 1:i1 + 1]) if lo < cut else (bounds[:0], bounds[:0])
+        length = np.minimum(end, cut) - np.maximum(first, lo)
+        tail = np.arange(max(lo, self.prompt_len), hi, dtype=np.int64)
+        return (np.concatenate([first, tail]), np.concatenate([end, tail + 1]),
+                np.concatenate([length, np.ones_like(tail)]))
+
     def salt(self) -> bytes:
         """Distinguishes explicit schedules in page keys (canonical ones need no salt)."""
         return repr(self.boundaries).encode() if self.boundaries else b""
@@ -97,8 +110,9 @@ def page_keys(prev: bytes, tokens: Sequence[int], pages: range, schedule: ChunkS
     A token's K/V are a function of the tokens up to it, its chunk's start (what it reads at full precision) and
     the tiers at its chunk's end (how it reads the prefix before that start), given the keys before it: so equal
     keys mean equal bytes, and a chunk that ends elsewhere with the same tiers shares its pages.
-    ``tokens`` (a sequence of ints or an int32 array) must cover the pages. NOTE: one int32 record per page built in bulk (numpy), then one hash call
-    per page: a 100K-token prompt's 1 600 keys cost a few milliseconds."""
+    ``tokens`` (a sequence of ints or an int32 array) must cover the pages. NOTE: one int32 record per page built in
+    bulk (numpy, once per chunk: :meth:`ChunkSchedule.runs`), then one hash call per page: a 100K-token prompt's
+    1 600 keys cost a few milliseconds."""
     if not pages:
         return []
     P, lo, n = page, pages.start * page, len(pages)
@@ -108,24 +122,16 @@ def page_keys(prev: bytes, tokens: Sequence[int], pages: range, schedule: ChunkS
         ids = array("i")
         ids.fromlist(seg if isinstance(seg, list) else list(seg))  # NOTE: fromlist: twice as fast as array("i", seg)
         seg = np.frombuffer(ids, dtype=np.int32)
-    pos = np.arange(lo, lo + n * P, dtype=np.int64)
-    ends = schedule.ends(pos)
+    first, end, length = schedule.runs(lo, lo + n * P)
     rec = np.empty((n, 3, P), dtype=np.int32)  # per page: tokens, chunk starts, tiers at chunk ends
     rec[:, 0] = seg.reshape(n, P)
-    rec[:, 1] = schedule.firsts(pos).reshape(n, P)
-    rec[:, 2] = (ends if tiers is None else _per_run(ends, tiers)).reshape(n, P)
+    rec[:, 1] = np.repeat(first, length).reshape(n, P)
+    rec[:, 2] = np.repeat(end if tiers is None else tiers(end), length).reshape(n, P)
     buf, size, salt, out = rec.tobytes(), 3 * P * 4, schedule.salt(), []
     for off in range(0, n * size, size):
         prev = _HASH(prev + buf[off:off + size] + salt).digest()
         out.append(prev)
     return out
-
-
-def _per_run(ends: np.ndarray, f: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """``f(ends)`` for a non-decreasing ``ends``, evaluated once per run of equal values (a prefill chunk's tokens
-    share one end)."""
-    first = np.flatnonzero(np.diff(ends, prepend=ends[0] - 1))
-    return np.repeat(f(ends[first]), np.diff(first, append=len(ends)))
 
 
 @dataclass

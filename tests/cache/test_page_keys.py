@@ -114,3 +114,16 @@ def test_resume_schedule():
     assert s.firsts(pos).tolist() == [t if t >= 40 else max(x for x in s.starts() if x <= t) for t in pos]
     with pytest.raises(ValueError, match="resume"):
         ChunkSchedule(40, 16, boundaries=(8,), resume=(24,))
+
+
+@pytest.mark.parametrize("schedule", [ChunkSchedule(40, 16), ChunkSchedule(40, 16, resume=(24, 36)),
+                                      ChunkSchedule(40, 16, boundaries=(5, 9, 33)), ChunkSchedule(7, 16)])
+def test_runs_give_each_position_its_chunk(schedule):
+    """``ChunkSchedule.runs`` (what page keys are built from, once per chunk) says per position what ``firsts`` and
+    ``ends`` say, for any range: inside the prompt, across its end, and past it (decode positions)."""
+    for lo, hi in ((0, 40), (3, 29), (16, 32), (24, 50), (40, 47), (0, 1), (5, 5)):
+        first, end, length = schedule.runs(lo, hi)
+        pos = np.arange(lo, hi)
+        assert length.sum() == hi - lo and (length > 0).all()
+        assert np.repeat(first, length).tolist() == schedule.firsts(pos).tolist()
+        assert np.repeat(end, length).tolist() == schedule.ends(pos).tolist()
