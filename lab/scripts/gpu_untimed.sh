@@ -14,6 +14,8 @@
 #   (tenth session) vprof: where a verify step's time goes (lab.scripts.verify_profile: Qwen3-4B shape, 100K,
 #      K = 2 and 8, oscar and bf16); fprof: the follow-up step alone under the profiler (lab.scripts.followup_profile,
 #      oscar, k = 8 and 64); gtests: the decode kernel's GPU tests and the engine's graph / prefetch GPU tests
+#   ftests: extend steps of <= 16 tokens through the fused input maps (TritonAttention.fused_extend_tokens, built
+#      without a GPU): the fusion, speculation and extend-graph GPU tests; then vprofo (its verify-step profile)
 #   tp2 (2 GPUs or more): Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
@@ -40,6 +42,9 @@ vprof() { timeout 400 python3 -m lab.scripts.verify_profile --out "$OUT/vprof" >
   echo "== vprof: exit $?"; cat "$OUT/vprof/verify_profile.txt" 2>/dev/null || tail -n 30 "$OUT/vprof.log"; }
 vprofo() { timeout 300 python3 -m lab.scripts.verify_profile --methods oscar --out "$OUT/vprof" > "$OUT/vprof.log" 2>&1
   echo "== vprof oscar: exit $?"; grep -A6 "K=" "$OUT/vprof/verify_profile.txt" 2>/dev/null || tail -n 30 "$OUT/vprof.log"; }
+ftests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_decode_qk_fusion.py \
+  tests/engine/test_speculative_gpu.py tests/engine/test_extend_graphs_gpu.py tests/kernels/test_chunk_splitk.py \
+  > "$OUT/ftests.log" 2>&1; echo "== ftests: exit $?"; tail -n 6 "$OUT/ftests.log"; }
 ctests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_chunk_splitk.py \
   tests/engine/test_extend_graphs_gpu.py tests/engine/test_speculative_gpu.py > "$OUT/ctests.log" 2>&1
   echo "== ctests: exit $?"; tail -n 4 "$OUT/ctests.log"; }

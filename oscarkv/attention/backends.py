@@ -24,7 +24,8 @@ device (:func:`default_backend` picks), the Triton kernels of ``oscarkv.kernels`
   Qwen3-4B step at 100K on an H100, 2026-11-22, ``lab/record/benchmarks-log.md``); ``decode_qk`` —
   :func:`oscarkv.kernels.fused.qk_norm_rope_map`: the same maps fused with the model's QK-norm
   and RoPE, one launch per layer where ``qk_norm_rope_`` then ``qk_map`` take two (what the
-  model's CUDA path uses; ``decode_inputs`` stays for callers that hand over roped q and k).
+  model's CUDA path uses, in decode steps and in extend steps of up to ``fused_extend_tokens``:
+  speculative verify steps; ``decode_inputs`` stays for callers that hand over roped q and k).
 
 ``decode_steps = True``: the model runner sends a step whose chunks are all one token long to
 ``decode`` over the cache *including* the token just written (its K/V as stored, BF16),
@@ -85,6 +86,9 @@ class TritonAttention(AttentionBackend):
     """Triton kernels for the write path, demotion, extend and decode (see the module docstring)."""
 
     decode_steps = True
+    fused_extend_tokens = 16  # NOTE: verify steps (1 + K tokens, K <= 15) and short follow-ups; in a verify step at
+    # the Qwen3-4B shape the unfused maps cost ~0.9 ms (QK-norm + RoPE, an fp32 key GEMM, a query GEMM and five
+    # elementwise kernels a layer; H200, 2026-11-28, lab.scripts.verify_profile) against one launch a layer
 
     def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
         from oscarkv.kernels.write import store_kv

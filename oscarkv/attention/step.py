@@ -59,6 +59,10 @@ class AttentionBackend(ABC):
     decode_steps: bool = False
     """Whether one-token-per-sequence steps go to :meth:`decode` (else :meth:`extend`)."""
 
+    fused_extend_tokens: int = 0
+    """Extend steps of at most this many tokens (speculative verify steps, short follow-ups) take :meth:`decode_qk`'s
+    fused input maps as decode steps do (:meth:`StepContext.attention_from_qkv`); 0: none."""
+
     @abstractmethod
     def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
         """Store stored-domain ``k_rot, v_rot [T, H, d]`` (fp32, or the model's dtype in decode steps
@@ -224,13 +228,21 @@ class StepContext:
     def attention_from_qkv(self, layer: int, qkv: torch.Tensor, rope: QKRope) -> torch.Tensor | None:
         """:meth:`attention` of the un-normed, un-roped projection ``qkv [T, Hq + 2H, d]`` (q, k, v heads)
         when the backend maps its q and k heads with ``rope`` in one pass (:meth:`AttentionBackend.decode_qk`:
-        decode steps only); ``None`` otherwise, nothing done: the caller applies ``rope`` and calls
-        :meth:`attention`. NOTE: ``qkv`` is only read (its q and k rows are not needed once mapped)."""
-        if not self.decode:
+        decode steps, and extend steps of up to ``fused_extend_tokens`` tokens); ``None`` otherwise, nothing done:
+        the caller applies ``rope`` and calls :meth:`attention`. NOTE: ``qkv`` is only read (its q and k rows are
+        not needed once mapped)."""
+        if not (self.decode or qkv.shape[0] <= self.backend.fused_extend_tokens):
             return None
         st, nqk = self.storage[layer], (qkv.shape[1] + rope.num_q) // 2  # Hq + H
         qk = self.backend.decode_qk(st, qkv[:, :nqk], rope)
-        return None if qk is None else self._decode(layer, *qk, stored_domain(st.value, qkv[:, nqk:]), qkv.dtype)
+        if qk is None:
+            return None
+        v_s = stored_domain(st.value, qkv[:, nqk:])
+        if self.decode:
+            return self._decode(layer, *qk, v_s, qkv.dtype)
+        kv = self.pools.layer(layer)  # NOTE: the mapped chunk's K/V as attention() stores and reads them (fp32)
+        self.backend.write(kv, qk[1], v_s, self.slots)
+        return self.backend.extend(qk[0], qk[1], v_s, kv, self.tables, self.cu_seqlens, self.scale, self.cu_host)
 
     def _decode(self, layer: int, q_r: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
                 out_dtype: torch.dtype) -> torch.Tensor:

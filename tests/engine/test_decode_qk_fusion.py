@@ -41,6 +41,12 @@ class _FusedDecodeTorch(_DecodeTorch):
                                 (*st.decode_maps, st.key.mean))
 
 
+class _FusedExtendTorch(_FusedDecodeTorch):
+    """Also fuses extend steps of up to 16 tokens, as ``TritonAttention`` does (``fused_extend_tokens``)."""
+
+    fused_extend_tokens = 16
+
+
 class _Unfused(TritonAttention):
     def decode_qk(self, st, x, rope):
         return None
@@ -121,6 +127,26 @@ def test_fused_decode_step_matches_the_model_path(norm, rep):
     assert torch.equal(fused.pools.bf16_v, ref.pools.bf16_v)
     assert not torch.equal(fused.pools.bf16_k, _pools(seed).bf16_k), "stored nothing"
     torch.testing.assert_close(out, want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("rep", [1, 4])
+def test_fused_short_extend_step_matches_the_model_path(rep):
+    """An extend step of at most ``fused_extend_tokens`` tokens (a verify step) takes the fused maps: the same
+    output and stored K/V as the model's path through ``attention``; a longer one declines and touches nothing."""
+    attn, seed = _layer(True, rep), 7 + rep
+    qkv, rope = _inputs(attn, seed)
+    st = _storage(seed)
+    fused, ref = (_step(b, _pools(seed), st, decode=False) for b in (_FusedExtendTorch(), _DecodeTorch()))
+    out = attn._attention_fused(qkv.clone(), rope, fused)
+    want = attn._attention_fused(qkv.clone(), rope, ref)
+    torch.testing.assert_close(fused.pools.bf16_k, ref.pools.bf16_k, rtol=2 ** -7, atol=2 ** -7)
+    assert torch.equal(fused.pools.bf16_v, ref.pools.bf16_v)
+    assert not torch.equal(fused.pools.bf16_k, _pools(seed).bf16_k), "stored nothing"
+    torch.testing.assert_close(out.to(want.dtype), want, rtol=1e-2, atol=1e-2)
+    short = _FusedExtendTorch()
+    short.fused_extend_tokens = 1  # the step has 2 tokens
+    step = _step(short, _pools(seed), st, decode=False)
+    assert step.attention_from_qkv(0, qkv, rope) is None and torch.equal(step.pools.bf16_k, _pools(seed).bf16_k)
 
 
 @pytest.mark.gpu
