@@ -4,6 +4,7 @@ follow-up request over a cached prefix (as ``oscarkv bench followup`` times it),
 host functions. Writes ``followup_profile.json`` and a text table under the output folder.
 
     python -m lab.scripts.followup_profile --shape qwen3-4b --context 102400 --new-tokens 1,8,64,512 --out DIR
+        [--prefill-chunk 512 --resume / --no-resume]   (as served: bench followup --prefill-chunk 512)
 """
 
 from __future__ import annotations
@@ -34,17 +35,18 @@ def host(pr: cProfile.Profile, top: int = 25) -> str:
     return s.getvalue()
 
 
-def one(engine, prefix: list[int], k: int, seed: int) -> dict:
+def one(engine, prefix: list[int], k: int, seed: int, served: tuple[bool, bool] = (True, True)) -> dict:
+    """``served``: ``followup_step``'s ``(whole, resume)``."""
     from torch.profiler import ProfilerActivity, profile
 
-    warm = followup_step(engine, prefix, k, seed)["step_s"]
-    timed = followup_step(engine, prefix, k, seed + 1)["step_s"]
+    warm = followup_step(engine, prefix, k, seed, *served)["step_s"]
+    timed = followup_step(engine, prefix, k, seed + 1, *served)["step_s"]
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        followup_step(engine, prefix, k, seed + 2)
+        followup_step(engine, prefix, k, seed + 2, *served)
     rows = kernels(prof)
     pr = cProfile.Profile()
     pr.enable()
-    followup_step(engine, prefix, k, seed + 3)
+    followup_step(engine, prefix, k, seed + 3, *served)
     pr.disable()
     return dict(k=k, warm_ms=warm * 1e3, wall_ms=timed * 1e3, kernel_ms=sum(r["us"] for r in rows) / 1e3,
                 launches=sum(r["count"] for r in rows), top=rows[:14], host=host(pr))
@@ -59,21 +61,25 @@ def main() -> None:
     ap.add_argument("--kv-gib", type=float, default=24)
     ap.add_argument("--extend-graphs", choices=("on", "off"), default="on",
                     help="off: short extend steps run eagerly (the engine before oscarkv.engine.extend_graphs)")
+    ap.add_argument("--prefill-chunk", type=int, default=0,
+                    help="as served (e.g. 512): the cached prompt ends half a chunk past the context; 0: one chunk")
+    ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                    help="the follow-up resumes where the cached prompt ended (EngineConfig.resume_turns)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     ks = [int(x) for x in a.new_tokens.split(",")]
     model = e2e.random_model(a.shape)
     res, lines = [], []
     for method in a.methods.split(","):
-        engine = followup_engine(model, method, int(a.kv_gib * 2**30), max(ks))
+        engine = followup_engine(model, method, int(a.kv_gib * 2**30), max(ks), a.prefill_chunk)
         if a.extend_graphs == "off":
             engine.runner.inner.extend_graphs = engine.runner.extend_graphs = None
-        prefix = _ids(engine, a.context, a.context)
+        prefix = _ids(engine, a.context + a.prefill_chunk // 2, a.context)
         t = time.perf_counter()
         cache_prefix(engine, prefix)
         lines.append(f"{method}: prefix cached in {time.perf_counter() - t:.1f} s")
         for k in ks:
-            r = one(engine, prefix, k, 10 * k)
+            r = one(engine, prefix, k, 10 * k, (not a.prefill_chunk, a.resume))
             graphs = engine.runner.extend_graphs
             r.update(method=method, context=a.context, extend_graphs=a.extend_graphs,
                      extend_replays=graphs.replays if graphs else 0, fallbacks=dict(graphs.fallbacks) if graphs else {})

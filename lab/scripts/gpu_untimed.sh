@@ -16,6 +16,9 @@
 #      oscar, k = 8 and 64); gtests: the decode kernel's GPU tests and the engine's graph / prefetch GPU tests
 #   ftests: extend steps of <= 16 tokens through the fused input maps (TritonAttention.fused_extend_tokens, built
 #      without a GPU): the fusion, speculation and extend-graph GPU tests; then vprofo (its verify-step profile)
+#   sprof: the as-served follow-up (512-token chunks) under the profiler, resumed and not, k = 1 and 512 (OSCAR's
+#      k = 512 read 162-175 ms resumed against 138 not); cs17 / cs33 / cs64: chunk_sweep with one-warp tiles at
+#      chunks over 16 tokens (the table there is still the eager-timed one)
 #   tp2 (2 GPUs or more): Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
@@ -45,6 +48,10 @@ vprofo() { timeout 300 python3 -m lab.scripts.verify_profile --methods oscar --o
 ftests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_decode_qk_fusion.py \
   tests/engine/test_speculative_gpu.py tests/engine/test_extend_graphs_gpu.py tests/kernels/test_chunk_splitk.py \
   > "$OUT/ftests.log" 2>&1; echo "== ftests: exit $?"; tail -n 6 "$OUT/ftests.log"; }
+sprof() { for r in resume no-resume; do timeout 200 python3 -m lab.scripts.followup_profile --methods oscar --new-tokens \
+  1,512 --prefill-chunk 512 --$r --out "$OUT/sprof_$r" > "$OUT/sprof_$r.log" 2>&1; echo "== sprof --$r: exit $?"
+  grep -E "^==|^ +[0-9.]+ ms" "$OUT/sprof_$r.log"; done; }
+cs17() { csweep 17; }; cs33() { csweep 33; }; cs64() { csweep 64; }
 ctests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_chunk_splitk.py \
   tests/engine/test_extend_graphs_gpu.py tests/engine/test_speculative_gpu.py > "$OUT/ctests.log" 2>&1
   echo "== ctests: exit $?"; tail -n 4 "$OUT/ctests.log"; }
@@ -54,7 +61,7 @@ gtests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ker
   tests/engine/test_gpu_engine.py > "$OUT/gtests.log" 2>&1; echo "== gtests: exit $?"; tail -n 8 "$OUT/gtests.log"; }
 csweep() { timeout 400 python3 -m lab.scripts.chunk_sweep --out "$OUT/csweep$1" --chunks "$1" --kinds int2 --warps 1,2,4 \
   --mults 1,2,4,8,16 --maxnreg 168 > "$OUT/csweep$1.log" 2>&1; echo "== csweep $1: exit $?"; tail -n 2 "$OUT/csweep$1.log"; }
-cs1() { csweep 1; }; cs3() { csweep 3; }; cs9() { csweep 9; }; cs17() { csweep 17; }
+cs1() { csweep 1; }; cs3() { csweep 3; }; cs9() { csweep 9; }
 tp2s() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tp2s: one GPU, skipped"; return; }
   for mv in bf16:off oscar:off oscar:attn oscar:all; do m=${mv%%:*}; v=${mv##*:}; timeout 130 python3 -m oscarkv.cli bench \
     decode --contexts 102400 --shapes qwen3-8b --methods $m --tensor-parallel-size 2 --all-reduce one_shot --steps 12 \
