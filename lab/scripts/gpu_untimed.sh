@@ -51,7 +51,9 @@ ftests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/eng
 sprof() { for r in resume no-resume; do timeout 200 python3 -m lab.scripts.followup_profile --methods oscar --new-tokens \
   1,512 --prefill-chunk 512 --$r --out "$OUT/sprof_$r" > "$OUT/sprof_$r.log" 2>&1; echo "== sprof --$r: exit $?"
   grep -E "^==|^ +[0-9.]+ ms" "$OUT/sprof_$r.log"; done; }
-cs17() { csweep 17; }; cs33() { csweep 33; }; cs64() { csweep 64; }
+cs17() { csweep 17; }; cs33() { csweep 33; }
+cs64() { timeout 400 python3 -m lab.scripts.chunk_sweep --out "$OUT/csweep64" --chunks 64 --kinds int2 --warps 1,2,4,8 \
+  --mults 1,2,4,8 --rows 16,32,64,128 > "$OUT/csweep64.log" 2>&1; echo "== csweep 64: exit $?"; tail -n 2 "$OUT/csweep64.log"; }
 ctests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_chunk_splitk.py \
   tests/engine/test_extend_graphs_gpu.py tests/engine/test_speculative_gpu.py > "$OUT/ctests.log" 2>&1
   echo "== ctests: exit $?"; tail -n 4 "$OUT/ctests.log"; }
