@@ -342,7 +342,9 @@ class EngineConfig:
     """Prefetch each projection's weights into L2 while the latency-bound work before it runs (CUDA, compute
     capability 9.0+; ``oscarkv.models.prefetch``): ``off``, ``all``, or a comma list of ``attn`` (o_proj during
     attention), ``reduce`` (gate_up during o_proj's all-reduce and the norm), ``act`` (down_proj during SiLU·mul),
-    ``next`` (the next layer's qkv during down_proj's all-reduce and the norm). Outputs do not change."""
+    ``next`` (the next layer's qkv during down_proj's all-reduce and the norm). Outputs do not change. An
+    experiment: every point slowed Qwen3-4B/8B decode at 100K on H200s, one GPU and two (2026-11-28,
+    docs/BENCHMARKS.md), so it stays off."""
     l2_prefetch_mib: int = 24
     """Bytes prefetched at each point, at most (MiB; the first bytes of the weight)."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
