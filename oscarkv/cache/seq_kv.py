@@ -37,10 +37,12 @@ class ChunkSchedule:
     prompt_len: int
     chunk: int  # EngineConfig.prefill_chunk
     boundaries: tuple[int, ...] = ()  # explicit prefill chunk ends inside the prompt (sorted)
-    resume: tuple[int, ...] = ()  # extra chunk starts beside the multiples of ``chunk`` (sorted; canonical only)
+    resume: tuple[int, ...] = ()  # anchors of chunk runs beside 0 (sorted; canonical schedules only)
     """Where an earlier request's prompt ended, rounded down to a page (``Admission.validate``'s ``resume``): a chunk
     starts there, so the cached pages of that request's last, partial chunk are hits (their K/V depend on the
-    chunk's start and on the tiers at its end, which a page-aligned start inside the same page keeps)."""
+    chunk's start and on the tiers at its end, which a page-aligned start inside the same page keeps), and the
+    chunks after it are ``chunk`` long from there (a follow-up of up to ``chunk`` tokens is one chunk: a function
+    of the prompt, so a later turn that resumes at the same points reproduces them)."""
 
     def __post_init__(self) -> None:
         if self.boundaries and self.resume:
@@ -53,8 +55,9 @@ class ChunkSchedule:
         if self.boundaries:
             i = bisect_right(self.boundaries, t0)
             return self.boundaries[i] if i < len(self.boundaries) else self.prompt_len
-        end = min((t0 // self.chunk + 1) * self.chunk, self.prompt_len)
         i = bisect_right(self.resume, t0)
+        a = self.resume[i - 1] if i else 0  # the anchor of t0's run of chunks
+        end = min(a + ((t0 - a) // self.chunk + 1) * self.chunk, self.prompt_len)
         return min(end, self.resume[i]) if i < len(self.resume) else end
 
     def ends(self, pos: np.ndarray) -> np.ndarray:
@@ -63,10 +66,10 @@ class ChunkSchedule:
             bounds = np.array(self.boundaries + (self.prompt_len,), dtype=np.int64)  # as :meth:`end`'s bisect
             inside = bounds[np.searchsorted(bounds[:-1], pos, side="right")]
         else:
-            inside = np.minimum((pos // self.chunk + 1) * self.chunk, self.prompt_len)
-            if self.resume:
-                bounds = np.array(self.resume + (self.prompt_len,), dtype=np.int64)
-                inside = np.minimum(inside, bounds[np.searchsorted(bounds[:-1], pos, side="right")])
+            anchors = np.array((0,) + self.resume + (self.prompt_len,), dtype=np.int64)
+            i = np.searchsorted(anchors[:-1], pos, side="right")  # anchors[i - 1] <= pos < anchors[i]
+            a = anchors[i - 1]
+            inside = np.minimum(np.minimum(a + ((pos - a) // self.chunk + 1) * self.chunk, self.prompt_len), anchors[i])
         return np.where(pos >= self.prompt_len, pos + 1, inside)
 
     def firsts(self, pos: np.ndarray) -> np.ndarray:
@@ -78,9 +81,8 @@ class ChunkSchedule:
         """Start positions of the prefill chunks, ascending."""
         if self.boundaries:
             return sorted({0, *(b for b in self.boundaries if 0 < b < self.prompt_len)})
-        if self.resume:
-            return sorted({*range(0, self.prompt_len, self.chunk), *(r for r in self.resume if 0 < r < self.prompt_len)})
-        return list(range(0, self.prompt_len, self.chunk))
+        anchors = [0, *(r for r in self.resume if 0 < r < self.prompt_len), self.prompt_len]
+        return [t for a, b in zip(anchors, anchors[1:]) for t in range(a, b, self.chunk)]
 
     def runs(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Positions ``[lo, hi)`` as runs that share a chunk, in order: ``(start, end, length)`` int64 arrays, a

@@ -106,17 +106,23 @@ def test_keys_hash_chunk_starts_and_tiers_not_ends():
 
 
 def test_resume_schedule():
-    s = ChunkSchedule(40, 16, resume=(24,))
-    assert s.starts() == [0, 16, 24, 32] and [s.end(t) for t in (0, 16, 24, 32, 40)] == [16, 24, 32, 40, 41]
+    s = ChunkSchedule(40, 16, resume=(24,))  # chunks run 16 long from each anchor: 0, then the resume point
+    assert s.starts() == [0, 16, 24] and [s.end(t) for t in (0, 16, 24, 32, 40)] == [16, 24, 40, 40, 41]
+    two = ChunkSchedule(60, 16, resume=(8, 40))
+    assert two.starts() == [0, 8, 24, 40, 56] and [two.end(t) for t in two.starts()] == [8, 24, 40, 56, 60]
     pos = np.arange(45)
     assert s.ends(pos).tolist() == [s.end(int(t)) if t >= 40 else s.end(max(x for x in s.starts() if x <= t))
                                     for t in pos]
     assert s.firsts(pos).tolist() == [t if t >= 40 else max(x for x in s.starts() if x <= t) for t in pos]
+    pos = np.arange(64)
+    assert two.ends(pos).tolist() == [two.end(int(t)) if t >= 60 else two.end(max(x for x in two.starts() if x <= t))
+                                      for t in pos]
     with pytest.raises(ValueError, match="resume"):
         ChunkSchedule(40, 16, boundaries=(8,), resume=(24,))
 
 
 @pytest.mark.parametrize("schedule", [ChunkSchedule(40, 16), ChunkSchedule(40, 16, resume=(24, 36)),
+                                      ChunkSchedule(40, 16, resume=(4,)),
                                       ChunkSchedule(40, 16, boundaries=(5, 9, 33)), ChunkSchedule(7, 16)])
 def test_runs_give_each_position_its_chunk(schedule):
     """``ChunkSchedule.runs`` (what page keys are built from, once per chunk) says per position what ``firsts`` and

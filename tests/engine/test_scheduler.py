@@ -52,6 +52,25 @@ def test_follow_up_resumes_the_cached_partial_chunk(llama, artifact):
     assert plain.manager.hit_tokens == 64
 
 
+def test_third_turn_hits_the_second_turns_chunks(llama, artifact):
+    """After a resume point chunks run ``prefill_chunk`` long from it (a 28-token follow-up is one chunk, not two
+    cut at a multiple of 32); a third turn resuming at both earlier ends reproduces the second turn's chunks: it
+    hits down to the second turn's end (rounded to a page) and gives what a cold run gives."""
+    doc = prompts(1, 75, seed=8)[0]
+    second = doc + prompts(1, 25, seed=9)[0]  # ends at 100
+    third = second + [3, 1, 4, 1, 5, 9, 2, 6]
+    kw = dict(prefill_chunk=32, max_num_batched_tokens=48)
+    warm = make_engine(llama, "oscar", artifact, **kw)
+    assert warm.admission.validate("s", second, GREEDY, resume=(75,)).schedule.starts() == [0, 32, 64, 72]
+    run(warm, [doc])
+    _follow_up(warm, second, GREEDY, (75,))
+    before = warm.manager.hit_tokens
+    hot = _follow_up(warm, third, GREEDY, (75, 100))
+    assert warm.manager.hit_tokens - before == 96
+    cold = _follow_up(make_engine(llama, "oscar", artifact, **kw), third, GREEDY, (75, 100))
+    assert hot.token_ids == cold.token_ids and hot.logprobs == cold.logprobs
+
+
 def test_chat_follow_up_resumes_where_the_turn_marker_ends(llama, artifact):
     """``EngineConfig.resume_turns``: a prompt holding the chat template's assistant prefix (here a stand-in marker)
     resumes where it ends, as an explicit ``resume`` would; without the marker (or with the flag off) nothing changes."""
