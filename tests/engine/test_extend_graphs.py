@@ -169,3 +169,18 @@ def test_verify_chunks_store_what_decode_steps_store(llama, artifact, wrong):
         for x, y in zip(a[:2], b[:2]):
             torch.testing.assert_close(x, y, rtol=0, atol=1e-2 * y.abs().max().item())  # a bf16 ulp
         assert all(torch.equal(x, y) for x, y in zip(a[2:], b[2:])), key
+
+
+def test_speculation_adds_its_verify_bucket():
+    """With n-gram speculation of K drafts the extend graphs gain a bucket of exactly 1 + K tokens (a full verify
+    chunk is not padded to the next bucket); without speculation, or with extend graphs off, nothing changes."""
+    from dataclasses import replace
+
+    from oscarkv.config import EngineConfig
+    from oscarkv.engine.model_runner import extend_buckets
+
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=8)
+    assert extend_buckets(EngineConfig(speculative=spec)) == (2, 4, 8, 9, 16, 32, 64)
+    assert extend_buckets(EngineConfig()) == EngineConfig().extend_graph_buckets
+    assert extend_buckets(EngineConfig(speculative=spec, extend_graph_buckets=())) == ()
+    assert extend_buckets(EngineConfig(speculative=replace(spec, num_speculative_tokens=7))) == (2, 4, 8, 16, 32, 64)
