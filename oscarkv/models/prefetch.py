@@ -49,7 +49,9 @@ def issue(linear: nn.Module) -> None:
         l2_prefetch(t)
         return
     dev = t.device.index
-    side = _side.setdefault(dev, torch.cuda.Stream(t.device))
+    side = _side.get(dev)
+    if side is None:
+        side = _side[dev] = torch.cuda.Stream(t.device)
     side.wait_stream(torch.cuda.current_stream(t.device))  # after the GEMV's inputs, like the GEMV
     with torch.cuda.stream(side):
         l2_prefetch(t)
