@@ -18,7 +18,8 @@
 #      without a GPU): the fusion, speculation and extend-graph GPU tests; then vprofo (its verify-step profile)
 #   sprof: the as-served follow-up (512-token chunks) under the profiler, resumed and not, k = 1 and 512 (OSCAR's
 #      k = 512 read 162-175 ms resumed against 138 not); cs17 / cs33 / cs64: chunk_sweep with one-warp tiles at
-#      chunks over 16 tokens (the table there is still the eager-timed one)
+#      chunks over 16 tokens (the table there is still the eager-timed one); cs9b: BF16-only caches at 3 and 9 tokens
+#      (a BF16 K = 8 verify chunk spent 23.6 ms in the chunk kernel at 100K)
 #   tp2 (2 GPUs or more): Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
@@ -52,6 +53,8 @@ sprof() { for r in resume no-resume; do timeout 200 python3 -m lab.scripts.follo
   1,512 --prefill-chunk 512 --$r --out "$OUT/sprof_$r" > "$OUT/sprof_$r.log" 2>&1; echo "== sprof --$r: exit $?"
   grep -E "^==|^ +[0-9.]+ ms" "$OUT/sprof_$r.log"; done; }
 cs17() { csweep 17; }; cs33() { csweep 33; }
+cs9b() { timeout 400 python3 -m lab.scripts.chunk_sweep --out "$OUT/csweep9b" --chunks 3,9 --kinds bf16 --warps 1,2,4 \
+  --mults 1,2,4,8,16 > "$OUT/csweep9b.log" 2>&1; echo "== csweep bf16 3,9: exit $?"; tail -n 3 "$OUT/csweep9b.log"; }
 cs64() { timeout 400 python3 -m lab.scripts.chunk_sweep --out "$OUT/csweep64" --chunks 64 --kinds int2 --warps 1,2,4,8 \
   --mults 1,2,4,8 --rows 16,32,64,128 > "$OUT/csweep64.log" 2>&1; echo "== csweep 64: exit $?"; tail -n 2 "$OUT/csweep64.log"; }
 ctests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_chunk_splitk.py \
