@@ -293,9 +293,9 @@ def extend_buckets(cfg: EngineConfig) -> tuple[int, ...]:
     """``EngineConfig.extend_graph_buckets``, plus a verify step's ``1 + K`` tokens with speculation: a full verify
     chunk then replays a graph of its own size, not the next bucket padded (9 tokens in a graph of 16 cost the chunk
     kernel's 16-token grid: 0.145 against 0.119 ms a layer over 100K, H200, 2026-11-28)."""
-    buckets = set(cfg.extend_graph_buckets)
-    if cfg.speculative.enabled and buckets:
-        buckets.add(1 + cfg.speculative.num_speculative_tokens)
+    buckets, rows = set(cfg.extend_graph_buckets), 1 + cfg.speculative.num_speculative_tokens
+    if cfg.speculative.enabled and buckets and rows < max(buckets):  # NOTE: longer chunks run eagerly anyway
+        buckets.add(rows)
     return tuple(sorted(buckets))
 
 

@@ -173,7 +173,8 @@ def test_verify_chunks_store_what_decode_steps_store(llama, artifact, wrong):
 
 def test_speculation_adds_its_verify_bucket():
     """With n-gram speculation of K drafts the extend graphs gain a bucket of exactly 1 + K tokens (a full verify
-    chunk is not padded to the next bucket); without speculation, or with extend graphs off, nothing changes."""
+    chunk is not padded to the next bucket) up to the largest; without speculation, or with extend graphs off,
+    nothing changes."""
     from dataclasses import replace
 
     from oscarkv.config import EngineConfig
@@ -184,3 +185,4 @@ def test_speculation_adds_its_verify_bucket():
     assert extend_buckets(EngineConfig()) == EngineConfig().extend_graph_buckets
     assert extend_buckets(EngineConfig(speculative=spec, extend_graph_buckets=())) == ()
     assert extend_buckets(EngineConfig(speculative=replace(spec, num_speculative_tokens=7))) == (2, 4, 8, 16, 32, 64)
+    assert extend_buckets(EngineConfig(speculative=replace(spec, num_speculative_tokens=99))) == (2, 4, 8, 16, 32, 64)
