@@ -61,6 +61,13 @@ def test_chunk_rungs_cpu(bits, levels):
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+def test_chunk_rows_of_128_cpu():
+    """128 query rows per program (32 chunk tokens x a GQA group of 4: what ``chunk_sweep --rows`` times for
+    64-token follow-ups), a chunk of 40 over two row blocks, the second one partly dead."""
+    _check([300], [40], 8, 2, 64, splits=2, seed=3, config={"ROWS": 128, "CHUNK": 4})
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
 @pytest.mark.parametrize("bits", [(2, 2), (4, 2)], ids=["int2", "k4v2"])
 def test_chunk_tiles_of_several_pages_cpu(bits):
     """Pages of 16 (sink and recent 16, the shipped recipe's windows) in tiles of four pages (``SPAN_PAGES``):
