@@ -43,7 +43,7 @@ else
     echo "the default model is not here (part1 on this warm machine carries its first half): stopping"; exit 1
 fi
 timeout 500 "$PY" -m oscarkv.cli bench speculative --model "$GGUF" --device cuda --methods bf16,oscar \
-    --num-speculative-tokens 2,4,8 --document-tokens 6144 --max-tokens 128 --shapes qwen3-4b \
+    --num-speculative-tokens 2,4,8 --document-tokens 6144 --max-tokens 128 --repeats 3 --shapes qwen3-4b \
     --contexts 32768,102400 --steps 16 --kv-gib 24 --out "$OUT/spec.json" 2>&1 | tee "$OUT/spec.log" || status=1
 grep '^|\|^measured\|^projected' "$OUT/spec.log" > "$OUT/spec.md"
 exit $status

@@ -305,6 +305,9 @@ class SpeculativeBench:
     """Tokens of the document both real-model tasks start with (cut at a line end; at most the model's context)."""
     max_tokens: int = 64
     """Greedy tokens generated per task."""
+    repeats: int = 1
+    """Times each task is served on one engine (greedy: the same tokens): the median ms per token is reported,
+    every run's beside it (the spread a 5% difference must exceed)."""
     shapes: tuple[str, ...] = ()
     """Model shapes for the verify-step cost (CUDA only; e.g. qwen3-4b); empty: the real model only."""
     contexts: tuple[int, ...] = (32768, 102400)
@@ -318,7 +321,7 @@ class SpeculativeBench:
         _check_methods(self)
         if self.speculative not in SPECULATIVE_METHODS or self.speculative == "none":
             raise ValueError(f"SpeculativeBench.speculative must be one of {SPECULATIVE_METHODS[1:]}, got {self.speculative!r}")
-        _check_positive(self, "num_speculative_tokens", "document_tokens", "max_tokens", "contexts", "steps")
+        _check_positive(self, "num_speculative_tokens", "document_tokens", "max_tokens", "repeats", "contexts", "steps")
 
 
 def _check_allocations(bench) -> None:

@@ -107,16 +107,19 @@ def serve_one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> d
 
 
 def task_rows(make_engine, prompts: dict[str, list[int]], method: str, ks: tuple[int, ...],
-              max_tokens: int) -> list[dict]:
+              max_tokens: int, repeats: int = 1) -> list[dict]:
     """Rows of one KV method: each task at K = 0 and each K (``make_engine(method, K)``: K = 0 without
-    speculation), with ``tokens_equal`` against K = 0."""
+    speculation), with ``tokens_equal`` against K = 0; a task served ``repeats`` times reports its median run by
+    ms per token and every run's ms per token (``all_ms``)."""
     rows, ref = [], {}
     for k in (0, *ks):
         engine = make_engine(method, k)
         try:
             serve_one(engine, "warm-up", prompts["copy"], min(16, max_tokens))
             for task, ids in prompts.items():
-                r = serve_one(engine, f"{task}-{k}", ids, max_tokens)
+                runs = sorted((serve_one(engine, f"{task}-{k}-{i}", ids, max_tokens) for i in range(repeats)),
+                              key=lambda x: x["ms_per_token"])
+                r = dict(runs[len(runs) // 2], all_ms=[x["ms_per_token"] for x in runs])
                 got = r.pop("tokens"), r.pop("logprobs")
                 ref.setdefault(task, got)
                 rows.append(dict(part="model", method=method, task=task, k=k, prompt_tokens=len(ids),
@@ -258,7 +261,7 @@ def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None) -> str:
     """Both parts (the shapes only on CUDA), their tables and the projection; JSON to ``out``."""
     prompts = task_prompts(loaded.tokenizer, cfg.document_tokens)
     rows = [r for m in cfg.methods for r in task_rows(model_engine_factory(loaded, artifact), prompts, m,
-                                                       cfg.num_speculative_tokens, cfg.max_tokens)]
+                                                       cfg.num_speculative_tokens, cfg.max_tokens, cfg.repeats)]
     if cfg.shapes and not torch.cuda.is_available():
         raise ValueError("bench speculative --shapes needs a CUDA device")
     for shape in cfg.shapes:
@@ -291,9 +294,15 @@ def model_table(rows: list[dict]) -> str:
         acc, graph = (f"{r['acceptance_rate']:.2f}", f"{r['graph']:.2f}") if r["k"] else ("-", "-")
         diff = "-" if r["first_diff"] is None else f"{r['first_diff']} ({r['drift']:.3f}, {r['margin']:.3f})"
         lines.append(f"| {r['method']} | {r['task']} | {r['k']} | {acc} | {r['tokens_per_step']:.2f} | {graph} | "
-                     f"{r['decode_steps']} | {r['ms_per_token']:.2f} | "
+                     f"{r['decode_steps']} | {_ms_cell(r)} | "
                      f"{base[r['method'], r['task']] / r['ms_per_token']:.2f}x | {r['tokens_equal']} | {diff} |")
     return "\n".join(lines)
+
+
+def _ms_cell(r: dict) -> str:
+    """ms per token; with repeats, the median and the range of the runs."""
+    runs = r.get("all_ms") or [r["ms_per_token"]]
+    return f"{r['ms_per_token']:.2f}" + (f" ({min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else "")
 
 
 def shape_table(rows: list[dict]) -> str:
