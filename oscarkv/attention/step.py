@@ -220,10 +220,8 @@ class StepContext:
             return self._decode(layer, *self.backend.decode_inputs(st, q, k, v), q.dtype)
         # [T, H, d] fp32; NOTE: identity codecs (kv=bf16) keep the model's tensors: the same values without
         # fp32 copies of q, k and v (one prefill step of 8K tokens: ~0.3 GB of traffic per layer)
-        k_rot, v_rot = stored_domain(st.key, k), stored_domain(st.value, v)
-        self.backend.write(kv, k_rot, v_rot, self.slots)
-        return self.backend.extend(self.backend.extend_queries(st, q), k_rot, v_rot, kv, self.tables,
-                                   self.cu_seqlens, self.scale, self.cu_host)
+        return self._extend(layer, self.backend.extend_queries(st, q), stored_domain(st.key, k),
+                            stored_domain(st.value, v))
 
     def attention_from_qkv(self, layer: int, qkv: torch.Tensor, rope: QKRope) -> torch.Tensor | None:
         """:meth:`attention` of the un-normed, un-roped projection ``qkv [T, Hq + 2H, d]`` (q, k, v heads)
@@ -238,11 +236,14 @@ class StepContext:
         if qk is None:
             return None
         v_s = stored_domain(st.value, qkv[:, nqk:])
-        if self.decode:
-            return self._decode(layer, *qk, v_s, qkv.dtype)
-        kv = self.pools.layer(layer)  # NOTE: the mapped chunk's K/V as attention() stores and reads them (fp32)
-        self.backend.write(kv, qk[1], v_s, self.slots)
-        return self.backend.extend(qk[0], qk[1], v_s, kv, self.tables, self.cu_seqlens, self.scale, self.cu_host)
+        return self._decode(layer, *qk, v_s, qkv.dtype) if self.decode else self._extend(layer, *qk, v_s)
+
+    def _extend(self, layer: int, q_r: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor) -> torch.Tensor:
+        """Write the stored-domain ``k_s, v_s``, attend with the mapped queries ``q_r`` over the prefix and
+        the chunk."""
+        kv = self.pools.layer(layer)
+        self.backend.write(kv, k_s, v_s, self.slots)
+        return self.backend.extend(q_r, k_s, v_s, kv, self.tables, self.cu_seqlens, self.scale, self.cu_host)
 
     def _decode(self, layer: int, q_r: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
                 out_dtype: torch.dtype) -> torch.Tensor:

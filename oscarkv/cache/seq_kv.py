@@ -62,20 +62,9 @@ class ChunkSchedule:
 
     def ends(self, pos: np.ndarray) -> np.ndarray:
         """:meth:`end` of every position in ``pos`` (int64, any shape), vectorized."""
-        if self.boundaries:
-            bounds = np.array(self.boundaries + (self.prompt_len,), dtype=np.int64)  # as :meth:`end`'s bisect
-            inside = bounds[np.searchsorted(bounds[:-1], pos, side="right")]
-        else:
-            anchors = np.array((0,) + self.resume + (self.prompt_len,), dtype=np.int64)
-            i = np.searchsorted(anchors[:-1], pos, side="right")  # anchors[i - 1] <= pos < anchors[i]
-            a = anchors[i - 1]
-            inside = np.minimum(np.minimum(a + ((pos - a) // self.chunk + 1) * self.chunk, self.prompt_len), anchors[i])
+        bounds = self._bounds()
+        inside = bounds[np.minimum(np.searchsorted(bounds, pos, side="right"), len(bounds) - 1)]
         return np.where(pos >= self.prompt_len, pos + 1, inside)
-
-    def firsts(self, pos: np.ndarray) -> np.ndarray:
-        """Start of the chunk that holds each position in ``pos`` (a decode token: itself), vectorized."""
-        starts = np.array(self.starts(), dtype=np.int64)
-        return np.where(pos >= self.prompt_len, pos, starts[np.searchsorted(starts, pos, side="right") - 1])
 
     def starts(self) -> list[int]:
         """Start positions of the prefill chunks, ascending."""
@@ -84,12 +73,16 @@ class ChunkSchedule:
         anchors = [0, *(r for r in self.resume if 0 < r < self.prompt_len), self.prompt_len]
         return [t for a, b in zip(anchors, anchors[1:]) for t in range(a, b, self.chunk)]
 
+    def _bounds(self) -> np.ndarray:
+        """:meth:`starts`, then the prompt's end: chunk ``i`` is ``[bounds[i], bounds[i + 1])``."""
+        return np.array(self.starts() + [self.prompt_len], dtype=np.int64)
+
     def runs(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Positions ``[lo, hi)`` as runs that share a chunk, in order: ``(start, end, length)`` int64 arrays, a
-        prompt chunk ``[starts()[i], starts()[i + 1])`` (the last ends at the prompt's end) cut to the range, then
-        each decode position its own run — what :meth:`firsts` and :meth:`ends` give per position, once per run."""
+        prompt chunk cut to the range, then each decode position its own run (its start itself, its end the next
+        position): per position, the chunk's start and :meth:`ends`, once per run."""
         cut = min(hi, self.prompt_len)
-        bounds = np.array(self.starts() + [self.prompt_len], dtype=np.int64)
+        bounds = self._bounds()
         i0, i1 = np.searchsorted(bounds, lo, side="right") - 1, np.searchsorted(bounds, cut, side="left")
         first, end = (bounds[i0:i1], bounds[i0 + 1:i1 + 1]) if lo < cut else (bounds[:0], bounds[:0])
         length = np.minimum(end, cut) - np.maximum(first, lo)
