@@ -22,6 +22,7 @@
 #      (a BF16 K = 8 verify chunk spent 23.6 ms in the chunk kernel at 100K)
 #   (eleventh session) bprof: the as-served follow-up at 32K, k = 64 and 512, bf16 and oscar, under the profiler
 #      (BF16 k = 64 took 68 ms at 32K and 66 at 100K: near-constant in the context)
+#   cs64s: chunk_sweep at k = 64 on a grid that fits (cs64's timed out at 400 s): rows 16 / 64, 1-4 warps
 #   tp2 (2 GPUs or more): Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
@@ -57,6 +58,8 @@ sprof() { for r in resume no-resume; do timeout 200 python3 -m lab.scripts.follo
 bprof() { for m in bf16 oscar; do timeout 150 python3 -m lab.scripts.followup_profile --methods $m --context 32768 \
   --new-tokens 64,512 --prefill-chunk 512 --resume --out "$OUT/bprof_$m" > "$OUT/bprof_$m.log" 2>&1; echo "== bprof $m: exit $?"
   grep -E "^==|^ +[0-9.]+ ms" "$OUT/bprof_$m.log" | head -n 24; done; }
+cs64s() { timeout 300 python3 -m lab.scripts.chunk_sweep --out "$OUT/csweep64s" --chunks 64 --kinds int2 --warps 1,2,4 \
+  --mults 4,8,16 --rows 16,64 > "$OUT/csweep64s.log" 2>&1; echo "== csweep 64 (small grid): exit $?"; tail -n 2 "$OUT/csweep64s.log"; }
 cs17() { csweep 17; }; cs33() { csweep 33; }
 cs9b() { timeout 400 python3 -m lab.scripts.chunk_sweep --out "$OUT/csweep9b" --chunks 3,9 --kinds bf16 --warps 1,2,4 \
   --mults 1,2,4,8,16 > "$OUT/csweep9b.log" 2>&1; echo "== csweep bf16 3,9: exit $?"; tail -n 3 "$OUT/csweep9b.log"; }

@@ -175,7 +175,9 @@ def _config(device: torch.device, rows: int, int2: bool) -> dict:
     if int2 and rows <= 16:  # NOTE: CUDA-graph timings, H200, 2026-11-28 (``chunk_sweep --warps 1,2,4 --mults
         # 1,2,4,8,16 --maxnreg 168``, lab/bench_gpu/2026-11-28/csweep_h200x4/): one warp, 8 programs per SM, 3 stages,
         # 64-key tiles: k = 1 0.055 -> 0.038 ms per layer (the decode kernel 0.035), k = 3 0.093 -> 0.048, and k = 9
-        # in row blocks of 16 (_rows) 0.179 -> 0.119; a register cap of 168 changed nothing
+        # in row blocks of 16 (_rows) 0.179 -> 0.119; a register cap of 168 changed nothing. Longer chunks in blocks
+        # of 16 rows (s11_call*_h200x2/csweep17, 33): k = 17 0.354 -> 0.191 (24 splits: ~7 programs per SM), k = 33
+        # 0.504 -> 0.444 (16 splits, ~9; 2 stages 0.444, 3 stages 0.450); k = 64 extrapolated, timed by cs64
         return dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, CHUNK=32, PER_SM=8, SPAN_PAGES=False)
     warps, per_sm, stages, block_n = {8: (2, 8, 2, 64), 16: (2, 4, 3, 64), 32: (2, 4, 3, 64)}.get(
         rows, (4, 2, 3, 32) if int2 else (8, 1, 2, 64))
@@ -184,9 +186,9 @@ def _config(device: torch.device, rows: int, int2: bool) -> dict:
 
 
 def _rows(device: torch.device, max_chunk: int, rep_pad: int, int2: bool) -> int:
-    """Query rows per program: the whole chunk's rows up to 64 (16 in the interpreter, and for chunks of up to 16
-    tokens over INT2 history: 9 tokens in blocks of 4 beat one block of 16, _config), at least the mma's 8."""
-    cap = 64 if device.type == "cuda" and not (int2 and max_chunk <= 16) else 16
+    """Query rows per program: the whole chunk's rows up to 64 (16 in the interpreter, and for every chunk over
+    INT2 history: 9 to 33 tokens in blocks of 4 beat one block of 16 or more, _config), at least the mma's 8."""
+    cap = 64 if device.type == "cuda" and not int2 else 16
     return max(8, min(cap, triton.next_power_of_2(max_chunk) * rep_pad), rep_pad)
 
 
