@@ -234,9 +234,11 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     """Longest n-gram matched."""
     min_acceptance: float = 0.25
-    """Drafting pauses for a sequence whose recent acceptance (an exponential average of accepted / drafted over
-    its verify steps) falls below this: for 2, 4, ... 64 decode steps, each pause ending with one probe, so text
-    that does not copy costs plain decode steps; 0 never pauses. Outputs do not depend on it."""
+    """A sequence drafts while its recent acceptance (an exponential average of accepted / drafted over its verify
+    steps) is at least this. Below it, and from its first step, it drafts in *shadow* only: the drafts a step would
+    propose are judged against the tokens it then emits (no verify step, its steps run ahead), and one judged at
+    this rate or better resumes drafting, so text that does not copy costs plain decode steps; 0 always drafts.
+    Outputs do not depend on it."""
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:

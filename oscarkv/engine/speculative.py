@@ -101,31 +101,51 @@ class SpecStats:
 
 
 class DraftGate:
-    """Whether one sequence drafts at its next decode step: an exponential average of its verify steps'
-    accepted / drafted; below ``SpeculativeConfig.min_acceptance`` drafting pauses for 2, 4, ... 64 steps
-    (doubling while probes keep failing), then one probe verifies drafts again. Text that does not copy then
-    costs plain decode steps; outputs never depend on it (drafts only change how many tokens a step emits).
-    A lookup that finds no n-gram counts as a probe that accepted nothing: an open gate keeps its step from
-    running ahead (overlap), so text whose suffixes never recur must close it too (:meth:`SpeculativeDecoder.propose`)."""
+    """Whether one sequence drafts at its next decode step: an exponential average of the acceptance (accepted /
+    drafted) of its drafts — verified ones while the gate is open, *shadow* ones while it is closed: the drafts a
+    step would have proposed, judged against the tokens the sequence then emits (free: greedy verification accepts
+    exactly the drafts' longest prefix equal to those tokens; sampling, each with the probability its token is
+    drawn). The gate is open while the average is at least ``SpeculativeConfig.min_acceptance`` and starts closed,
+    so text that does not copy never pays a verify step (nor loses overlap: a closed gate's steps run ahead), and
+    text that starts copying opens it after one shadow draft half accepted. A lookup that finds nothing counts as
+    a draft that accepted nothing. Outputs never depend on the gate (drafts only change how many tokens a step
+    emits)."""
 
-    DECAY, MAX_PAUSE = 0.5, 64
+    DECAY = 0.5
 
     def __init__(self, floor: float) -> None:
-        self.floor, self.rate, self.pause, self.wait = floor, 0.5, 1, 0
+        self.floor, self.rate = floor, 0.0
+        self.shadows: list[tuple[int, list[int]]] = []  # (token count it was drafted at, drafts), oldest first
+        self.seen = -1  # the token count the shadows were last brought to
 
-    def open(self) -> bool:
-        if self.wait > 0:
-            self.wait -= 1
-            return False
-        return True
+    def is_open(self) -> bool:
+        return self.rate >= self.floor
 
     def update(self, drafted: int, accepted: int) -> None:
         self.rate = self.DECAY * self.rate + (1 - self.DECAY) * accepted / drafted
-        if self.rate >= self.floor:
-            self.pause = 1
+
+    def watch(self, tokens: list[int], index: NgramIndex, k: int) -> None:
+        """While closed: judge the pending shadow drafts (one per token count seen) whose outcome is certain on the
+        tokens known now, oldest first, then draft anew from them; a no-op when no token arrived since the last call."""
+        n = len(tokens)
+        if self.is_open():
+            self.shadows, self.seen = [], -1
             return
-        self.pause = min(2 * self.pause, self.MAX_PAUSE)
-        self.wait, self.rate = self.pause, self.floor  # the probe after the pause is judged on its own acceptance
+        if n == self.seen:
+            return
+        while self.shadows:
+            at, drafts = self.shadows[0]
+            got = tokens[at:at + len(drafts)]
+            a = next((j for j, (x, y) in enumerate(zip(drafts, got)) if x != y), len(got))
+            if a == len(got) < len(drafts) and a < self.floor * len(drafts):
+                break  # every token so far agrees, too few yet to reopen: wait for the rest
+            self.shadows.pop(0)
+            self.rate = a / len(drafts)  # NOTE: while closed each shadow is judged on its own, not averaged
+        if self.is_open():
+            return
+        self.seen, drafts = n, index.propose(tokens, k)
+        if drafts:
+            self.shadows.append((n, drafts))
 
 
 class SpeculativeDecoder:
@@ -136,33 +156,36 @@ class SpeculativeDecoder:
         self._index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> NgramIndex
         self._gate: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> DraftGate
 
+    def _watched(self, seq, k: int) -> DraftGate:
+        """``seq``'s gate, its shadow draft brought up to the tokens known now."""
+        gate, index = self._gate.get(seq), self._index.get(seq)
+        if gate is None:
+            gate = self._gate[seq] = DraftGate(self.cfg.min_acceptance)
+        if index is None:
+            index = self._index[seq] = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
+        gate.watch(seq.token_ids, index, k)
+        return gate
+
     def propose(self, seq, limit: int) -> list[int]:
         """At most ``min(limit, K)`` drafts for ``seq``'s next decode step (none while its gate is closed)."""
         self.stats.decode_steps += 1
         k = min(limit, self.cfg.num_speculative_tokens)
-        gate = self._gate.get(seq)
-        if gate is None:
-            gate = self._gate[seq] = DraftGate(self.cfg.min_acceptance)
-        if k <= 0 or not gate.open():
+        if k <= 0 or not self._watched(seq, self.cfg.num_speculative_tokens).is_open():
             return []
-        index = self._index.get(seq)
-        if index is None:
-            index = self._index[seq] = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
-        drafts = index.propose(seq.token_ids, k)
+        drafts = self._index[seq].propose(seq.token_ids, k)
         if not drafts:  # NOTE: no draft is a miss for the gate (else text that never repeats loses overlap)
-            gate.update(1, 0)
+            self._gate[seq].update(1, 0)
         return drafts
 
     def drafts_next(self, seq) -> bool:
-        """Whether ``seq``'s next decode step may draft (its gate is open, or it has none yet): if none of a
-        step's sequences may, the engine plans the next step ahead (overlap), without asking :meth:`propose`."""
-        gate = self._gate.get(seq)
-        return gate is None or gate.wait == 0
+        """Whether ``seq``'s next decode step may draft (its gate, brought up to the tokens known now, is open):
+        if none of a step's sequences may, the engine plans the next step ahead (overlap), without asking
+        :meth:`propose`."""
+        return self._watched(seq, self.cfg.num_speculative_tokens).is_open()
 
     def skip(self, seq) -> None:
         """``seq``'s decode step planned ahead, without drafts (its gate closed: :meth:`drafts_next`)."""
         self.stats.decode_steps += 1
-        self._gate[seq].open()
 
     def accept(self, logits: torch.Tensor, drafts: list[int], params: SamplingParams,
                generator: torch.Generator | None, seq=None) -> tuple[list[int], list[float]]:

@@ -68,20 +68,23 @@ def test_accept_greedy_is_the_longest_agreeing_prefix():
     assert (spec.stats.drafted, spec.stats.accepted) == (9, 5)
 
 
-def test_draft_gate_pauses_on_rejection_and_reopens_on_acceptance():
-    gate, opened = DraftGate(0.25), []
-    for _ in range(40):  # every verify rejects: the average (from 0.5) falls below 0.25 after 2, then pauses of 2, 4, 8, 16
-        opened.append(gate.open())
-        if opened[-1]:
-            gate.update(4, 0)
-    assert [i for i, o in enumerate(opened) if o] == [0, 1, 4, 9, 18, 35]
-    gate.wait = 0
-    gate.update(4, 4)  # a probe that accepts everything reopens at once
-    assert gate.open() and gate.open() and gate.pause == 1
+def test_draft_gate_judges_shadow_drafts_while_closed():
+    """Closed at first; each token count's shadow draft is judged once the tokens it guessed are known (on its own):
+    half accepted reopens; rejected verifies (the average) close it again; a floor of 0 never closes."""
+    index, gate = NgramIndex(1, 4), DraftGate(0.25)
+    tokens = [7, 1, 2, 3, 4, 9, 1, 2]  # the suffix [1, 2] occurred before: shadow [3, 4, 9, 1]
+    gate.watch(tokens, index, 4)
+    assert not gate.is_open() and gate.shadows == [(8, [3, 4, 9, 1])]
+    gate.watch(tokens + [3], index, 4)  # one of four agrees so far: it reopens at 0.25, without waiting for the rest
+    assert gate.is_open() and gate.rate == 0.25
+    gate.update(4, 0), gate.update(4, 0)
+    assert not gate.is_open()
+    gate.watch(tokens + [3, 4], index, 4)  # closed again: a fresh shadow from here ([9, 1, 2, 3])
+    gate.watch(tokens + [3, 4, 5], index, 4)  # the text stops copying: judged at once, 0 of 4
+    assert not gate.is_open() and gate.rate == 0.0
     never = DraftGate(0.0)
-    for _ in range(10):
-        never.update(4, 0)
-        assert never.open()
+    never.update(4, 0)
+    assert never.is_open()
 
 
 def test_gate_keeps_outputs_and_skips_drafts_on_text_that_does_not_copy(llama, artifact):
@@ -97,25 +100,26 @@ def test_gate_keeps_outputs_and_skips_drafts_on_text_that_does_not_copy(llama, a
     assert sa.acceptance_rate < 0.25 and sb.verify_steps < 0.6 * sa.verify_steps, (sa, sb)
 
 
-def test_lookups_that_find_nothing_close_the_gate():
-    """A sequence whose suffixes never recur (no draft) closes its gate as rejected drafts would, so that its
-    steps run ahead between probes; a sequence that copies drafts at every step; a floor of 0 never closes."""
+def test_text_that_does_not_copy_never_verifies():
+    """A sequence whose suffixes never recur never opens its gate (no verify step: its steps all run ahead); one that
+    copies opens after its first shadow draft is judged and drafts at every later step; a floor of 0 never closes."""
 
     class Seq:  # what propose reads of a sequence (weak-referenceable)
         def __init__(self, ids):
             self.token_ids = ids
 
     spec = SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=4, min_acceptance=0.25))
-    fresh, copying, opens = Seq(list(range(100))), Seq([1, 2, 3, 4, 5] * 20), []
-    for _ in range(30):
+    fresh, copying, opens = Seq([]), Seq([1, 2, 3, 4, 5] * 4), []
+    for t in range(100):
+        fresh.token_ids.append(t)
         opens.append(spec.drafts_next(fresh))
-        if opens[-1]:
-            assert spec.propose(fresh, 4) == []
-        else:
-            spec.skip(fresh)
-    assert [i for i, o in enumerate(opens) if o] == [0, 1, 4, 9, 18]  # as rejected probes: pauses of 2, 4, 8
-    assert spec.stats.drafted == 0 and spec.stats.decode_steps == 30
-    assert all(spec.drafts_next(copying) and spec.propose(copying, 4) for _ in range(20))
+        spec.skip(fresh)
+    assert not any(opens) and spec.stats.drafted == 0 and spec.stats.decode_steps == 100
+    opens = []
+    for t in range(20):
+        opens.append(spec.drafts_next(copying) and bool(spec.propose(copying, 4)))
+        copying.token_ids.append(copying.token_ids[-5])
+    assert opens == [False] + [True] * 19
     never = SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=4, min_acceptance=0.0))
     assert all(never.propose(fresh, 4) == [] and never.drafts_next(fresh) for _ in range(10))
 
