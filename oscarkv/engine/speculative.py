@@ -101,15 +101,14 @@ class SpecStats:
 
 
 class DraftGate:
-    """Whether one sequence drafts at its next decode step: an exponential average of the acceptance (accepted /
-    drafted) of its drafts — verified ones while the gate is open, *shadow* ones while it is closed: the drafts a
-    step would have proposed, judged against the tokens the sequence then emits (free: greedy verification accepts
-    exactly the drafts' longest prefix equal to those tokens; sampling, each with the probability its token is
-    drawn). The gate is open while the average is at least ``SpeculativeConfig.min_acceptance`` and starts closed,
-    so text that does not copy never pays a verify step (nor loses overlap: a closed gate's steps run ahead), and
-    text that starts copying opens it after one shadow draft half accepted. A lookup that finds nothing counts as
-    a draft that accepted nothing. Outputs never depend on the gate (drafts only change how many tokens a step
-    emits)."""
+    """Whether one sequence drafts at its next decode step. Open: drafts are verified, and an exponential average of
+    their acceptance (accepted / drafted; a lookup that finds nothing counts as nothing accepted) below
+    ``SpeculativeConfig.min_acceptance`` closes it. Closed (also at first): every step's *shadow* draft — what it
+    would have proposed — is judged on its own against the tokens the sequence then emits (free: greedy verification
+    accepts exactly the drafts' prefix equal to those tokens; sampling, each with the probability its token is
+    drawn), and one judged at the floor or better reopens it. So text that does not copy pays no verify step (its
+    steps run ahead), and text that starts copying opens the gate within a token or two. Outputs never depend on
+    it (drafts only change how many tokens a step emits). Development set: ``lab/scripts/draft_gate_sim.py``."""
 
     DECAY = 0.5
 
@@ -156,21 +155,21 @@ class SpeculativeDecoder:
         self._index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> NgramIndex
         self._gate: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> DraftGate
 
-    def _watched(self, seq, k: int) -> DraftGate:
-        """``seq``'s gate, its shadow draft brought up to the tokens known now."""
+    def _watched(self, seq) -> DraftGate:
+        """``seq``'s gate, its shadow drafts brought up to the tokens known now."""
         gate, index = self._gate.get(seq), self._index.get(seq)
         if gate is None:
             gate = self._gate[seq] = DraftGate(self.cfg.min_acceptance)
         if index is None:
             index = self._index[seq] = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
-        gate.watch(seq.token_ids, index, k)
+        gate.watch(seq.token_ids, index, self.cfg.num_speculative_tokens)
         return gate
 
     def propose(self, seq, limit: int) -> list[int]:
         """At most ``min(limit, K)`` drafts for ``seq``'s next decode step (none while its gate is closed)."""
         self.stats.decode_steps += 1
         k = min(limit, self.cfg.num_speculative_tokens)
-        if k <= 0 or not self._watched(seq, self.cfg.num_speculative_tokens).is_open():
+        if k <= 0 or not self._watched(seq).is_open():
             return []
         drafts = self._index[seq].propose(seq.token_ids, k)
         if not drafts:  # NOTE: no draft is a miss for the gate (else text that never repeats loses overlap)
@@ -181,7 +180,7 @@ class SpeculativeDecoder:
         """Whether ``seq``'s next decode step may draft (its gate, brought up to the tokens known now, is open):
         if none of a step's sequences may, the engine plans the next step ahead (overlap), without asking
         :meth:`propose`."""
-        return self._watched(seq, self.cfg.num_speculative_tokens).is_open()
+        return self._watched(seq).is_open()
 
     def skip(self, seq) -> None:
         """``seq``'s decode step planned ahead, without drafts (its gate closed: :meth:`drafts_next`)."""
