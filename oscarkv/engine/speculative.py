@@ -169,11 +169,11 @@ class SpeculativeDecoder:
         """At most ``min(limit, K)`` drafts for ``seq``'s next decode step (none while its gate is closed)."""
         self.stats.decode_steps += 1
         k = min(limit, self.cfg.num_speculative_tokens)
-        if k <= 0 or not self._watched(seq).is_open():
+        if k <= 0 or not (gate := self._watched(seq)).is_open():
             return []
         drafts = self._index[seq].propose(seq.token_ids, k)
         if not drafts:  # NOTE: no draft is a miss for the gate (else text that never repeats loses overlap)
-            self._gate[seq].update(1, 0)
+            gate.update(1, 0)
         return drafts
 
     def drafts_next(self, seq) -> bool:
