@@ -25,6 +25,9 @@
 #   cs64s: chunk_sweep at k = 64 on a grid that fits (cs64's timed out at 400 s): rows 16 / 64, 1-4 warps
 #   tp2 (2 GPUs or more): Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
+#   (twelfth session) vsmol: lab.scripts.verify_profile at the default model's shape (smollm2-135m, random weights),
+#      6K context, K = 2, 4, 8, bf16 and oscar: kernels and host functions of plain and verify steps (the served default
+#      model's verify step cost ~2.7 plain steps)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,6 +50,9 @@ followup() { for r in ${FOLLOWUP_MODES:-resume-turns no-resume-turns}; do timeou
   grep "^|" "$OUT/followup_$r.log"; done; }
 vprof() { timeout 400 python3 -m lab.scripts.verify_profile --out "$OUT/vprof" > "$OUT/vprof.log" 2>&1
   echo "== vprof: exit $?"; cat "$OUT/vprof/verify_profile.txt" 2>/dev/null || tail -n 30 "$OUT/vprof.log"; }
+vsmol() { timeout 300 python3 -m lab.scripts.verify_profile --shape smollm2-135m --context 6144 --ks 2,4,8 --steps 8 \
+  --methods bf16,oscar --kv-gib 4 --out "$OUT/vsmol" > "$OUT/vsmol.log" 2>&1; echo "== vsmol: exit $?"
+  grep -E "K=|^\{" "$OUT/vsmol.log" | head -n 20; }
 vprofo() { timeout 300 python3 -m lab.scripts.verify_profile --methods oscar --out "$OUT/vprof" > "$OUT/vprof.log" 2>&1
   echo "== vprof oscar: exit $?"; grep -A6 "K=" "$OUT/vprof/verify_profile.txt" 2>/dev/null || tail -n 30 "$OUT/vprof.log"; }
 ftests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_decode_qk_fusion.py \

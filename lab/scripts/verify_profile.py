@@ -1,7 +1,9 @@
 """Where a speculative verify step's time goes (issue 29 diagnostic, one GPU): per KV method, one ``context``-token
 request on an engine with n-gram speculation, random weights at a real shape; timed engine steps at K = 0 (plain
 decode) and each K of forced drafts (``bench.speculative.verify_cost``'s setting: every step verifies 1 + K rows,
-clear of demotions), then the same steps under ``torch.profiler`` (kernels, µs per step, launches per step).
+clear of demotions), then the same steps under ``torch.profiler`` (kernels, µs per step, launches per step) and under
+``cProfile`` (the host functions with the most own time per step). ``--shape smollm2-135m --context 6144``: the served
+default model's steps (its geometry, random weights), where the host's share decides what speculation gains.
 
     python -m lab.scripts.verify_profile --shape qwen3-4b --context 102400 --ks 2,8 --out DIR
 """
@@ -31,6 +33,7 @@ def rows(engine, ctx: int, ks: list[int], steps: int) -> list[dict]:
         r = dict(k=k, **timed_rows(engine, steps))
         r["kernels"] = kernel_profile(engine.step, reps=steps, top=16)
         r["kernel_us"] = sum(x["us"] for x in r["kernels"])
+        r["host"] = e2e.host_functions(engine.step, calls=steps, top=24)
         out.append(r)
         print(json.dumps({key: v for key, v in r.items() if key != "kernels"}), flush=True)
     engine.scheduler.drafter = None
@@ -64,6 +67,7 @@ def main() -> None:
             lines.append(f"\n{method} K={r['k']}: step {r['step_us'] / 1e3:.2f} ms, kernels {r['kernel_us'] / 1e3:.2f} ms, "
                          f"rows/step {r['rows_per_step']:.1f}, graph share {r['graph']:.2f}, captured {r['captured']}")
             lines += [f"  {x['us']:8.1f} us x{x['count']:5.1f}  {x['name']}" for x in r["kernels"]]
+            lines += ["  host (cProfile, own time per step):"] + [f"  {x['us']:8.1f} us  {x['name']}" for x in r["host"]]
         engine.close()
         del engine
         e2e.release()

@@ -160,19 +160,21 @@ def run(cfg: FollowupBench, out: Path | None) -> str:
 
 def format_table(rows: list[dict]) -> str:
     """ms per (shape, context, method): the decode step, then the first step of each k; step / target (two
-    decode steps plus the k tokens' GEMMs) where the target was measured, else step / decode."""
+    decode steps plus the k tokens' GEMMs) where the target was measured, else step / decode; the longest
+    admission (validation and page hashing, inside each step's time) of the row."""
     ks = list(dict.fromkeys(r["new_tokens"] for r in rows))
     by = {(r["shape"], r["context"], r["method"], r["new_tokens"]): r for r in rows}
     bound = "target" if all("target_s" in r for r in rows) else "decode"
     lines = ["| shape | context | kv | decode step ms | " + " | ".join(f"k = {k} ms" for k in ks)
-             + " | " + " | ".join(f"k = {k} / {bound}" for k in ks) + " |",
-             "|---|---:|---|---:|" + "---:|" * (2 * len(ks))]
+             + " | " + " | ".join(f"k = {k} / {bound}" for k in ks) + " | admission ms |",
+             "|---|---:|---|---:|" + "---:|" * (2 * len(ks) + 1)]
     for s, n, m in dict.fromkeys((r["shape"], r["context"], r["method"]) for r in rows):
         got = [by.get((s, n, m, k)) for k in ks]
         dec = next(g for g in got if g)["decode_s"]
         lines.append(f"| {s} | {n} | {m} | {1e3 * dec:.2f} | "
                      + " | ".join(_step_cell(g) for g in got) + " | "
-                     + " | ".join(f"{g['step_s'] / g.get(bound + '_s', dec):.1f}x" if g else "-" for g in got) + " |")
+                     + " | ".join(f"{g['step_s'] / g.get(bound + '_s', dec):.1f}x" if g else "-" for g in got)
+                     + f" | {1e3 * max(g.get('admit_s', 0.0) for g in got if g):.1f} |")
     return "\n".join(lines)
 
 

@@ -17,12 +17,12 @@ another thread than the one that steps the engine.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from oscarkv.cache.manager import KVCacheManager
-from oscarkv.cache.seq_kv import ChunkSchedule, page_keys
+from oscarkv.cache.seq_kv import ChunkSchedule, KeyMemo, page_records
 from oscarkv.config import EngineConfig
 from oscarkv.engine.request import SamplingParams
 
@@ -52,6 +52,8 @@ class Admission:
     turn_marker: tuple[int, ...] = ()
     """The tokens a chat template ends a prompt with before the assistant speaks (:func:`turn_marker`): where they
     occur inside a prompt an earlier turn's prompt ended, a resume point (``EngineConfig.resume_turns``)."""
+    memo: KeyMemo = field(default_factory=KeyMemo, compare=False)
+    """The last few prompts' page keys: a follow-up turn hashes only the pages its earlier turn did not have."""
 
     def validate(self, request_id: str, prompt_ids: list[int] | tuple[int, ...], params: SamplingParams,
                  chunk_ends: tuple[int, ...] = (), resume: tuple[int, ...] = ()) -> ValidRequest:
@@ -84,7 +86,10 @@ class Admission:
         if not self.manager.prefix_caching:
             return ()
         P = self.cfg.kv.page_size
-        return tuple(page_keys(b"", prompt, range(len(prompt) // P), schedule, P, self.manager.hist_ends))
+        if len(prompt) < P:
+            return ()
+        records = page_records(prompt, range(len(prompt) // P), schedule, P, self.manager.hist_ends)
+        return tuple(self.memo.keys(records, schedule.salt()))
 
     def _check_pages(self, request_id: str, schedule: ChunkSchedule, num_tokens: int) -> None:
         need = self.manager.pages_needed(schedule, num_tokens)

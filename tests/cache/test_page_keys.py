@@ -139,3 +139,34 @@ def test_runs_give_each_position_its_chunk(schedule):
         assert length.sum() == hi - lo and (length > 0).all()
         assert np.repeat(first, length).tolist() == firsts(schedule, pos).tolist()
         assert np.repeat(end, length).tolist() == schedule.ends(pos).tolist()
+
+
+def test_key_memo_gives_the_keys_page_keys_gives(hashes):
+    """``KeyMemo`` (the admission's memory of recent prompts): every prompt's keys equal ``page_keys`` cold, for
+    follow-ups that extend a held prompt, share part of it, resume inside it, carry a salt or change one token's
+    record (tokens, chunk start or tiers); a follow-up hashes only the pages after the first one that differs."""
+    P, rng = 4, random.Random(7)
+    doc = [rng.randrange(500) for _ in range(40)]
+    memo = seq_kv.KeyMemo(size=2)
+
+    def check_keys(tokens, schedule, tiers=np.zeros_like):  # tiers: as a cache that has not demoted yet
+        records = seq_kv.page_records(tokens, range(len(tokens) // P), schedule, P, tiers)
+        before = hashes.calls
+        got = memo.keys(records, schedule.salt())
+        hashed = hashes.calls - before
+        assert got == page_keys(b"", tokens, range(len(tokens) // P), schedule, P, tiers)
+        return hashed
+
+    assert check_keys(doc, ChunkSchedule(40, 8)) == 10
+    turn = doc + [rng.randrange(500) for _ in range(13)]
+    assert check_keys(turn, ChunkSchedule(53, 8, resume=(40,))) == 3  # pages 10-12 only; it replaces doc
+    other = turn[:20] + [999] + turn[21:]  # one token in page 5
+    assert check_keys(other, ChunkSchedule(53, 8, resume=(40,))) == 13 - 5
+    assert check_keys(turn, ChunkSchedule(53, 8)) == 0  # the same chunks as resuming at 40
+    assert check_keys(turn[:12], ChunkSchedule(12, 8)) == 0  # a prefix of it (and not held)
+    assert check_keys(turn, ChunkSchedule(53, 16)) == 13 - 2  # chunk starts differ from page 2 (position 8)
+    assert check_keys(turn, ChunkSchedule(53, 16), lambda e: e // 32 + 1) == 13  # other tiers from page 0
+    assert check_keys(turn, ChunkSchedule(53, 8, boundaries=(24,))) == 13  # a salt: nothing shared
+    assert check_keys([rng.randrange(500, 900) for _ in range(30)], ChunkSchedule(30, 8)) == 7
+    assert check_keys(doc, ChunkSchedule(40, 8), None) == 10  # chunk ends as tiers: page 0's differ
+    assert memo.reused == 10 + 5 + 13 + 3 + 2 and len(memo._held) == 2
