@@ -8,7 +8,7 @@ error against the staged path is checked. Milliseconds per layer on the GPU (``c
 CUDA graph); the 2026-11-27 run timed eager calls, whose ~0.2 ms of host time per call hid the kernels at small k.
 
     python -m lab.scripts.chunk_sweep --out DIR [--chunks 1,8,16,32,64,128,256] [--warps 1,2,4 --mults 1,2,4,8,16
-                                                 --maxnreg 168]
+                                                 --maxnreg 168 --context 32768]
 """
 
 from __future__ import annotations
@@ -76,14 +76,15 @@ def main() -> None:
     ap.add_argument("--mults", default="1,2,4,8", help="split counts: multiples of SMs / (KV heads x row blocks)")
     ap.add_argument("--maxnreg", default="", help="register caps to try beside none (e.g. 168)")
     ap.add_argument("--rows", default="8,16,32,64", help="query rows per program (chunk tokens x the padded GQA group)")
+    ap.add_argument("--context", type=int, default=CTX, help="cached tokens")
     args = ap.parse_args()
     grid = (tuple(map(int, args.warps.split(","))), tuple(map(int, args.mults.split(","))),
             (None, *(int(x) for x in args.maxnreg.split(",") if x)), tuple(map(int, args.rows.split(","))))
     args.out.mkdir(parents=True, exist_ok=True)
-    res = dict(device=torch.cuda.get_device_name(), ctx=CTX, rows=[])
+    res = dict(device=torch.cuda.get_device_name(), ctx=args.context, rows=[])
     print(f"{'kv':>5} {'k':>4} {'staged':>8} {'default':>8} {'best':>8}  best config (ms/layer)")
     for kind in args.kinds.split(","):
-        kv, tables = random_cache([CTX], H, D, page=64, group=128, sink=64, recent=256, int2=kind == "int2",
+        kv, tables = random_cache([args.context], H, D, page=64, group=128, sink=64, recent=256, int2=kind == "int2",
                                   device="cuda", shuffle=False)
         for k in map(int, args.chunks.split(",")):
             r = dict(kv=kind, **sweep(kv, tables, k, *grid))

@@ -25,7 +25,9 @@
 #   cs64s: chunk_sweep at k = 64 on a grid that fits (cs64's timed out at 400 s): rows 16 / 64, 1-4 warps
 #   tp2 (2 GPUs or more): Qwen3-8B at tp 2, one-shot all-reduce, off and all (each engine its own process: a
 #      symmetric-memory engine is one per process)
-#   (twelfth session) vsmol: lab.scripts.verify_profile at the default model's shape (smollm2-135m, random weights),
+#   (twelfth session) c64a / c64b: chunk_sweep at k = 64 over 32K / 100K, rows 16 and 32, 1-2 warps, 6-12 splits per
+#      row block (the k = 64 follow-up at 32K is 1.3x its target, its chunk kernel 8.4 of 15 ms)
+#   vsmol: lab.scripts.verify_profile at the default model's shape (smollm2-135m, random weights),
 #      6K context, K = 2, 4, 8, bf16 and oscar: kernels and host functions of plain and verify steps (the served default
 #      model's verify step cost ~2.7 plain steps)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
@@ -50,6 +52,9 @@ followup() { for r in ${FOLLOWUP_MODES:-resume-turns no-resume-turns}; do timeou
   grep "^|" "$OUT/followup_$r.log"; done; }
 vprof() { timeout 400 python3 -m lab.scripts.verify_profile --out "$OUT/vprof" > "$OUT/vprof.log" 2>&1
   echo "== vprof: exit $?"; cat "$OUT/vprof/verify_profile.txt" 2>/dev/null || tail -n 30 "$OUT/vprof.log"; }
+c64() { timeout 280 python3 -m lab.scripts.chunk_sweep --out "$OUT/c64_$1" --chunks 64 --kinds int2 --warps 1,2 \
+  --mults 6,8,12 --rows 16,32 --context "$1" > "$OUT/c64_$1.log" 2>&1; echo "== c64 $1: exit $?"; tail -n 2 "$OUT/c64_$1.log"; }
+c64a() { c64 32768; }; c64b() { c64 102400; }
 vsmol() { timeout 300 python3 -m lab.scripts.verify_profile --shape smollm2-135m --context 6144 --ks 2,4,8 --steps 8 \
   --methods bf16,oscar --kv-gib 4 --out "$OUT/vsmol" > "$OUT/vsmol.log" 2>&1; echo "== vsmol: exit $?"
   grep -E "K=|^\{" "$OUT/vsmol.log" | head -n 20; }
