@@ -307,9 +307,23 @@ class KVCacheManager:
             ok = bf16_miss[s] == 0 and bf16_miss[n] == bf16_miss[r] and (r == s or int2_miss[r] == int2_miss[s])
             if ok and (not self.window or all(self.window.pool.peek(keys[i]) for i in self.window.prefix_indices(t))):
                 self._adopt(seq, keys[:n], (s, r))
+                self._keep_restore_point(keys, (t // seq.schedule.chunk) * seq.schedule.chunk)
                 self.hit_tokens += t
                 return t
         return 0
+
+    def _keep_restore_point(self, keys: list[bytes], t: int) -> None:
+        """Mark recently used the cached BF16 recent window at ``t`` (a multiple of the prefill chunk at or below a
+        hit, keys ``keys``): where a request that shares the prefix but not the hit's chunk starts (a new conversation
+        on the document of a chat that resumes at its turns) finds its longest hit. NOTE: a hit needs that window in
+        BF16; nothing else reads those copies once demoted, so without this, the BF16 pages the chat's turns allocate
+        evict them and such a request recomputes the whole prefix (a 33K document after six 512-token follow-ups)."""
+        if not self.quantized or t <= 0 or t % self.P:
+            return
+        n, s = t // self.P, min(self.kv.sink // self.P, t // self.P)
+        r = max(min(self.hist_end(t) // self.P, n), s)
+        for key in keys[r:n]:
+            self.bf16.touch(key)
 
     def _adopt(self, seq: CachedSequence, keys: list[bytes], tiers: tuple[int, int]) -> None:
         """Take the cached pages of ``keys`` (all held): ``[0, s)`` sink, ``[s, r)`` history, the rest recent."""

@@ -83,6 +83,12 @@ class PagePool:
         self._ref[page] += 1
         return page
 
+    def touch(self, key: bytes) -> None:
+        """Make the cached page holding ``key`` the most recently released (evicted last); else nothing."""
+        page = self._page_of.get(key)
+        if page is not None and page in self._evictable:
+            self._evictable.move_to_end(page)
+
     def register(self, page: int, key: bytes) -> bool:
         """Record that used ``page`` holds content ``key`` (ignored if the key or page is known); whether it did."""
         assert self._ref[page] > 0, f"register on unused page {page}"

@@ -9,10 +9,11 @@ from transformers import Qwen3Config
 
 from oscarkv.bench import followup
 from oscarkv.bench.configs import FollowupBench
+from oscarkv.engine.request import SamplingParams
 from oscarkv.models.llama import PagedLM
 
 CONFIG = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, head_dim=32, vocab_size=128, max_position_embeddings=4096,
+                     num_key_value_heads=2, head_dim=32, vocab_size=128, max_position_embeddings=8192,
                      architectures=["Qwen3ForCausalLM"])
 
 
@@ -80,3 +81,21 @@ def test_followups_longer_than_a_chunk_keep_hitting_the_document():
     rows = followup.followup_rows(PagedLM.random(CONFIG), cfg, "tiny")
     assert [(r["hit_tokens"], r["computed_tokens"]) for r in rows] == [(1280, 512)]
     assert all(s > 0 for s in rows[0]["all_step_s"])
+
+
+def test_a_new_conversation_on_the_document_hits_after_long_follow_ups():
+    """A chat that resumes at its turns keeps hitting the document; a request that shares the document but not those
+    chunk starts (a new conversation, the decode row of ``bench followup``) hits at the last multiple of the prefill
+    chunk: the BF16 recent window there stays cached (``KVCacheManager._keep_restore_point``) although each long
+    follow-up allocates BF16 pages of its own (OSCAR's BF16 pool holds windows only: 44 pages here). Without it the
+    request recomputed all 4 096 tokens."""
+    engine = followup.followup_engine(PagedLM.random(CONFIG), "oscar", 1 << 28, 512, 512)
+    prefix = followup._ids(engine, 4096 + 256, 1)
+    followup.cache_prefix(engine, prefix)
+    for seed in range(6):
+        assert followup.followup_step(engine, prefix, 512, seed, False, True)["hit_tokens"] == len(prefix)
+    hits = engine.manager.hit_tokens
+    engine.add_request("new", prefix + [3], SamplingParams(max_tokens=1, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.manager.hit_tokens - hits == 4096
