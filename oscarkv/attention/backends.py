@@ -86,9 +86,10 @@ class TritonAttention(AttentionBackend):
     """Triton kernels for the write path, demotion, extend and decode (see the module docstring)."""
 
     decode_steps = True
-    fused_extend_tokens = 16  # NOTE: verify steps (1 + K tokens, K <= 15) and short follow-ups; in a verify step at
-    # the Qwen3-4B shape the unfused maps cost ~0.9 ms (QK-norm + RoPE, an fp32 key GEMM, a query GEMM and five
-    # elementwise kernels a layer; H200, 2026-11-28, lab.scripts.verify_profile) against one launch a layer
+    fused_extend_tokens = 512  # NOTE: verify steps, follow-ups and serve's 512-token prefill chunks. The unfused maps
+    # are QK-norm + RoPE, an fp32 key GEMM, a query GEMM and five elementwise kernels a layer: ~0.9 ms of a verify step
+    # at the Qwen3-4B shape; in 512-token chunks, host-bound launches (a cold 32K prompt as served 2.96-3.24 s against
+    # 2.33-2.46 fused, H200, 2026-11-28, lab.scripts.fused_maps_check). Longer chunks keep the tensor-core GEMMs.
 
     def write(self, kv: LayerKV, k_rot: torch.Tensor, v_rot: torch.Tensor, slots: torch.Tensor) -> None:
         from oscarkv.kernels.write import store_kv

@@ -182,28 +182,40 @@ def qk_map(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tenso
 
 
 @triton.jit
-def _qk_norm_rope_map_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, stride_xt, stride_xh, stride_c,
+def _qk_norm_rope_map_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, T, stride_xt, stride_xh, stride_c,
                              stride_qot, stride_kot, NQ: tl.constexpr, REP: tl.constexpr, HALF: tl.constexpr,
-                             BJ: tl.constexpr, HAS_NORM: tl.constexpr, HAS_MEAN: tl.constexpr):
-    t = tl.program_id(0)
+                             BJ: tl.constexpr, HAS_NORM: tl.constexpr, HAS_MEAN: tl.constexpr, BLOCK_T: tl.constexpr):
     row = tl.program_id(1)  # q heads first, then k heads
     j = tl.program_id(2) * BJ + tl.arange(0, BJ)  # this program's output channels
     D: tl.constexpr = 2 * HALF
-    if row < NQ:
-        W, m_ptr, out = Wq, MQ + (row // REP) * D * D, QO + t * stride_qot + row * D
-    else:
-        W, m_ptr, out = Wk, MK + (row - NQ) * D * D, KO + t * stride_kot + (row - NQ) * D
-    # NOTE: every program of a row recomputes its norm and RoPE (d/BJ of them, a [d] row each)
-    x1, x2 = _norm_rope_inner(X + t * stride_xt + row * stride_xh, W, Cos + t * stride_c, Sin + t * stride_c, eps,
-                              HALF, HAS_NORM)
-    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
     i = tl.arange(0, HALF)
-    if HAS_MEAN:  # keys only: x 0 on q rows
-        keep = (row >= NQ).to(tl.float32)
-        f1 -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + i) * keep
-        f2 -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + HALF + i) * keep
+    if row < NQ:
+        W, m_ptr, out0, so = Wq, MQ + (row // REP) * D * D, QO + row * D, stride_qot
+    else:
+        W, m_ptr, out0, so = Wk, MK + (row - NQ) * D * D, KO + (row - NQ) * D, stride_kot
     m = m_ptr + j[:, None] * D + i[None, :]  # [BJ, d/2] of the map's rows j, first half of the columns
-    tl.store(out + j, tl.sum(tl.load(m) * f1[None, :], 1) + tl.sum(tl.load(m + HALF) * f2[None, :], 1))
+    m1, m2 = tl.load(m), tl.load(m + HALF)  # NOTE: once for the program's BLOCK_T tokens (long extend chunks)
+    mean1 = tl.zeros([HALF], tl.float32)
+    mean2 = tl.zeros([HALF], tl.float32)
+    if HAS_MEAN:  # keys only: 0 on q rows
+        keep = (row >= NQ).to(tl.float32)
+        mean1 = tl.load(Mean + tl.maximum(row - NQ, 0) * D + i) * keep
+        mean2 = tl.load(Mean + tl.maximum(row - NQ, 0) * D + HALF + i) * keep
+    for tt in range(BLOCK_T):
+        t = tl.program_id(0) * BLOCK_T + tt
+        if t < T:
+            # NOTE: every program of a row recomputes its norm and RoPE (d/BJ of them, a [d] row each)
+            x1, x2 = _norm_rope_inner(X + t * stride_xt + row * stride_xh, W, Cos + t * stride_c, Sin + t * stride_c,
+                                      eps, HALF, HAS_NORM)
+            f1, f2 = x1.to(tl.float32) - mean1, x2.to(tl.float32) - mean2
+            tl.store(out0 + t * so + j, tl.sum(m1 * f1[None, :], 1) + tl.sum(m2 * f2[None, :], 1))
+
+
+def _map_tokens(T: int) -> int:
+    """Tokens per program of :func:`qk_norm_rope_map`: one for decode and verify steps, 16 for long extend chunks (the
+    map's ``[BJ, d]`` slice read once per 16 tokens instead of once per token: at 512 tokens the per-token kernel cost
+    a Qwen3-4B follow-up ~4 ms of its 75, H200)."""
+    return 1 if T <= 16 else 16
 
 
 def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
@@ -212,7 +224,8 @@ def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None,
     """:func:`qk_norm_rope_` then :func:`qk_map` in one launch: ``x [T, Hq + H, d]`` (q heads, then k
     heads, un-normed and un-roped; rows may be strided) → fp32 ``(W_Q q, W_K (k - k_mean))``, ``[T, Hq, d]``
     and ``[T, H, d]``. Norm/RoPE arguments as :func:`qk_norm_rope_`'s, ``maps = (w_q, w_k, k_mean)`` as
-    :func:`qk_map`'s. Out of place: ``x`` is only read (a decode step reads q and k in the stored domain only)."""
+    :func:`qk_map`'s. Out of place: ``x`` is only read (a decode step reads q and k in the stored domain only).
+    Each token's values are the same whatever ``T`` (a program's tokens run one after another, each as alone)."""
     T, NH, d = x.shape
     w_q, w_k, k_mean = maps
     H = NH - num_q
@@ -231,13 +244,13 @@ def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None,
         "k_mean must be fp32 [H, d] contiguous"
     qo = torch.empty(T, num_q, d, dtype=torch.float32, device=x.device)
     ko = torch.empty(T, H, d, dtype=torch.float32, device=x.device)
-    bj = min(d, 32)
+    bj, bt = min(d, 32), _map_tokens(T)
     norm = q_weight is not None
-    _qk_norm_rope_map_kernel[(T, NH, d // bj)](
+    _qk_norm_rope_map_kernel[(triton.cdiv(T, bt), NH, d // bj)](
         x, q_weight if norm else x, k_weight if norm else x, cos, sin, eps, w_q, w_k,
-        k_mean if k_mean is not None else ko, qo, ko, x.stride(0), x.stride(1), cos.stride(0), qo.stride(0),
+        k_mean if k_mean is not None else ko, qo, ko, T, x.stride(0), x.stride(1), cos.stride(0), qo.stride(0),
         ko.stride(0), NQ=num_q, REP=num_q // H, HALF=d // 2, BJ=bj, HAS_NORM=norm, HAS_MEAN=k_mean is not None,
-        num_warps=4)
+        BLOCK_T=bt, num_warps=4)
     return qo, ko
 
 
