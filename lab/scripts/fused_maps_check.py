@@ -1,12 +1,12 @@
 """Long extend steps through the fused input maps (issue 29 diagnostic, one GPU): an OSCAR follow-up of 512 tokens
 on a cached 32K prompt is host-bound (~27 ms of kernels, 51 ms of wall; BF16 36) and launches ~27 kernels a layer
 more than BF16, several of them the unfused maps (QK-norm + RoPE, the query's bf16 GEMM and its two reshapes, the
-key's fp32 map). ``TritonAttention.fused_extend_tokens`` (16: verify steps) bounds the chunks that take the one-launch
-``qk_norm_rope_map`` instead. For each bound: follow-ups of k tokens on the cached prompt (median of the last 3 of 4,
-ms, as ``bench followup --prefill-chunk 512``), a cold prompt prefilled in 512-token chunks (ms, TTFT as served),
-and each follow-up's greedy token (the bounds must agree, up to near-ties).
+key's fp32 map). ``TritonAttention.fused_extend_tokens`` bounds the chunks that take the one-launch
+``qk_norm_rope_map`` instead. Per KV method and bound: follow-ups of k tokens on the cached prompt (median of the
+last 2 of 3, ms, as ``bench followup --prefill-chunk 512``) and a cold prompt prefilled in 512-token chunks (ms, TTFT
+as served); the configurations interleaved ``--reps`` times (drift between them shows).
 
-    python -m lab.scripts.fused_maps_check --context 32768 --bounds 16,512 --out DIR
+    python -m lab.scripts.fused_maps_check --context 32768 --bounds 16,512 --methods bf16,oscar --out DIR
 """
 
 from __future__ import annotations
@@ -34,39 +34,36 @@ def cold_prefill_ms(engine, n: int, seed: int) -> tuple[float, int]:
     return 1e3 * (time.perf_counter() - t), outs[-1].token_ids[-1]
 
 
-def tokens_of(engine, prefix: list[int], k: int, seed: int) -> int:
-    """The greedy token after the prefix and k fixed tokens."""
-    engine.add_request(f"tok{k}-{seed}-{time.time()}", prefix + _ids(engine, k, 7 + seed),
-                       SamplingParams(max_tokens=1, ignore_eos=True), resume=(len(prefix),))
-    outs = []
-    while engine.has_unfinished():
-        outs += engine.step()
-    return outs[-1].token_ids[-1]
+def configs(methods: list[str], bounds: list[int]) -> list[tuple[str, int | None]]:
+    """(method, bound) pairs: bf16 has no maps (one row), oscar one row per bound."""
+    return [(m, b) for m in methods for b in ((None,) if m == "bf16" else bounds)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=32768)
     ap.add_argument("--bounds", default="16,512")
+    ap.add_argument("--methods", default="oscar")
     ap.add_argument("--ks", default="64,512")
     ap.add_argument("--cold", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=2, help="rounds over the configurations (drift between them shows)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    model = e2e.random_model("qwen3-4b")
-    engine = followup_engine(model, "oscar", 24 << 30, 512, 512)
-    prefix = _ids(engine, a.context + 256, a.context)
-    cache_prefix(engine, prefix)
-    backend, rows = engine.runner.backend, []
-    for rep in range(2):  # the bounds interleaved twice: drift between them shows
-        for bound in map(int, a.bounds.split(",")):
-            backend.fused_extend_tokens = bound
-            row = dict(bound=bound, rep=rep)
+    model, rows = e2e.random_model("qwen3-4b"), []
+    engines = {m: followup_engine(model, m, 24 << 30, 512, 512) for m in a.methods.split(",")}
+    prefix = _ids(next(iter(engines.values())), a.context + 256, a.context)
+    for engine in engines.values():
+        cache_prefix(engine, prefix)
+    for rep in range(a.reps):
+        for method, bound in configs(list(engines), [int(b) for b in a.bounds.split(",")]):
+            engine = engines[method]
+            if bound is not None:
+                engine.runner.backend.fused_extend_tokens = bound
+            row = dict(method=method, bound=bound, rep=rep)
             for k in map(int, a.ks.split(",")):
-                got = [followup_step(engine, prefix, k, 100 * rep + s, False, True)["step_s"] for s in range(4)]
+                got = [followup_step(engine, prefix, k, 100 * rep + s, False, True)["step_s"] for s in range(3)]
                 row[f"k{k}_ms"] = 1e3 * statistics.median(got[1:])
-                row[f"k{k}_token"] = tokens_of(engine, prefix, k, 0)
-            cold = [cold_prefill_ms(engine, a.cold, 10 * rep + s + 100 * bound) for s in range(2)]
-            row["cold_ms"], row["cold_tokens"] = cold[-1][0], [c[1] for c in cold]
+            row["cold_ms"] = cold_prefill_ms(engine, a.cold, 10 * rep + (bound or 0))[0]
             rows.append(row)
             print(json.dumps(row), flush=True)
     a.out.mkdir(parents=True, exist_ok=True)

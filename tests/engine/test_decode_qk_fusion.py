@@ -48,8 +48,14 @@ class _FusedExtendTorch(_FusedDecodeTorch):
 
 
 class _Unfused(TritonAttention):
+    """The maps as separate launches. Queries of extend steps in fp32, as the fused kernel maps them (the engine's
+    unfused path, past ``fused_extend_tokens``, maps them on the tensor cores in bf16: one more rounding)."""
+
     def decode_qk(self, st, x, rope):
         return None
+
+    def extend_queries(self, st, q):
+        return st.rotate_queries(q, keep_dtype=True)
 
 
 def _storage(seed: int) -> LayerStorage:
