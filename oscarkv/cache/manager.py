@@ -314,16 +314,20 @@ class KVCacheManager:
 
     def _keep_restore_point(self, keys: list[bytes], t: int) -> None:
         """Mark recently used the cached BF16 recent window at ``t`` (a multiple of the prefill chunk at or below a
-        hit, keys ``keys``): where a request that shares the prefix but not the hit's chunk starts (a new conversation
-        on the document of a chat that resumes at its turns) finds its longest hit. NOTE: a hit needs that window in
-        BF16; nothing else reads those copies once demoted, so without this, the BF16 pages the chat's turns allocate
-        evict them and such a request recomputes the whole prefix (a 33K document after six 512-token follow-ups)."""
-        if not self.quantized or t <= 0 or t % self.P:
+        hit, keys ``keys``) and the sliding layers' window pages there: where a request that shares the prefix but not
+        the hit's chunk starts (a new conversation on the document of a chat that resumes at its turns) finds its
+        longest hit. NOTE: such a hit needs those pages; nothing else reads them once demoted (or slid past), so
+        without this the pages the chat's turns allocate evict them and the request recomputes the whole prefix (a
+        33K document after six 512-token follow-ups)."""
+        if t <= 0 or t % self.P:
             return
-        n, s = t // self.P, min(self.kv.sink // self.P, t // self.P)
-        r = max(min(self.hist_end(t) // self.P, n), s)
-        for key in keys[r:n]:
-            self.bf16.touch(key)
+        if self.window:  # sliding layers: their window pages at t (every tier kind needs them)
+            for i in self.window.prefix_indices(t):
+                self.window.pool.touch(keys[i])
+        if self.quantized:
+            n, s = t // self.P, min(self.kv.sink // self.P, t // self.P)
+            for key in keys[max(min(self.hist_end(t) // self.P, n), s):n]:
+                self.bf16.touch(key)
 
     def _adopt(self, seq: CachedSequence, keys: list[bytes], tiers: tuple[int, int]) -> None:
         """Take the cached pages of ``keys`` (all held): ``[0, s)`` sink, ``[s, r)`` history, the rest recent."""

@@ -298,3 +298,22 @@ def test_export_leaves_the_sliding_layer_out_and_imports_back(gemma, gemma_artif
     back = import_rotations(tmp_path, gemma.config, bf16_layers=bf16_layers(gemma.config))
     for kind in ("key", "value"):
         assert torch.equal(back.tensors[f"{kind}.rotation"], gemma_artifact.tensors[f"{kind}.rotation"])
+
+
+def test_a_new_conversation_hits_the_document_after_a_long_chat(gemma, gemma_artifact):
+    """A chat resuming at its turns, then a request sharing only the document: it hits at the last prefill-chunk
+    multiple, because each hit keeps the pages a hit there needs (the BF16 recent window and the sliding layer's
+    window pages: ``KVCacheManager._keep_restore_point``); without the window pages' part it hit 0 here."""
+    engine = make_engine(gemma, "oscar", gemma_artifact, prefill_chunk=16, max_num_seqs=1)
+    doc, params = prompts(1, 200, seed=3)[0], SamplingParams(max_tokens=1, ignore_eos=True)
+
+    def serve(rid, ids, resume=()):
+        hits = engine.manager.hit_tokens
+        engine.add_request(rid, ids, params, resume=resume)
+        while engine.has_unfinished():
+            engine.step()
+        return engine.manager.hit_tokens - hits
+
+    serve("doc", doc)
+    assert all(serve(f"turn{i}", doc + prompts(1, 16, seed=10 + i)[0], (len(doc),)) == 200 for i in range(8))
+    assert serve("new", doc + [5]) == 192
