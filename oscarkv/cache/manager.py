@@ -307,16 +307,18 @@ class KVCacheManager:
             ok = bf16_miss[s] == 0 and bf16_miss[n] == bf16_miss[r] and (r == s or int2_miss[r] == int2_miss[s])
             if ok and (not self.window or all(self.window.pool.peek(keys[i]) for i in self.window.prefix_indices(t))):
                 self._adopt(seq, keys[:n], (s, r))
-                self._keep_restore_point(keys, (t // seq.schedule.chunk) * seq.schedule.chunk)
+                c = seq.schedule.chunk
+                for point in (t // c * c - c, t // c * c):  # NOTE: the later one touched last: evicted last
+                    self._keep_restore_point(keys, point)
                 self.hit_tokens += t
                 return t
         return 0
 
     def _keep_restore_point(self, keys: list[bytes], t: int) -> None:
-        """Mark recently used the cached BF16 recent window at ``t`` (a multiple of the prefill chunk at or below a
+        """Mark recently used the cached BF16 recent window at ``t`` (one of the two prefill-chunk multiples below a
         hit, keys ``keys``) and the sliding layers' window pages there: where a request that shares the prefix but not
-        the hit's chunk starts (a new conversation on the document of a chat that resumes at its turns) finds its
-        longest hit. NOTE: such a hit needs those pages; nothing else reads them once demoted (or slid past), so
+        the hit's chunk starts (a new conversation on the document of a chat that resumes at its turns; two points
+        cover a question of up to a chunk between the document and the hit) finds its longest hit. NOTE: such a hit needs those pages; nothing else reads them once demoted (or slid past), so
         without this the pages the chat's turns allocate evict them and the request recomputes the whole prefix (a
         33K document after six 512-token follow-ups)."""
         if t <= 0 or t % self.P:

@@ -88,14 +88,15 @@ def test_a_new_conversation_on_the_document_hits_after_long_follow_ups():
     chunk starts (a new conversation, the decode row of ``bench followup``) hits at the last multiple of the prefill
     chunk: the BF16 recent window there stays cached (``KVCacheManager._keep_restore_point``) although each long
     follow-up allocates BF16 pages of its own (OSCAR's BF16 pool holds windows only: 44 pages here). Without it the
-    request recomputed all 4 096 tokens."""
+    request recomputed all 4 096 tokens. The window a chunk earlier stays too (a request diverging there)."""
     engine = followup.followup_engine(PagedLM.random(CONFIG), "oscar", 1 << 28, 512, 512)
     prefix = followup._ids(engine, 4096 + 256, 1)
     followup.cache_prefix(engine, prefix)
     for seed in range(6):
         assert followup.followup_step(engine, prefix, 512, seed, False, True)["hit_tokens"] == len(prefix)
-    hits = engine.manager.hit_tokens
-    engine.add_request("new", prefix + [3], SamplingParams(max_tokens=1, ignore_eos=True))
-    while engine.has_unfinished():
-        engine.step()
-    assert engine.manager.hit_tokens - hits == 4096
+    for ids, hit in ((prefix + [3], 4096), (prefix[:4000] + [3], 3584)):  # the second diverges a chunk earlier
+        hits = engine.manager.hit_tokens
+        engine.add_request(f"new{hit}", ids, SamplingParams(max_tokens=1, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        assert engine.manager.hit_tokens - hits == hit
