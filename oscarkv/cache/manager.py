@@ -307,29 +307,29 @@ class KVCacheManager:
             ok = bf16_miss[s] == 0 and bf16_miss[n] == bf16_miss[r] and (r == s or int2_miss[r] == int2_miss[s])
             if ok and (not self.window or all(self.window.pool.peek(keys[i]) for i in self.window.prefix_indices(t))):
                 self._adopt(seq, keys[:n], (s, r))
-                c = seq.schedule.chunk
-                for point in (t // c * c - c, t // c * c):  # NOTE: the later one touched last: evicted last
-                    self._keep_restore_point(keys, point)
+                self._keep_restore_points(keys, t, seq.schedule.chunk)
                 self.hit_tokens += t
                 return t
         return 0
 
-    def _keep_restore_point(self, keys: list[bytes], t: int) -> None:
-        """Mark recently used the cached BF16 recent window at ``t`` (one of the two prefill-chunk multiples below a
-        hit, keys ``keys``) and the sliding layers' window pages there: where a request that shares the prefix but not
-        the hit's chunk starts (a new conversation on the document of a chat that resumes at its turns; two points
-        cover a question of up to a chunk between the document and the hit) finds its longest hit. NOTE: such a hit needs those pages; nothing else reads them once demoted (or slid past), so
-        without this the pages the chat's turns allocate evict them and the request recomputes the whole prefix (a
-        33K document after six 512-token follow-ups)."""
-        if t <= 0 or t % self.P:
-            return
-        if self.window:  # sliding layers: their window pages at t (every tier kind needs them)
-            for i in self.window.prefix_indices(t):
-                self.window.pool.touch(keys[i])
-        if self.quantized:
-            n, s = t // self.P, min(self.kv.sink // self.P, t // self.P)
-            for key in keys[max(min(self.hist_end(t) // self.P, n), s):n]:
-                self.bf16.touch(key)
+    def _keep_restore_points(self, keys: list[bytes], hit: int, chunk: int) -> None:
+        """Mark recently used, at the two multiples of ``chunk`` (the prefill chunk) below a ``hit`` (keys ``keys``),
+        the cached pages a hit there needs besides the history: the BF16 recent window and the sliding layers' window
+        pages. There a request finds its longest hit when it shares the prefix but not the hit's chunk starts (a new
+        conversation on the document of a chat that resumes at its turns; two points cover a question of up to a
+        chunk between the document and the hit). NOTE: nothing else reads those pages once demoted (or slid past):
+        without this, the pages the chat's turns allocate evict them and such a request recomputes the whole prefix
+        (a 33K document after six 512-token follow-ups)."""
+        for t in (hit // chunk * chunk - chunk, hit // chunk * chunk):  # the later point touched last: evicted last
+            if t <= 0 or t % self.P:
+                continue
+            if self.window:
+                for i in self.window.prefix_indices(t):
+                    self.window.pool.touch(keys[i])
+            if self.quantized:
+                n, s = t // self.P, min(self.kv.sink // self.P, t // self.P)
+                for key in keys[max(min(self.hist_end(t) // self.P, n), s):n]:
+                    self.bf16.touch(key)
 
     def _adopt(self, seq: CachedSequence, keys: list[bytes], tiers: tuple[int, int]) -> None:
         """Take the cached pages of ``keys`` (all held): ``[0, s)`` sink, ``[s, r)`` history, the rest recent."""

@@ -86,7 +86,7 @@ def test_followups_longer_than_a_chunk_keep_hitting_the_document():
 def test_a_new_conversation_on_the_document_hits_after_long_follow_ups():
     """A chat that resumes at its turns keeps hitting the document; a request that shares the document but not those
     chunk starts (a new conversation, the decode row of ``bench followup``) hits at the last multiple of the prefill
-    chunk: the BF16 recent window there stays cached (``KVCacheManager._keep_restore_point``) although each long
+    chunk: the BF16 recent window there stays cached (``KVCacheManager._keep_restore_points``) although each long
     follow-up allocates BF16 pages of its own (OSCAR's BF16 pool holds windows only: 44 pages here). Without it the
     request recomputed all 4 096 tokens. The window a chunk earlier stays too (a request diverging there)."""
     engine = followup.followup_engine(PagedLM.random(CONFIG), "oscar", 1 << 28, 512, 512)

@@ -303,7 +303,7 @@ def test_export_leaves_the_sliding_layer_out_and_imports_back(gemma, gemma_artif
 def test_a_new_conversation_hits_the_document_after_a_long_chat(gemma, gemma_artifact):
     """A chat resuming at its turns, then a request sharing only the document: it hits at the last prefill-chunk
     multiple, because each hit keeps the pages a hit there needs (the BF16 recent window and the sliding layer's
-    window pages: ``KVCacheManager._keep_restore_point``); without the window pages' part it hit 0 here."""
+    window pages: ``KVCacheManager._keep_restore_points``); without the window pages' part it hit 0 here."""
     engine = make_engine(gemma, "oscar", gemma_artifact, prefill_chunk=16, max_num_seqs=1)
     doc, params = prompts(1, 200, seed=3)[0], SamplingParams(max_tokens=1, ignore_eos=True)
 
