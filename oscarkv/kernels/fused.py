@@ -212,10 +212,10 @@ def _qk_norm_rope_map_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, T, 
 
 
 def _map_tokens(T: int) -> int:
-    """Tokens per program of :func:`qk_norm_rope_map`: one for decode and verify steps, 16 for long extend chunks (the
-    map's ``[BJ, d]`` slice read once per 16 tokens instead of once per token: at 512 tokens the per-token kernel cost
-    a Qwen3-4B follow-up ~4 ms of its 75, H200)."""
-    return 1 if T <= 16 else 16
+    """Tokens per program of :func:`qk_norm_rope_map`: one up to 63 tokens (decode batches, verify steps), then as
+    many as keep 32 blocks of tokens in the grid, at most 16 (the map's ``[BJ, d]`` slice read once per block: at
+    512 tokens one per token cost a Qwen3-4B follow-up ~4 ms of its 75, H200)."""
+    return max(1, min(16, T // 32))
 
 
 def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,

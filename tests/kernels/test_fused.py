@@ -110,7 +110,7 @@ def test_qk_map_matches_the_codec_maps(t, hq, h, d, centered):
     torch.testing.assert_close(k_r, st.key.to_rotated(k), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("t,h,rep,d", [(1, 8, 4, 128), (3, 4, 1, 64), (2, 2, 4, 64), (5, 3, 1, 128), (37, 2, 2, 64)])
+@pytest.mark.parametrize("t,h,rep,d", [(1, 8, 4, 128), (3, 4, 1, 64), (2, 2, 4, 64), (5, 3, 1, 128), (70, 2, 2, 64)])
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("centered", [True, False])
 def test_qk_norm_rope_map_matches_two_launches(t, h, rep, d, norm, centered):
@@ -150,9 +150,10 @@ def test_qk_norm_rope_map_matches_two_launches(t, h, rep, d, norm, centered):
 
 
 def test_qk_norm_rope_map_gives_each_token_its_own_values():
-    """Long extend chunks take 16 tokens a program (``fused._map_tokens``): every token's mapped q and k are those of
-    the same token mapped alone (bit for bit: the per-token arithmetic is the one-token kernel's), tails included."""
-    h, rep, d, t = 2, 2, 64, 37
+    """Long extend chunks take several tokens a program (``fused._map_tokens``: 3 at 100): every token's mapped q and
+    k are those of the same token mapped alone (bit for bit: the per-token arithmetic is the one-token kernel's),
+    the last, partial block included."""
+    h, rep, d, t = 2, 2, 64, 100
     st = _oscar_storage(h, d, True, 5)
     g = torch.Generator().manual_seed(5)
     qkv = (torch.randn(t, h * rep + 2 * h, d, generator=g) * 2).bfloat16().to(DEV)
@@ -161,6 +162,6 @@ def test_qk_norm_rope_map_gives_each_token_its_own_values():
     w = _norm(d, 1e-6, 6).weight.to(DEV)
     maps = (*st.decode_maps, st.key.mean)
     whole = qk_norm_rope_map(qkv[:, :h * rep + h], h * rep, w, w, cos, sin, 1e-6, maps)
-    for i in (0, 15, 16, 36):
+    for i in (0, 2, 3, 98, 99):
         alone = qk_norm_rope_map(qkv[i:i + 1, :h * rep + h], h * rep, w, w, cos[i:i + 1], sin[i:i + 1], 1e-6, maps)
         assert torch.equal(whole[0][i:i + 1], alone[0]) and torch.equal(whole[1][i:i + 1], alone[1])
