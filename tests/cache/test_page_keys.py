@@ -170,3 +170,25 @@ def test_key_memo_gives_the_keys_page_keys_gives(hashes):
     assert check_keys([rng.randrange(500, 900) for _ in range(30)], ChunkSchedule(30, 8)) == 7
     assert check_keys(doc, ChunkSchedule(40, 8), None) == 10  # chunk ends as tiers: page 0's differ
     assert memo.reused == 10 + 5 + 13 + 3 + 2 and len(memo._held) == 2
+
+
+def test_key_memo_from_several_threads():
+    """A server validates requests on several threads: keys from one shared ``KeyMemo`` stay ``page_keys``' under
+    concurrent calls (prompts that share a document, extend one another or share nothing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    P, rng = 4, random.Random(11)
+    doc = [rng.randrange(500) for _ in range(400)]
+    prompts = [doc[:n] + [rng.randrange(500) for _ in range(extra)] for n in (400, 200, 96) for extra in (0, 9, 40)]
+    prompts += [[rng.randrange(500) for _ in range(64)] for _ in range(3)]
+    memo = seq_kv.KeyMemo(size=3)
+
+    def keys(tokens):
+        sched = ChunkSchedule(len(tokens), 16)
+        records = seq_kv.page_records(tokens, range(len(tokens) // P), sched, P, np.zeros_like)
+        return memo.keys(records, b""), page_keys(b"", tokens, range(len(tokens) // P), sched, P, np.zeros_like)
+
+    with ThreadPoolExecutor(6) as pool:
+        for got, want in pool.map(keys, prompts * 4):
+            assert got == want
+    assert len(memo._held) <= 3
