@@ -27,6 +27,8 @@
 #      symmetric-memory engine is one per process)
 #   (twelfth session) c64a / c64b: chunk_sweep at k = 64 over 32K / 100K, rows 16 and 32, 1-2 warps, 6-12 splits per
 #      row block (the k = 64 follow-up at 32K is 1.3x its target, its chunk kernel 8.4 of 15 ms)
+#   arnorm (2+ GPUs): lab.scripts.tp_ar_norm_check, the fused one-shot all-reduce + residual + RMSNorm (built on the
+#      CPU, never run on a GPU): correct under concurrency, and µs against one_shot / nccl + rms_norm in CUDA graphs
 #   vsmol: lab.scripts.verify_profile at the default model's shape (smollm2-135m, random weights),
 #      6K context, K = 2, 4, 8, bf16 and oscar: kernels and host functions of plain and verify steps (the served default
 #      model's verify step cost ~2.7 plain steps)
@@ -55,6 +57,9 @@ vprof() { timeout 400 python3 -m lab.scripts.verify_profile --out "$OUT/vprof" >
 c64() { timeout 280 python3 -m lab.scripts.chunk_sweep --out "$OUT/c64_$1" --chunks 64 --kinds int2 --warps 1,2 \
   --mults 6,8,12 --rows 16,32 --context "$1" > "$OUT/c64_$1.log" 2>&1; echo "== c64 $1: exit $?"; tail -n 2 "$OUT/c64_$1.log"; }
 c64a() { c64 32768; }; c64b() { c64 102400; }
+arnorm() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== arnorm: one GPU, skipped"; return; }
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 240 python3 -m lab.scripts.tp_ar_norm_check --ranks 2 \
+  --out "$OUT/arnorm" > "$OUT/arnorm.log" 2>&1; echo "== arnorm: exit $?"; tail -n 8 "$OUT/arnorm.log"; }
 vsmol() { timeout 300 python3 -m lab.scripts.verify_profile --shape smollm2-135m --context 6144 --ks 2,4,8 --steps 8 \
   --methods bf16,oscar --kv-gib 4 --out "$OUT/vsmol" > "$OUT/vsmol.log" 2>&1; echo "== vsmol: exit $?"
   grep -E "K=|^\{" "$OUT/vsmol.log" | head -n 20; }

@@ -1,0 +1,117 @@
+"""One-shot all-reduce fused with the residual add and RMSNorm, over peer-to-peer symmetric memory (not wired yet).
+
+Role: a tensor-parallel decode step ends each row-parallel projection (``o_proj``, ``down_proj``) with an all-reduce
+of a ``[B, D]`` bf16 message (8 KB at batch 1 of an 8B model), then adds the residual and normalizes
+(:func:`oscarkv.kernels.fused.rms_norm`): two launches and an extra pass, 72 times a step. Here one launch does
+all of it (:func:`all_reduce_rms_norm`). Measured on no GPU yet: ``lab/scripts/tp_ar_norm_check.py`` compares it
+with the one-shot all-reduce plus ``rms_norm`` on two GPUs (sums, tokens of a step, µs inside a CUDA graph) before
+:mod:`oscarkv.models.parallel` uses it (DESIGN.md §8).
+
+One program per call (decode messages: a few rows), each rank running the same kernel at once:
+
+    copy this rank's partial rows into its buffer's slot ``parity``          (its own symmetric buffer)
+    CTA barrier; arrive: on every peer's signal pad, flag ``rank`` 0 → 1    (compare-and-swap, release, system scope)
+    wait: on its own pad, every peer's flag 1 → 0                          (compare-and-swap, acquire, system scope)
+    CTA barrier; per row: Σ_ranks (rank order, fp32) → bf16 → + residual → RMSNorm   (``rms_norm``'s arithmetic)
+    parity ← 1 − parity
+
+Why two slots and no epoch: a rank writes slot ``s`` at call ``n`` only after every peer arrived at call ``n − 1``,
+so none still reads slot ``s`` of call ``n − 2``; the flags are consumed by the waiter (1 → 0) and set only from 0,
+so they need no counter either. Nothing on the host changes between calls: a CUDA graph replays it.
+
+Every rank sums in rank order, so every rank holds the same bits (the residual stream stays identical across ranks).
+The sum is rounded to bf16 before the residual add, as the all-reduce's output is, so the result is
+:func:`oscarkv.kernels.fused.rms_norm` of ``Σ partials`` rounded (fp32 sum in rank order).
+
+Memory layout: ``x``, ``residual``, outputs ``[rows, D]`` bf16, rows contiguous; each rank's buffer holds two
+slots of ``slot_elems`` elements; ``buf_ptrs``/``pad_ptrs`` are int64 device arrays of the ranks' buffer and
+signal-pad addresses (``torch`` symmetric memory's ``buffer_ptrs_dev`` / ``signal_pad_ptrs_dev``; in the CPU
+tests, local tensors standing for the peers). NOTE: NVLink multicast is never used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class PeerBuffers:
+    """One rank's view of the symmetric buffers: addresses of every rank's buffer and signal pad (int64 device
+    arrays, ``[world]``), this rank, the device-side slot parity (int32 ``[1]``) and a slot's size."""
+
+    buf_ptrs: torch.Tensor
+    pad_ptrs: torch.Tensor
+    parity: torch.Tensor
+    rank: int
+    world: int
+    slot_elems: int
+
+
+@triton.jit
+def _arrive_and_wait(pad_ptrs, rank, WORLD: tl.constexpr):
+    """Flag ``rank`` on every peer's pad (0 → 1, release), then consume every peer's flag on this rank's pad
+    (1 → 0, acquire); system scope: the peers are other GPUs."""
+    for p in tl.static_range(WORLD):
+        if p != rank:
+            pad = tl.load(pad_ptrs + p).to(tl.pointer_type(tl.int32))
+            while tl.atomic_cas(pad + rank, 0, 1, sem="release", scope="sys") != 0:
+                pass
+    own = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32))
+    for q in tl.static_range(WORLD):
+        if q != rank:
+            while tl.atomic_cas(own + q, 1, 0, sem="acquire", scope="sys") != 1:
+                pass
+
+
+@triton.jit
+def _ar_rms_norm_kernel(buf_ptrs, pad_ptrs, Parity, x_rows, res_rows, W, out_rows, eps, rows, N, slot_elems, rank,
+                        WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """``x_rows = (x, row stride)``; ``res_rows = (residual in, residual out, row stride)``; ``out_rows = (out,
+    row stride)``."""
+    X, sx = x_rows  # NOTE: one level per statement (Triton 3.6)
+    R, RO, sr = res_rows
+    Out, so = out_rows
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    slot = tl.load(Parity)
+    own = tl.load(buf_ptrs + rank).to(tl.pointer_type(tl.bfloat16)) + slot * slot_elems
+    for t in range(rows):
+        tl.store(own + t * N + cols, tl.load(X + t * sx + cols, mask=mask, other=0.0), mask=mask)
+    tl.debug_barrier()
+    _arrive_and_wait(pad_ptrs, rank, WORLD)
+    tl.debug_barrier()
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    for t in range(rows):
+        acc = tl.zeros([BLOCK], tl.float32)
+        for p in tl.static_range(WORLD):
+            peer = tl.load(buf_ptrs + p).to(tl.pointer_type(tl.bfloat16)) + slot * slot_elems
+            acc += tl.load(peer + t * N + cols, mask=mask, other=0.0, volatile=True).to(tl.float32)  # no L1 copy
+        x = (acc.to(tl.bfloat16).to(tl.float32) + tl.load(R + t * sr + cols, mask=mask, other=0.0).to(tl.float32))
+        x = x.to(tl.bfloat16)
+        tl.store(RO + t * sr + cols, x, mask=mask)
+        h = x.to(tl.float32)
+        h = h * tl.rsqrt(tl.sum(h * h, 0) / N + eps)
+        tl.store(Out + t * so + cols, (w * h.to(tl.bfloat16).to(tl.float32)).to(tl.bfloat16), mask=mask)
+    tl.store(Parity, 1 - slot)
+
+
+def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                        peers: PeerBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's partial ``x [rows, D]`` summed over the ranks, plus ``residual``, normalized → ``(RMSNorm(sum),
+    sum)`` as :func:`oscarkv.kernels.fused.rms_norm` of the all-reduced ``x`` gives them. Every rank calls it at
+    once with its own ``peers`` (see the module docstring)."""
+    rows, n = x.shape
+    assert x.dtype == residual.dtype == torch.bfloat16 and residual.shape == x.shape and weight.shape == (n,), \
+        f"bad x {tuple(x.shape)} {x.dtype} / residual {tuple(residual.shape)} {residual.dtype} / weight {tuple(weight.shape)}"
+    assert x.stride(1) == 1 and residual.is_contiguous() and rows * n <= peers.slot_elems, \
+        f"x's rows contiguous, the residual dense, and a slot holds them ({rows} x {n}, {peers.slot_elems})"
+    out, res = torch.empty_like(x), torch.empty_like(residual)
+    _ar_rms_norm_kernel[(1,)](peers.buf_ptrs, peers.pad_ptrs, peers.parity, (x, x.stride(0)),
+                              (residual, res, residual.stride(0)), weight, (out, out.stride(0)), eps, rows, n,
+                              peers.slot_elems, peers.rank, WORLD=peers.world, BLOCK=triton.next_power_of_2(n),
+                              num_warps=8 if n > 4096 else 4)
+    return out, res

@@ -1,0 +1,108 @@
+"""The fused one-shot all-reduce + residual + RMSNorm (``oscarkv.kernels.allreduce_norm``) in Triton's interpreter:
+the other ranks are local tensors that have already written their slot and flagged this rank's pad, so one rank's
+call runs alone. Checks the sum (rank order, fp32, rounded to bf16), the residual and norm (``rms_norm``'s
+arithmetic, against PyTorch; within a bf16 step: the interpreter truncates its casts to bf16), the flags (set on every peer, consumed on its own pad), the slot parity, and that a
+second call uses the other slot. Concurrency and memory ordering need GPUs: ``lab/scripts/tp_ar_norm_check.py``."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from oscarkv.kernels.allreduce_norm import PeerBuffers, all_reduce_rms_norm
+
+
+def _oracle(parts: list[torch.Tensor], residual: torch.Tensor, w: torch.Tensor, eps: float):
+    total = torch.stack([p.float() for p in parts]).sum(0).bfloat16()
+    s = (total.float() + residual.float()).bfloat16()
+    h = s.float() * torch.rsqrt(s.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (w.float() * h.bfloat16().float()).bfloat16(), s
+
+
+class Ranks:
+    """``world`` ranks' buffers (two slots each) and signal pads as local tensors."""
+
+    def __init__(self, world: int, slot_elems: int) -> None:
+        self.world, self.slot = world, slot_elems
+        self.bufs = [torch.zeros(2 * slot_elems, dtype=torch.bfloat16) for _ in range(world)]
+        self.pads = [torch.zeros(world, dtype=torch.int32) for _ in range(world)]
+        self.parity = [torch.zeros(1, dtype=torch.int32) for _ in range(world)]
+
+    def peers(self, rank: int) -> PeerBuffers:
+        ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64)  # noqa: E731
+        return PeerBuffers(ptrs(self.bufs), ptrs(self.pads), self.parity[rank], rank, self.world, self.slot)
+
+    def others_arrive(self, rank: int, parts: list[torch.Tensor], slot: int) -> None:
+        """Every other rank wrote its partial into ``slot`` and flagged ``rank``'s pad."""
+        for r, x in enumerate(parts):
+            if r != rank:
+                self.bufs[r][slot * self.slot:slot * self.slot + x.numel()] = x.flatten()
+                self.pads[rank][r] = 1
+
+
+@pytest.mark.parametrize("world,rank,rows,n", [(2, 0, 3, 96), (2, 1, 1, 128), (4, 2, 2, 64)])
+def test_one_rank_sums_adds_and_normalizes(world, rank, rows, n):
+    g, eps = torch.Generator().manual_seed(world * 10 + rank), 1e-6
+    ranks = Ranks(world, slot_elems=8 * n)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).bfloat16()
+    for call in range(2):  # the second call reads and writes the other slot
+        parts = [torch.randn(rows, n, generator=g).bfloat16() for _ in range(world)]
+        residual = torch.randn(rows, n, generator=g).bfloat16()
+        ranks.others_arrive(rank, parts, slot=call % 2)
+        out, res = all_reduce_rms_norm(parts[rank], residual, w, eps, ranks.peers(rank))
+        want_out, want_res = _oracle(parts, residual, w, eps)
+        for got, want in ((res, want_res), (out, want_out)):  # NOTE: the interpreter truncates casts to bf16
+            torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=2 ** -7 * want.abs().max().item())
+        own = ranks.bufs[rank][call % 2 * ranks.slot:][:rows * n].view(rows, n)
+        assert torch.equal(own, parts[rank]), "this rank's partial is not in its slot"
+        assert ranks.parity[rank].item() == (call + 1) % 2
+        assert ranks.pads[rank].sum().item() == 0, "a peer's flag was not consumed"
+        assert all(ranks.pads[p][rank].item() == 1 for p in range(world) if p != rank), "a peer was not flagged"
+        for p in range(world):  # the peers consume this rank's flag in their own calls
+            ranks.pads[p][rank] = 0
+
+
+def test_refuses_what_a_slot_cannot_hold():
+    ranks = Ranks(2, slot_elems=64)
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(AssertionError, match="slot"):
+        all_reduce_rms_norm(x, x.clone(), torch.ones(64, dtype=torch.bfloat16), 1e-6, ranks.peers(0))
+
+
+def test_kernel_compiles_for_sm90_with_system_scope_atomics():
+    """Triton's bundled ptxas builds the kernel for an H100 here (no GPU), with release / acquire compare-and-swaps at
+    system scope (the peers are other GPUs). In a process of its own, without the interpreter (test_prefetch's NOTE)."""
+    pytest.importorskip("triton")
+    code = """
+import json, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import MockTensor, create_function_from_signature
+from oscarkv.kernels.allreduce_norm import _ar_rms_norm_kernel as fn
+target = GPUTarget("cuda", 90, 32)
+backend, opts, bf = make_backend(target), {"num_warps": 4}, MockTensor(torch.bfloat16)
+binder = create_function_from_signature(fn.signature, fn.params, backend)
+args = (MockTensor(torch.int64), MockTensor(torch.int64), MockTensor(torch.int32), (bf, 4096), (bf, bf, 4096), bf,
+        (bf, 4096), 1e-6, 2, 4096, 65536, 3)
+bound, spec, _ = binder(*args, WORLD=4, BLOCK=4096)
+_, sig, cx, attrs = fn._pack_args(backend, opts, bound, spec, None)
+try:
+    k = triton.compile(ASTSource(fn, sig, cx, attrs), target=target, options=opts)
+except (RuntimeError, FileNotFoundError) as e:
+    print(json.dumps({"skip": str(e)})); sys.exit()
+print(json.dumps({"ptx": k.asm["ptx"], "cubin": bool(k.asm["cubin"])}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(f"no sm_90 toolchain: {got['skip']}")
+    ptx = got["ptx"]
+    assert "atom.release.sys" in ptx.replace(".global", "") and "atom.acquire.sys" in ptx.replace(".global", ""), \
+        [line for line in ptx.splitlines() if "atom" in line][:6]
+    assert got["cubin"]
