@@ -156,6 +156,8 @@ class TritonAttention(AttentionBackend):
             kernel = chunk_splitk.chunk_attention if "splitk" in route else extend_attention
             return kernel(q.contiguous(), k_new.contiguous(), v_new.contiguous(), kv, tables, cu_seqlens, scale,
                           max_chunk=max(hi - lo for lo, hi in spans))
+        if route == ["staged"]:  # one sequence, all of it staged (a long chunk alone: a prompt, a follow-up)
+            return prefill_attention(q, k_new, v_new, kv, tables, 0, (lens[0][0], lens[1][0]), scale)
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         for b, how in enumerate(route):  # NOTE: one sequence at a time: the staged prefix workspace is per sequence
             if how == "staged":

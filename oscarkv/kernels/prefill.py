@@ -238,13 +238,13 @@ def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     _, h, p, _ = kv.bf16_k.shape
     assert hq % h == 0 and k_new.shape == v_new.shape == (c, h, d), f"bad shapes q {tuple(q.shape)} k {tuple(k_new.shape)}"
     assert lens[1] == 0 or kv.int2_k is not None, "INT2 tokens listed for a BF16-only cache"
-    parts = []
+    parts, q = [], q.to(torch.bfloat16)  # NOTE: once for both parts (an OSCAR step's mapped q is fp32)
     # NOTE: the profiler ranges let ``oscarkv bench prefill`` split the time by part (no cost when not profiling)
     if sum(lens):
         with record_function("prefill.prefix"):
             parts += _prefix(q, kv, tables, b, lens, scale, segment or _segment_tokens(h, d, p))
     with record_function("prefill.chunk"):
-        qc = q.to(torch.bfloat16).transpose(0, 1).contiguous()[None]  # [1, Hq, c, d]
+        qc = q.transpose(0, 1).contiguous()[None]  # [1, Hq, c, d]
         kc, vc = (x.to(torch.bfloat16).transpose(0, 1).contiguous()[None] for x in (k_new, v_new))  # [1, H, c, d]
         parts.append(_headed(*_attend_lse(qc, kc, vc, True, scale), hq // h))
     with record_function("prefill.merge"):

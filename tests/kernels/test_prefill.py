@@ -63,6 +63,13 @@ def test_triton_backend_routes_mixed_batch():
     assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
 
 
+def test_triton_backend_one_long_chunk():
+    """One sequence's long chunk alone (a prompt chunk, a follow-up): the staged path's output is the step's."""
+    kv, tables, q, k_new, v_new, cu, ref, tol = _inputs([150], [MIN_CHUNK + 9], 8, 2, 32, seed=4)
+    out = TritonAttention().extend(q, k_new, v_new, kv, tables, cu, 32**-0.5)
+    assert out.dtype == torch.float32 and out.shape == q.shape and _rel(out, ref) <= tol, (_rel(out, ref), tol)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("bits", [(4, 2), (2, 4), (4, 4)], ids=["k4v2", "k2v4", "int4"])
