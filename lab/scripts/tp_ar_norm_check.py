@@ -13,17 +13,13 @@ flags cycling); then µs per call inside a CUDA graph of :data:`CALLS` calls: fu
 
 from __future__ import annotations
 
-import argparse
 import json
-import tempfile
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from lab.scripts.tp_comm_bench import _graph_us
+from lab.scripts.tp_comm_bench import _graph_us, init_rank, spawn_ranks
 from oscarkv.kernels.allreduce_norm import PeerBuffers, all_reduce_rms_norm
 from oscarkv.kernels.fused import rms_norm
 from oscarkv.models.allreduce import _symm_mem, make_all_reduce
@@ -84,10 +80,7 @@ def timing(rank: int, size: int, peers: PeerBuffers, device) -> list[dict]:
 
 
 def _rank(rank: int, size: int, path: str, out: str) -> None:
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", init_method=f"file://{path}", rank=rank, world_size=size,
-                            timeout=timedelta(minutes=2), device_id=device)
+    device = init_rank(rank, size, path, minutes=2)
     peers = peer_buffers(max(ROWS) * max(WIDTHS), device)
     result = dict(ranks=size, device=torch.cuda.get_device_name(device), torch=torch.__version__,
                   check=check(rank, size, peers, device), timing=timing(rank, size, peers, device))
@@ -104,12 +97,7 @@ def _rank(rank: int, size: int, path: str, out: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--ranks", type=int, default=torch.cuda.device_count())
-    p.add_argument("--out", default=".")
-    a = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank, args=(a.ranks, str(Path(tmp) / "rdv"), a.out), nprocs=a.ranks, join=True)
+    spawn_ranks(_rank, __doc__)
 
 
 if __name__ == "__main__":

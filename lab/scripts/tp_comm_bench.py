@@ -136,11 +136,17 @@ def plan_rows(rank: int, device, control) -> list[dict]:
     return out
 
 
-def _rank(rank: int, size: int, path: str, out: str) -> None:
+def init_rank(rank: int, size: int, path: str, minutes: int = 3) -> torch.device:
+    """This process's GPU and the NCCL group of ``size`` ranks meeting at the file ``path``."""
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", init_method=f"file://{path}", rank=rank, world_size=size,
-                            timeout=timedelta(minutes=3), device_id=device)
+                            timeout=timedelta(minutes=minutes), device_id=device)
+    return device
+
+
+def _rank(rank: int, size: int, path: str, out: str) -> None:
+    device = init_rank(rank, size, path)
     control = dist.new_group(backend="gloo")
     result = dict(ranks=size, device=torch.cuda.get_device_name(device), torch=torch.__version__,
                   all_reduce=all_reduce_rows(rank, size, device), plans=plan_rows(rank, device, control))
@@ -168,13 +174,19 @@ def format_tables(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def spawn_ranks(rank_fn, doc: str) -> None:
+    """``--ranks N --out DIR`` from the command line, then ``rank_fn(rank, N, rendezvous file, DIR)`` in one process
+    per rank."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--ranks", type=int, default=torch.cuda.device_count())
     p.add_argument("--out", default=".")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank, args=(a.ranks, str(Path(tmp) / "rdv"), a.out), nprocs=a.ranks, join=True)
+        mp.spawn(rank_fn, args=(a.ranks, str(Path(tmp) / "rdv"), a.out), nprocs=a.ranks, join=True)
+
+
+def main() -> None:
+    spawn_ranks(_rank, __doc__)
 
 
 if __name__ == "__main__":

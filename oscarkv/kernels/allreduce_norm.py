@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from oscarkv.kernels.fused import _norm_row
+
 
 @dataclass(frozen=True)
 class PeerBuffers:
@@ -68,11 +70,12 @@ def _arrive_and_wait(pad_ptrs, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
-def _ar_rms_norm_kernel(buf_ptrs, pad_ptrs, Parity, x_rows, res_rows, W, out_rows, eps, rows, N, slot_elems, rank,
-                        WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """``x_rows = (x, row stride)``; ``res_rows = (residual in, residual out, row stride)``; ``out_rows = (out,
-    row stride)``."""
-    X, sx = x_rows  # NOTE: one level per statement (Triton 3.6)
+def _ar_rms_norm_kernel(peers, x_rows, res_rows, W, out_rows, eps, rows, N, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """``peers = (buffer addresses, pad addresses, parity, slot elements, rank)`` (:class:`PeerBuffers`);
+    ``x_rows = (x, row stride)``; ``res_rows = (residual in, residual out, row stride)``; ``out_rows = (out, row
+    stride)``."""
+    buf_ptrs, pad_ptrs, Parity, slot_elems, rank = peers  # NOTE: one level per statement (Triton 3.6)
+    X, sx = x_rows
     R, RO, sr = res_rows
     Out, so = out_rows
     cols = tl.arange(0, BLOCK)
@@ -93,9 +96,7 @@ def _ar_rms_norm_kernel(buf_ptrs, pad_ptrs, Parity, x_rows, res_rows, W, out_row
         x = (acc.to(tl.bfloat16).to(tl.float32) + tl.load(R + t * sr + cols, mask=mask, other=0.0).to(tl.float32))
         x = x.to(tl.bfloat16)
         tl.store(RO + t * sr + cols, x, mask=mask)
-        h = x.to(tl.float32)
-        h = h * tl.rsqrt(tl.sum(h * h, 0) / N + eps)
-        tl.store(Out + t * so + cols, (w * h.to(tl.bfloat16).to(tl.float32)).to(tl.bfloat16), mask=mask)
+        tl.store(Out + t * so + cols, _norm_row(x, w, N, eps).to(tl.bfloat16), mask=mask)
     tl.store(Parity, 1 - slot)
 
 
@@ -110,8 +111,7 @@ def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     assert x.stride(1) == 1 and residual.is_contiguous() and rows * n <= peers.slot_elems, \
         f"x's rows contiguous, the residual dense, and a slot holds them ({rows} x {n}, {peers.slot_elems})"
     out, res = torch.empty_like(x), torch.empty_like(residual)
-    _ar_rms_norm_kernel[(1,)](peers.buf_ptrs, peers.pad_ptrs, peers.parity, (x, x.stride(0)),
-                              (residual, res, residual.stride(0)), weight, (out, out.stride(0)), eps, rows, n,
-                              peers.slot_elems, peers.rank, WORLD=peers.world, BLOCK=triton.next_power_of_2(n),
-                              num_warps=8 if n > 4096 else 4)
+    _ar_rms_norm_kernel[(1,)]((peers.buf_ptrs, peers.pad_ptrs, peers.parity, peers.slot_elems, peers.rank),
+                              (x, x.stride(0)), (residual, res, residual.stride(0)), weight, (out, out.stride(0)), eps,
+                              rows, n, WORLD=peers.world, BLOCK=triton.next_power_of_2(n), num_warps=8 if n > 4096 else 4)
     return out, res

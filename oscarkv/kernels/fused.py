@@ -42,6 +42,15 @@ import triton.language as tl
 
 
 @triton.jit
+def _norm_row(x, w, N, eps):
+    """``w · RMSNorm(x)`` of one row (``x`` in its dtype, masked columns 0; ``w`` fp32) in fp32, rounded as transformers
+    rounds the normalized row to the activation dtype before the weight."""
+    h = x.to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, 0) / N + eps)
+    return w * h.to(x.dtype).to(tl.float32)
+
+
+@triton.jit
 def _rms_norm_kernel(x_rows, y_rows, W, out_rows, res_rows, eps, N, BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
     """Each ``*_rows`` is ``(pointer, row stride)``."""
     X, stride_x = x_rows  # NOTE: one level per statement (Triton 3.6)
@@ -55,10 +64,8 @@ def _rms_norm_kernel(x_rows, y_rows, W, out_rows, res_rows, eps, N, BLOCK: tl.co
     if HAS_RES:
         x = (x.to(tl.float32) + tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
         tl.store(Res + row * stride_r + cols, x, mask=mask)
-    h = x.to(tl.float32)
-    h = h * tl.rsqrt(tl.sum(h * h, 0) / N + eps)
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + row * stride_o + cols, (w * h.to(x.dtype).to(tl.float32)).to(Out.dtype.element_ty), mask=mask)
+    tl.store(Out + row * stride_o + cols, _norm_row(x, w, N, eps).to(Out.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -4,15 +4,11 @@ call runs alone. Checks the sum (rank order, fp32, rounded to bf16), the residua
 arithmetic, against PyTorch; within a bf16 step: the interpreter truncates its casts to bf16), the flags (set on every peer, consumed on its own pad), the slot parity, and that a
 second call uses the other slot. Concurrency and memory ordering need GPUs: ``lab/scripts/tp_ar_norm_check.py``."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from oscarkv.kernels.allreduce_norm import PeerBuffers, all_reduce_rms_norm
+from tests.sm90_subprocess import compile_sm90
 
 
 def _oracle(parts: list[torch.Tensor], residual: torch.Tensor, w: torch.Tensor, eps: float):
@@ -74,34 +70,25 @@ def test_refuses_what_a_slot_cannot_hold():
 
 def test_kernel_compiles_for_sm90_with_system_scope_atomics():
     """Triton's bundled ptxas builds the kernel for an H100 here (no GPU), with release / acquire compare-and-swaps at
-    system scope (the peers are other GPUs). In a process of its own, without the interpreter (test_prefetch's NOTE)."""
+    system scope (the peers are other GPUs). In a process of its own (``tests.sm90_subprocess``)."""
     pytest.importorskip("triton")
     code = """
-import json, sys
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import MockTensor, create_function_from_signature
 from oscarkv.kernels.allreduce_norm import _ar_rms_norm_kernel as fn
-target = GPUTarget("cuda", 90, 32)
-backend, opts, bf = make_backend(target), {"num_warps": 4}, MockTensor(torch.bfloat16)
-binder = create_function_from_signature(fn.signature, fn.params, backend)
-args = (MockTensor(torch.int64), MockTensor(torch.int64), MockTensor(torch.int32), (bf, 4096), (bf, bf, 4096), bf,
-        (bf, 4096), 1e-6, 2, 4096, 65536, 3)
-bound, spec, _ = binder(*args, WORLD=4, BLOCK=4096)
-_, sig, cx, attrs = fn._pack_args(backend, opts, bound, spec, None)
-try:
-    k = triton.compile(ASTSource(fn, sig, cx, attrs), target=target, options=opts)
-except (RuntimeError, FileNotFoundError) as e:
-    print(json.dumps({"skip": str(e)})); sys.exit()
-print(json.dumps({"ptx": k.asm["ptx"], "cubin": bool(k.asm["cubin"])}))
+def build():  # Triton's own binder on stand-in tensors, as lab/benchmarks/compile_sm90.py does
+    target = GPUTarget("cuda", 90, 32)
+    backend, opts, bf = make_backend(target), {"num_warps": 4}, MockTensor(torch.bfloat16)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    args = ((MockTensor(torch.int64), MockTensor(torch.int64), MockTensor(torch.int32), 65536, 3), (bf, 4096),
+            (bf, bf, 4096), bf, (bf, 4096), 1e-6, 2, 4096)
+    bound, spec, _ = binder(*args, WORLD=4, BLOCK=4096)
+    _, sig, cx, attrs = fn._pack_args(backend, opts, bound, spec, None)
+    return triton.compile(ASTSource(fn, sig, cx, attrs), target=target, options=opts)
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
-    if "skip" in got:
-        pytest.skip(f"no sm_90 toolchain: {got['skip']}")
+    got = compile_sm90(code)
     ptx = got["ptx"]
     assert "atom.release.sys" in ptx.replace(".global", "") and "atom.acquire.sys" in ptx.replace(".global", ""), \
         [line for line in ptx.splitlines() if "atom" in line][:6]

@@ -1,11 +1,6 @@
 """Weight prefetch into L2 (``EngineConfig.l2_prefetch``): which bytes each projection prefetches, when it
 issues them, the flag's errors, and the kernel compiled for an H100 on the CPU."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -15,6 +10,7 @@ from oscarkv.models import prefetch
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.parallel import RowParallelLinear
 from tests.engine.conftest import tiny_config
+from tests.sm90_subprocess import compile_sm90
 
 
 @pytest.fixture
@@ -115,29 +111,19 @@ def test_unsupported_device_attaches_nothing():
 
 def test_kernel_compiles_for_sm90_with_the_bulk_prefetch():
     """Triton's bundled ptxas builds the kernel for an H100 here (no GPU): the PTX holds the instruction, guarded.
-    NOTE: in a process of its own without ``TRITON_INTERPRET``: the interpreter swaps ``triton.language``'s builtins
-    while it runs a kernel, and a compile that meets them fails (once in a full CI run, 2026-11-28)."""
+    In a process of its own (``tests.sm90_subprocess``)."""
     pytest.importorskip("triton")
     code = """
-import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from oscarkv.kernels.prefetch import CHUNK, LANES, _l2_prefetch_kernel
-src = ASTSource(fn=_l2_prefetch_kernel, signature={"base": "*u8", "nbytes": "i64", "CHUNK": "constexpr",
-                "LANES": "constexpr"}, constexprs={"CHUNK": CHUNK, "LANES": LANES})
-try:
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": LANES // 32})
-except (RuntimeError, FileNotFoundError) as e:  # no CUDA backend tools in this Triton
-    print(json.dumps({"skip": str(e)})); sys.exit()
-print(json.dumps({"ptx": k.asm["ptx"], "cubin": bool(k.asm["cubin"])}))
+def build():
+    src = ASTSource(fn=_l2_prefetch_kernel, signature={"base": "*u8", "nbytes": "i64", "CHUNK": "constexpr",
+                    "LANES": "constexpr"}, constexprs={"CHUNK": CHUNK, "LANES": LANES})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": LANES // 32})
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
-    if "skip" in got:
-        pytest.skip(f"no sm_90 toolchain: {got['skip']}")
+    got = compile_sm90(code)
     assert "@p cp.async.bulk.prefetch.L2.global" in got["ptx"] and "setp.gt.s32" in got["ptx"]
     assert got["cubin"]
 
