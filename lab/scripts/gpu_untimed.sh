@@ -32,6 +32,8 @@
 #   vsmol: lab.scripts.verify_profile at the default model's shape (smollm2-135m, random weights),
 #      6K context, K = 2, 4, 8, bf16 and oscar: kernels and host functions of plain and verify steps (the served default
 #      model's verify step cost ~2.7 plain steps)
+#   (thirteenth session) tptests (2 GPUs): the tp GPU tests (tokens equal tp = 1, symmetric-memory kinds, a dying
+#      worker); symmtests: those of the symmetric-memory kinds (one_shot_norm: the all-reduce fused into the norms); etests: the engine's GPU tests and the extend-graph tests (fused maps now cover 512-token chunks)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -102,5 +104,12 @@ mib() { for m in 12 40; do bench "d8_mib$m" --shapes qwen3-8b --methods bf16,osc
 tp2() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tp2: one GPU, skipped"; return; }
   for m in bf16 oscar; do for v in off all; do bench "tp2_${m}_$v" --shapes qwen3-8b --methods $m \
     --tensor-parallel-size 2 --all-reduce one_shot --l2-prefetch $v; done; done; }
+symmtests() { NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+  -rA tests/engine/test_tensor_parallel_gpu.py -k symm > "$OUT/symmtests.log" 2>&1; echo "== symmtests: exit $?"; tail -n 5 "$OUT/symmtests.log"; }
+tptests() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tptests: one GPU, skipped"; return; }
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 360 python3 -m pytest -q -p no:cacheprovider -m gpu -rA \
+  tests/engine/test_tensor_parallel_gpu.py > "$OUT/tptests.log" 2>&1; echo "== tptests: exit $?"; grep -E "PASS|FAIL|ERROR|passed|failed" "$OUT/tptests.log" | tail -n 14; }
+etests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu_engine.py \
+  tests/engine/test_extend_graphs_gpu.py > "$OUT/etests.log" 2>&1; echo "== etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done

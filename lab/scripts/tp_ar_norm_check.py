@@ -3,7 +3,7 @@ correct under concurrency, and faster than what the engine runs today?
 
 Run: ``python -m lab.scripts.tp_ar_norm_check --out DIR`` (every visible GPU, one process each; ``--ranks N``).
 
-For rows 1 and 8 and D 4096 / 5120 (Qwen3-8B / -32B): every rank draws every rank's partial from its seed, so each
+For rows 1, 8 and 64 and D 4096 / 5120 (Qwen3-8B / -32B): every rank draws every rank's partial from its seed, so each
 checks (a) the fused result against the exact sum (fp32) → bf16 → residual → RMSNorm computed locally, (b) that every
 rank holds the same bits (gathered to rank 0), (c) after 200 eager calls with fresh inputs (the slot parity and the
 flags cycling); then µs per call inside a CUDA graph of :data:`CALLS` calls: fused, against the engine's pair
@@ -22,19 +22,10 @@ import torch.distributed as dist
 from lab.scripts.tp_comm_bench import _graph_us, init_rank, spawn_ranks
 from oscarkv.kernels.allreduce_norm import PeerBuffers, all_reduce_rms_norm
 from oscarkv.kernels.fused import rms_norm
-from oscarkv.models.allreduce import _symm_mem, make_all_reduce
+from oscarkv.models.allreduce import make_all_reduce, norm_peers
 
 CALLS = 64
-ROWS, WIDTHS = (1, 8), (4096, 5120)
-
-
-def peer_buffers(slot_elems: int, device) -> PeerBuffers:
-    """This rank's fused-kernel view of a fresh symmetric buffer (two slots) and its signal pads."""
-    symm = _symm_mem("one_shot")
-    buf = symm.empty(2 * slot_elems, dtype=torch.bfloat16, device=device)
-    h = symm.rendezvous(buf, dist.group.WORLD.group_name)
-    return PeerBuffers(h.buffer_ptrs_dev, h.signal_pad_ptrs_dev, torch.zeros(1, dtype=torch.int32, device=device),
-                       h.rank, h.world_size, slot_elems)
+ROWS, WIDTHS = (1, 8, 64), (4096, 5120)
 
 
 def _case(rows: int, width: int, size: int, seed: int, device):
@@ -81,7 +72,7 @@ def timing(rank: int, size: int, peers: PeerBuffers, device) -> list[dict]:
 
 def _rank(rank: int, size: int, path: str, out: str) -> None:
     device = init_rank(rank, size, path, minutes=2)
-    peers = peer_buffers(max(ROWS) * max(WIDTHS), device)
+    peers = norm_peers(dist.group.WORLD, max(ROWS) * max(WIDTHS), max(ROWS), device)
     result = dict(ranks=size, device=torch.cuda.get_device_name(device), torch=torch.__version__,
                   check=check(rank, size, peers, device), timing=timing(rank, size, peers, device))
     if rank == 0:

@@ -92,7 +92,7 @@ class DecodeBench:
     graph column replays every rank's graph together (``oscarkv.bench.decode``)."""
     all_reduce: str = "auto"
     """The row-parallel all-reduce with ``tensor_parallel_size > 1`` (``EngineConfig.tensor_parallel_all_reduce``:
-    auto, nccl, one_shot, two_shot)."""
+    auto, nccl, one_shot, two_shot, one_shot_norm)."""
     profile: bool = False
     """Also profile the graph of each row at the longest context (torch.profiler; with tensor parallelism,
     whole engine steps). NOTE: CUPTI stays attached after a profile and slows later graph launches (seen

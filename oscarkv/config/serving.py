@@ -198,7 +198,7 @@ format."""
 
 SPECULATIVE_METHODS = ("none", "ngram")
 """Speculative decoding methods of the paged engine: ``ngram`` drafts by prompt lookup (no draft model)."""
-TP_ALL_REDUCES = ("auto", "nccl", "one_shot", "two_shot")
+TP_ALL_REDUCES = ("auto", "nccl", "one_shot", "two_shot", "one_shot_norm")
 
 L2_PREFETCH_POINTS = ("attn", "reduce", "act", "next")
 """Where a decode step may prefetch the next projection's weights into L2 (``oscarkv.models.prefetch``)."""
@@ -333,8 +333,9 @@ class EngineConfig:
     tensor_parallel_all_reduce: str = "auto"
     """The all-reduce of the row-parallel projections with ``tensor_parallel_size > 1``
     (``oscarkv.models.allreduce``): ``nccl`` (gloo on the CPU); ``one_shot`` or ``two_shot`` over
-    peer-to-peer symmetric memory for decode-sized messages, NCCL above (CUDA); ``auto``: the kind measured
-    fastest for the number of GPUs (``allreduce.SYMM_MEM_WINS``), else NCCL."""
+    peer-to-peer symmetric memory for decode-sized messages, NCCL above (CUDA); ``one_shot_norm``: ``one_shot``,
+    and in Llama-style models the sum fused with the next residual add and RMSNorm (one kernel); ``auto``: the kind
+    measured fastest for the number of GPUs (``allreduce.SYMM_MEM_WINS``), else NCCL."""
     extend_graph_buckets: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
     """Token buckets of the CUDA graphs of short extend steps of one sequence (a follow-up's first step over a
     cached prefix, a speculative verify chunk; ``oscarkv.engine.extend_graphs``): a step of ``k`` tokens replays

@@ -148,7 +148,7 @@ def _with_all_reduce(tp: TensorParallel, spec: RankSpec, device: torch.device) -
     """``tp`` with the all-reduce rank 0 chose (every rank at once: a symmetric buffer is a collective),
     sized for a decode step's ``[B, D]`` at the largest graph bucket."""
     rows = max(spec.graph_buckets, default=1)
-    reduce = make_all_reduce(spec.all_reduce, tp.group, device, spec.dtype, rows * spec.config.hidden_size)
+    reduce = make_all_reduce(spec.all_reduce, tp.group, device, spec.dtype, rows * spec.config.hidden_size, rows)
     return replace(tp, reduce=reduce)
 
 

@@ -7,31 +7,34 @@ all of it (:func:`all_reduce_rms_norm`). Measured on no GPU yet: ``lab/scripts/t
 with the one-shot all-reduce plus ``rms_norm`` on two GPUs (sums, tokens of a step, µs inside a CUDA graph) before
 :mod:`oscarkv.models.parallel` uses it (DESIGN.md §8).
 
-One program per call (decode messages: a few rows), each rank running the same kernel at once:
+One program per row (decode messages: a few rows), each rank running the same kernel at once; program ``t``:
 
-    copy this rank's partial rows into its buffer's slot ``parity``          (its own symmetric buffer)
-    CTA barrier; arrive: on every peer's signal pad, flag ``rank`` 0 → 1    (compare-and-swap, release, system scope)
-    wait: on its own pad, every peer's flag 1 → 0                          (compare-and-swap, acquire, system scope)
-    CTA barrier; per row: Σ_ranks (rank order, fp32) → bf16 → + residual → RMSNorm   (``rms_norm``'s arithmetic)
-    parity ← 1 − parity
+    copy row t of this rank's partial into its buffer's slot ``parity[t]``      (its own symmetric buffer)
+    CTA barrier; arrive: on every peer's signal pad, flag ``t·world + rank`` 0 → 1   (compare-and-swap, release, sys)
+    wait: on its own pad, every peer's flag ``t·world + q`` 1 → 0                    (compare-and-swap, acquire, sys)
+    CTA barrier; Σ_ranks row t (rank order, fp32) → bf16 → + residual → RMSNorm   (``rms_norm``'s arithmetic)
+    parity[t] ← 1 − parity[t]
 
-Why two slots and no epoch: a rank writes slot ``s`` at call ``n`` only after every peer arrived at call ``n − 1``,
-so none still reads slot ``s`` of call ``n − 2``; the flags are consumed by the waiter (1 → 0) and set only from 0,
-so they need no counter either. Nothing on the host changes between calls: a CUDA graph replays it.
+Why two slots and no epoch: a rank writes row ``t`` of slot ``s`` only after every peer arrived for row ``t`` the
+last time it was used (so no peer still reads row ``t`` of slot ``s`` from the use before that); the flags are
+consumed by the waiter (1 → 0) and set only from 0, so they need no counter either. Rows are independent, so each
+has its own parity and flags, and a call of fewer rows leaves the others' state as it was on every rank alike.
+Nothing on the host changes between calls: a CUDA graph replays it. (One program for all rows was 5× slower at 8
+rows: ``lab/record/benchmarks-log.md``, thirteenth session.)
 
 Every rank sums in rank order, so every rank holds the same bits (the residual stream stays identical across ranks).
 The sum is rounded to bf16 before the residual add, as the all-reduce's output is, so the result is
 :func:`oscarkv.kernels.fused.rms_norm` of ``Σ partials`` rounded (fp32 sum in rank order).
 
 Memory layout: ``x``, ``residual``, outputs ``[rows, D]`` bf16, rows contiguous; each rank's buffer holds two
-slots of ``slot_elems`` elements; ``buf_ptrs``/``pad_ptrs`` are int64 device arrays of the ranks' buffer and
-signal-pad addresses (``torch`` symmetric memory's ``buffer_ptrs_dev`` / ``signal_pad_ptrs_dev``; in the CPU
-tests, local tensors standing for the peers). NOTE: NVLink multicast is never used.
+slots of ``slot_elems`` elements (row ``t`` at ``t·D``); ``buf_ptrs``/``pad_ptrs`` are int64 device arrays of the
+ranks' buffer and signal-pad addresses (built from ``torch`` symmetric memory's ``buffer_ptrs`` /
+``signal_pad_ptrs``; in the CPU tests, local tensors standing for the peers). NOTE: NVLink multicast is never used.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -43,7 +46,9 @@ from oscarkv.kernels.fused import _norm_row
 @dataclass(frozen=True)
 class PeerBuffers:
     """One rank's view of the symmetric buffers: addresses of every rank's buffer and signal pad (int64 device
-    arrays, ``[world]``), this rank, the device-side slot parity (int32 ``[1]``) and a slot's size."""
+    arrays, ``[world]``), this rank, the device-side slot parity of each row (int32 ``[rows a slot holds]``, zeros
+    at first) and a slot's size; ``memory``: what
+    keeps the addresses mapped (the symmetric tensor and its handle: freed, the kernel faults)."""
 
     buf_ptrs: torch.Tensor
     pad_ptrs: torch.Tensor
@@ -51,18 +56,19 @@ class PeerBuffers:
     rank: int
     world: int
     slot_elems: int
+    memory: object = field(default=None, repr=False, compare=False)
 
 
 @triton.jit
-def _arrive_and_wait(pad_ptrs, rank, WORLD: tl.constexpr):
-    """Flag ``rank`` on every peer's pad (0 → 1, release), then consume every peer's flag on this rank's pad
-    (1 → 0, acquire); system scope: the peers are other GPUs."""
+def _arrive_and_wait(pad_ptrs, flags, rank, WORLD: tl.constexpr):
+    """Flag ``flags + rank`` on every peer's pad (0 → 1, release), then consume every peer's flag ``flags + q`` on
+    this rank's pad (1 → 0, acquire); system scope: the peers are other GPUs."""
     for p in tl.static_range(WORLD):
         if p != rank:
-            pad = tl.load(pad_ptrs + p).to(tl.pointer_type(tl.int32))
+            pad = tl.load(pad_ptrs + p).to(tl.pointer_type(tl.int32)) + flags
             while tl.atomic_cas(pad + rank, 0, 1, sem="release", scope="sys") != 0:
                 pass
-    own = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32))
+    own = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32)) + flags
     for q in tl.static_range(WORLD):
         if q != rank:
             while tl.atomic_cas(own + q, 1, 0, sem="acquire", scope="sys") != 1:
@@ -70,34 +76,34 @@ def _arrive_and_wait(pad_ptrs, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
-def _ar_rms_norm_kernel(peers, x_rows, res_rows, W, out_rows, eps, rows, N, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """``peers = (buffer addresses, pad addresses, parity, slot elements, rank)`` (:class:`PeerBuffers`);
-    ``x_rows = (x, row stride)``; ``res_rows = (residual in, residual out, row stride)``; ``out_rows = (out, row
-    stride)``."""
+def _ar_rms_norm_kernel(peers, x_rows, res_rows, W, out_rows, eps, N, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Program ``t``: row ``t``. ``peers = (buffer addresses, pad addresses, parities, slot elements, rank)``
+    (:class:`PeerBuffers`); ``x_rows = (x, row stride)``; ``res_rows = (residual in, residual out, row stride)``;
+    ``out_rows = (out, row stride)``."""
     buf_ptrs, pad_ptrs, Parity, slot_elems, rank = peers  # NOTE: one level per statement (Triton 3.6)
     X, sx = x_rows
     R, RO, sr = res_rows
     Out, so = out_rows
+    t = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    slot = tl.load(Parity)
-    own = tl.load(buf_ptrs + rank).to(tl.pointer_type(tl.bfloat16)) + slot * slot_elems
-    for t in range(rows):
-        tl.store(own + t * N + cols, tl.load(X + t * sx + cols, mask=mask, other=0.0), mask=mask)
+    slot = tl.load(Parity + t)
+    at = slot * slot_elems + t * N
+    own = tl.load(buf_ptrs + rank).to(tl.pointer_type(tl.bfloat16)) + at
+    tl.store(own + cols, tl.load(X + t * sx + cols, mask=mask, other=0.0), mask=mask)
     tl.debug_barrier()
-    _arrive_and_wait(pad_ptrs, rank, WORLD)
+    _arrive_and_wait(pad_ptrs, t * WORLD, rank, WORLD)
     tl.debug_barrier()
+    acc = tl.zeros([BLOCK], tl.float32)
+    for p in tl.static_range(WORLD):
+        peer = tl.load(buf_ptrs + p).to(tl.pointer_type(tl.bfloat16)) + at
+        acc += tl.load(peer + cols, mask=mask, other=0.0, volatile=True).to(tl.float32)  # no L1 copy
+    x = (acc.to(tl.bfloat16).to(tl.float32) + tl.load(R + t * sr + cols, mask=mask, other=0.0).to(tl.float32))
+    x = x.to(tl.bfloat16)
+    tl.store(RO + t * sr + cols, x, mask=mask)
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    for t in range(rows):
-        acc = tl.zeros([BLOCK], tl.float32)
-        for p in tl.static_range(WORLD):
-            peer = tl.load(buf_ptrs + p).to(tl.pointer_type(tl.bfloat16)) + slot * slot_elems
-            acc += tl.load(peer + t * N + cols, mask=mask, other=0.0, volatile=True).to(tl.float32)  # no L1 copy
-        x = (acc.to(tl.bfloat16).to(tl.float32) + tl.load(R + t * sr + cols, mask=mask, other=0.0).to(tl.float32))
-        x = x.to(tl.bfloat16)
-        tl.store(RO + t * sr + cols, x, mask=mask)
-        tl.store(Out + t * so + cols, _norm_row(x, w, N, eps).to(tl.bfloat16), mask=mask)
-    tl.store(Parity, 1 - slot)
+    tl.store(Out + t * so + cols, _norm_row(x, w, N, eps).to(tl.bfloat16), mask=mask)
+    tl.store(Parity + t, 1 - slot)
 
 
 def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -108,10 +114,10 @@ def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     rows, n = x.shape
     assert x.dtype == residual.dtype == torch.bfloat16 and residual.shape == x.shape and weight.shape == (n,), \
         f"bad x {tuple(x.shape)} {x.dtype} / residual {tuple(residual.shape)} {residual.dtype} / weight {tuple(weight.shape)}"
-    assert x.stride(1) == 1 and residual.is_contiguous() and rows * n <= peers.slot_elems, \
+    assert x.stride(1) == 1 and residual.is_contiguous() and rows * n <= peers.slot_elems and rows <= len(peers.parity), \
         f"x's rows contiguous, the residual dense, and a slot holds them ({rows} x {n}, {peers.slot_elems})"
     out, res = torch.empty_like(x), torch.empty_like(residual)
-    _ar_rms_norm_kernel[(1,)]((peers.buf_ptrs, peers.pad_ptrs, peers.parity, peers.slot_elems, peers.rank),
+    _ar_rms_norm_kernel[(rows,)]((peers.buf_ptrs, peers.pad_ptrs, peers.parity, peers.slot_elems, peers.rank),
                               (x, x.stride(0)), (residual, res, residual.stride(0)), weight, (out, out.stride(0)), eps,
-                              rows, n, WORLD=peers.world, BLOCK=triton.next_power_of_2(n), num_warps=8 if n > 4096 else 4)
+                              n, WORLD=peers.world, BLOCK=triton.next_power_of_2(n), num_warps=8 if n > 4096 else 4)
     return out, res

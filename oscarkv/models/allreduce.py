@@ -28,22 +28,29 @@ symmetric-memory GPU test, two H200s, 2026-11-27). :func:`resolve` refuses it (`
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from oscarkv.config.serving import TP_ALL_REDUCES
 
+if TYPE_CHECKING:
+    from oscarkv.kernels.allreduce_norm import PeerBuffers
+
 log = logging.getLogger(__name__)
 
 ALL_REDUCE_KINDS = TP_ALL_REDUCES
 """``auto``: :data:`SYMM_MEM_WINS`, else ``nccl``; ``nccl``: the group's backend (gloo on the CPU);
-``one_shot`` / ``two_shot``: symmetric memory for messages up to the buffer (CUDA only)."""
+``one_shot`` / ``two_shot``: symmetric memory for messages up to the buffer (CUDA only); ``one_shot_norm``:
+``one_shot``, each sum fused with the next residual add and RMSNorm where the model allows
+(``oscarkv.models.parallel.ReducingRMSNorm``)."""
 SYMM_MEM_WINS: dict[int, str] = {}
 """Ranks -> the symmetric-memory kind that beat NCCL inside a decode CUDA graph at every decode message size
 (``lab/scripts/gpu_tp_speed.sh``). NOTE: empty until that script has run on a multi-GPU host: ``auto``
 means NCCL until a measurement says otherwise."""
-SYMM_MEM_OPS = {"one_shot": "one_shot_all_reduce_copy_out", "two_shot": "two_shot_all_reduce_out"}
+SYMM_MEM_OPS = {"one_shot": "one_shot_all_reduce_copy_out", "two_shot": "two_shot_all_reduce_out",
+                "one_shot_norm": "one_shot_all_reduce_copy_out"}
 """The ``torch.ops.symm_mem`` operator of each kind (checked at start-up: torch >= 2.7 has both)."""
 SYMM_MEM_ALIGN = 16
 """Bytes a symmetric-memory message's size must be a multiple of (torch's kernels move 16-byte vectors and
@@ -68,7 +75,8 @@ class SymmMemAllReduce(AllReduce):
     """Sum over the ranks through a symmetric buffer of ``max_numel`` elements of ``dtype`` (larger messages,
     other dtypes or strided ones: NCCL). Returns a new tensor (the graph's pool holds it under capture)."""
 
-    def __init__(self, group, kind: str, device: torch.device, dtype: torch.dtype, max_numel: int) -> None:
+    def __init__(self, group, kind: str, device: torch.device, dtype: torch.dtype, max_numel: int,
+                 max_rows: int = 1) -> None:
         super().__init__(group)
         symm = _symm_mem(kind)
         self.kind, self.dtype, self.max_numel = kind, dtype, max_numel
@@ -77,16 +85,36 @@ class SymmMemAllReduce(AllReduce):
         self.buffer = symm.empty(max_numel, dtype=dtype, device=device)
         symm.rendezvous(self.buffer, self.group_name)  # NOTE: a collective: every rank builds its own at once
         _rendezvous_done[0] += 1
+        self.peers = norm_peers(group, max_numel, max_rows, device) if kind == "one_shot_norm" else None
+        """``one_shot_norm``: the fused all-reduce + residual + RMSNorm's own buffer (``TensorParallel.fuses``)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel()
         if not symm_path(n, x.dtype, x.is_contiguous(), self.dtype, self.max_numel):
             return super().__call__(x)
         staged, out = self.buffer[:n].view_as(x), torch.empty_like(x)
-        if self.kind == "one_shot":  # the kernel copies x into this rank's buffer itself
+        if self.kind != "two_shot":  # the one-shot kernel copies x into this rank's buffer itself
             return self.op(staged, x, "sum", self.group_name, out)
         staged.copy_(x)
         return self.op(staged, "sum", self.group_name, out)
+
+
+def norm_peers(group, slot_elems: int, rows: int, device: torch.device) -> PeerBuffers:
+    """A fresh symmetric buffer of two slots of ``slot_elems`` bf16 and its signal pads, as the fused all-reduce +
+    RMSNorm of up to ``rows`` rows sees them (:mod:`oscarkv.kernels.allreduce_norm`; a collective, like every
+    rendezvous). Its own buffer: torch's kernels keep their barrier flags in their buffer's pad."""
+    from oscarkv.kernels.allreduce_norm import PeerBuffers
+
+    symm = _symm_mem("one_shot")
+    buf = symm.empty(2 * slot_elems, dtype=torch.bfloat16, device=device)
+    h = symm.rendezvous(buf, group.group_name)
+    _rendezvous_done[0] += 1
+    if rows * h.world_size * 4 > h.signal_pad_size:
+        raise RuntimeError(f"all-reduce 'one_shot_norm': {rows} rows x {h.world_size} ranks of flags exceed the "
+                           f"{h.signal_pad_size}-byte signal pad; use fewer graph buckets or 'one_shot'")
+    table = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731 (addresses, this process)
+    return PeerBuffers(table(h.buffer_ptrs), table(h.signal_pad_ptrs), torch.zeros(rows, dtype=torch.int32, device=device),
+                       h.rank, h.world_size, slot_elems, memory=(buf, h))
 
 
 def symm_path(numel: int, dtype: torch.dtype, contiguous: bool, buffer_dtype: torch.dtype, max_numel: int) -> bool:
@@ -139,12 +167,13 @@ def resolve(kind: str, size: int, device: torch.device) -> str:
     return choose(kind, size, device, rendezvoused=_rendezvous_done[0] > 0)
 
 
-def make_all_reduce(kind: str, group, device: torch.device, dtype: torch.dtype, max_numel: int) -> AllReduce:
+def make_all_reduce(kind: str, group, device: torch.device, dtype: torch.dtype, max_numel: int,
+                    max_rows: int = 1) -> AllReduce:
     """The all-reduce of ``group`` (call on every rank at once, with the same ``kind``: an engine's is rank 0's
     :func:`resolve`); ``max_numel``: the largest message the symmetric kinds serve (a decode step's ``[B, D]``
-    at the largest graph bucket)."""
+    at the largest graph bucket, ``max_rows`` rows)."""
     chosen = choose(kind, dist.get_world_size(group), device)
     if chosen == "nccl":
         return AllReduce(group)
     log.info("tensor-parallel all-reduce: %s up to %d elements, NCCL above", chosen, max_numel)
-    return SymmMemAllReduce(group, chosen, device, dtype, max_numel)
+    return SymmMemAllReduce(group, chosen, device, dtype, max_numel, max_rows)

@@ -54,6 +54,13 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """CUDA, ``[T, D]``: ``(norm(x + residual), x + residual)`` in one kernel (``residual`` None: ``x`` alone;
+        :func:`oscarkv.kernels.fused.rms_norm`). A tensor-parallel model's may also sum ``x`` over the ranks."""
+        from oscarkv.kernels.fused import rms_norm
+
+        return rms_norm(x, self.weight, self.eps, residual)
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     a, b = x.chunk(2, dim=-1)

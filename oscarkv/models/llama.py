@@ -71,12 +71,12 @@ class DecoderLayer(nn.Module):
     def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                       sin: torch.Tensor, step) -> tuple[torch.Tensor, torch.Tensor]:
         """CUDA: ``x`` is the previous layer's MLP output (the embeddings for layer 0, ``residual``
-        then ``None``), not yet added to ``residual``; returns (this MLP's output, residual)."""
-        from oscarkv.kernels.fused import rms_norm
-
-        h, residual = rms_norm(x, self.input_layernorm.weight, self.input_layernorm.eps, residual)
+        then ``None``), not yet added to ``residual``; returns (this MLP's output, residual). Under tensor
+        parallelism the outputs may be the ranks' partial sums, summed by the next norm
+        (``oscarkv.models.parallel.ReducingRMSNorm``)."""
+        h, residual = self.input_layernorm.add_norm(x, residual)
         a = self.self_attn(h, cos, sin, step)
-        h, residual = rms_norm(a, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps, residual)
+        h, residual = self.post_attention_layernorm.add_norm(a, residual)
         return self.mlp(h), residual
 
 
@@ -94,13 +94,11 @@ class Backbone(nn.Module):
         x = self.embed_tokens(ids)  # [T, D]
         cos, sin = self.rotary_emb(x, positions.unsqueeze(0))  # [1, T, d] each
         if x.is_cuda:
-            from oscarkv.kernels.fused import rms_norm
-
             residual = None
             for layer in self.layers:
                 x, residual = layer.forward_fused(x, residual, cos[0], sin[0], step)
             prefetch.join(x.device)  # EngineConfig.l2_prefetch's side stream, if any
-            return rms_norm(x, self.norm.weight, self.norm.eps, residual)[0]
+            return self.norm.add_norm(x, residual)[0]
         for layer in self.layers:
             x = layer(x, cos[0], sin[0], step)
         return self.norm(x)

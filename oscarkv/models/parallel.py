@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from oscarkv.models.llama import PagedLM
+from oscarkv.models.blocks import RMSNorm
+from oscarkv.models.llama import Backbone, PagedLM
 from oscarkv.models.prefetch import issue
 from oscarkv.quant.codec import LayerCodec, TensorCodec, with_bits
 
@@ -75,6 +76,14 @@ class TensorParallel:
             return self.reduce(x)
         dist.all_reduce(x, group=self.group)
         return x
+
+    def fuses(self, x: torch.Tensor) -> bool:
+        """Whether a row-parallel projection's output ``x`` is left as this rank's partial sum, for the next
+        norm to sum over the ranks (all-reduce ``one_shot_norm``, a message its buffer holds). NOTE: a function
+        of ``x``'s shape and layout alone, so every rank and both ends (projection, norm) decide alike."""
+        peers = getattr(self.reduce, "peers", None)
+        return (peers is not None and x.dim() == 2 and x.dtype == torch.bfloat16 and x.stride(1) == 1
+                and x.shape[0] <= len(peers.parity) and x.numel() <= peers.slot_elems)
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` of rank 0 on every rank, in place."""
@@ -153,18 +162,37 @@ def graph_logits(model: PagedLM, hidden: torch.Tensor, tp: TensorParallel) -> to
 
 
 class RowParallelLinear(nn.Linear):
-    """``nn.Linear`` over this rank's input columns; the ranks' partial outputs are summed (one all-reduce)."""
+    """``nn.Linear`` over this rank's input columns; the ranks' partial outputs are summed (one all-reduce), or
+    with ``defer`` left for the next norm to sum where ``tp.fuses`` them (a :class:`ReducingRMSNorm`)."""
 
     issues_own_prefetch = True  # oscarkv.models.prefetch: between the GEMV and the all-reduce
 
-    def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = True) -> None:
+    def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = True,
+                 defer: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self.tp = tp
+        self.tp, self.defer = tp, defer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
         issue(self)
-        return self.tp.all_reduce(y)
+        return y if self.defer and self.tp.fuses(y) else self.tp.all_reduce(y)
+
+
+class ReducingRMSNorm(RMSNorm):
+    """The norm after a deferring :class:`RowParallelLinear`: where ``tp.fuses`` its input (and a residual
+    comes with it: not layer 0's embeddings), the sum over the ranks, the residual add and the norm in one
+    kernel (:func:`oscarkv.kernels.allreduce_norm.all_reduce_rms_norm`); else :meth:`RMSNorm.add_norm`."""
+
+    def __init__(self, dim: int, eps: float, tp: TensorParallel) -> None:
+        super().__init__(dim, eps)
+        self.tp = tp
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None or not self.tp.fuses(x):
+            return super().add_norm(x, residual)
+        from oscarkv.kernels.allreduce_norm import all_reduce_rms_norm
+
+        return all_reduce_rms_norm(x, residual, self.weight, self.eps, self.tp.reduce.peers)
 
 
 def sharded_model(config, tp: TensorParallel, dtype: torch.dtype, device: torch.device | str) -> PagedLM:
@@ -172,12 +200,26 @@ def sharded_model(config, tp: TensorParallel, dtype: torch.dtype, device: torch.
     its weights are still to be written (:func:`rank_tensors`, in the order of ``sorted(state_dict())``)."""
     with torch.device(device):
         model = PagedLM(shard_config(config, tp))
+        defer = isinstance(model.model, Backbone)  # Llama-style: every projection's output goes to a norm next
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            attn.o_proj = RowParallelLinear(attn.o_proj.in_features, attn.o_proj.out_features, tp)
+            attn.o_proj = RowParallelLinear(attn.o_proj.in_features, attn.o_proj.out_features, tp, defer=defer)
             mlp.down_proj = RowParallelLinear(mlp.down_proj.in_features, mlp.down_proj.out_features, tp,
-                                              mlp.down_proj.bias is not None)
+                                              mlp.down_proj.bias is not None, defer)
+        if defer:
+            _reducing_norms(model, tp)
     return model.to(dtype).eval().requires_grad_(False)
+
+
+def _reducing_norms(model: PagedLM, tp: TensorParallel) -> None:
+    """The norms that follow a row-parallel projection become :class:`ReducingRMSNorm` (same parameter)."""
+    def swap(owner: nn.Module, name: str) -> None:
+        old = getattr(owner, name)
+        setattr(owner, name, ReducingRMSNorm(old.weight.shape[0], old.eps, tp))
+    for layer in model.model.layers:
+        swap(layer, "input_layernorm")  # layer 0's gets the embeddings (no residual): never fused
+        swap(layer, "post_attention_layernorm")
+    swap(model.model, "norm")
 
 
 def shard_codecs(layers: tuple[LayerCodec, ...] | list[LayerCodec], num_kv_heads: int,

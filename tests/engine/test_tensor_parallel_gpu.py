@@ -64,7 +64,7 @@ def test_tp2_equals_tp1_gpu(method):
         two.close()
 
 
-@pytest.mark.parametrize("kind", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("kind", ["one_shot", "two_shot", "one_shot_norm"])
 def test_tp2_symm_mem_all_reduce_gpu(kind):
     """The scenario with a symmetric-memory all-reduce (``oscarkv.models.allreduce``): tp=1's tokens up to a
     near-tie, as NCCL's; then a second such engine in the process is refused. In a subprocess per kind (one

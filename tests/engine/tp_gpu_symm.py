@@ -1,7 +1,7 @@
 """Run by ``test_tensor_parallel_gpu`` in a subprocess: one symmetric-memory all-reduce kind per process.
 
 ``python -m tests.engine.tp_gpu_symm KIND``: the tensor-parallel scenario on two GPUs with ``KIND``
-(``one_shot`` or ``two_shot``; decode messages through it inside the graphs, prefill chunks through NCCL)
+(``one_shot``, ``two_shot`` or ``one_shot_norm``; decode messages through it inside the graphs, prefill chunks through NCCL)
 must give tp = 1's tokens up to a near-tie. Then a second engine in the same process must be refused
 with a clear error, not hang (``oscarkv.models.allreduce``: torch numbers its rendezvous per process).
 Prints ``ok KIND`` on success.
@@ -18,6 +18,8 @@ def main(kind: str) -> None:
     one, two = _engines("oscar", kind)
     try:
         assert two.runner.tp.reduce.kind == kind
+        if kind == "one_shot_norm":  # the sums fused into the norms (oscarkv.models.parallel.ReducingRMSNorm)
+            assert two.runner.model.model.layers[1].mlp.down_proj.defer
         ref, counters = scenario(one)
         got, counters2 = scenario(two)
         assert got.keys() == ref.keys() and counters2 == counters

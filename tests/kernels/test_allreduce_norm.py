@@ -1,8 +1,8 @@
 """The fused one-shot all-reduce + residual + RMSNorm (``oscarkv.kernels.allreduce_norm``) in Triton's interpreter:
 the other ranks are local tensors that have already written their slot and flagged this rank's pad, so one rank's
 call runs alone. Checks the sum (rank order, fp32, rounded to bf16), the residual and norm (``rms_norm``'s
-arithmetic, against PyTorch; within a bf16 step: the interpreter truncates its casts to bf16), the flags (set on every peer, consumed on its own pad), the slot parity, and that a
-second call uses the other slot. Concurrency and memory ordering need GPUs: ``lab/scripts/tp_ar_norm_check.py``."""
+arithmetic, against PyTorch; within a bf16 step: the interpreter truncates its casts to bf16), the flags (one per row,
+set on every peer, consumed on its own pad), each row's slot parity, and that a second call uses the other slot. Concurrency and memory ordering need GPUs: ``lab/scripts/tp_ar_norm_check.py``."""
 
 import pytest
 import torch
@@ -24,8 +24,8 @@ class Ranks:
     def __init__(self, world: int, slot_elems: int) -> None:
         self.world, self.slot = world, slot_elems
         self.bufs = [torch.zeros(2 * slot_elems, dtype=torch.bfloat16) for _ in range(world)]
-        self.pads = [torch.zeros(world, dtype=torch.int32) for _ in range(world)]
-        self.parity = [torch.zeros(1, dtype=torch.int32) for _ in range(world)]
+        self.pads = [torch.zeros(world * 8, dtype=torch.int32) for _ in range(world)]  # flag t·world + r
+        self.parity = [torch.zeros(8, dtype=torch.int32) for _ in range(world)]  # a row's slot
 
     def peers(self, rank: int) -> PeerBuffers:
         ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64)  # noqa: E731
@@ -36,7 +36,8 @@ class Ranks:
         for r, x in enumerate(parts):
             if r != rank:
                 self.bufs[r][slot * self.slot:slot * self.slot + x.numel()] = x.flatten()
-                self.pads[rank][r] = 1
+                for t in range(len(x)):
+                    self.pads[rank][t * self.world + r] = 1
 
 
 @pytest.mark.parametrize("world,rank,rows,n", [(2, 0, 3, 96), (2, 1, 1, 128), (4, 2, 2, 64)])
@@ -54,11 +55,12 @@ def test_one_rank_sums_adds_and_normalizes(world, rank, rows, n):
             torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=2 ** -7 * want.abs().max().item())
         own = ranks.bufs[rank][call % 2 * ranks.slot:][:rows * n].view(rows, n)
         assert torch.equal(own, parts[rank]), "this rank's partial is not in its slot"
-        assert ranks.parity[rank].item() == (call + 1) % 2
+        assert ranks.parity[rank][:rows].tolist() == [(call + 1) % 2] * rows and ranks.parity[rank][rows:].sum() == 0
         assert ranks.pads[rank].sum().item() == 0, "a peer's flag was not consumed"
-        assert all(ranks.pads[p][rank].item() == 1 for p in range(world) if p != rank), "a peer was not flagged"
-        for p in range(world):  # the peers consume this rank's flag in their own calls
-            ranks.pads[p][rank] = 0
+        flagged = [ranks.pads[p][t * world + rank].item() for p in range(world) if p != rank for t in range(rows)]
+        assert flagged == [1] * len(flagged), "a peer was not flagged for every row"
+        for p in range(world):  # the peers consume this rank's flags in their own calls
+            ranks.pads[p].zero_()
 
 
 def test_refuses_what_a_slot_cannot_hold():
@@ -83,7 +85,7 @@ def build():  # Triton's own binder on stand-in tensors, as lab/benchmarks/compi
     backend, opts, bf = make_backend(target), {"num_warps": 4}, MockTensor(torch.bfloat16)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     args = ((MockTensor(torch.int64), MockTensor(torch.int64), MockTensor(torch.int32), 65536, 3), (bf, 4096),
-            (bf, bf, 4096), bf, (bf, 4096), 1e-6, 2, 4096)
+            (bf, bf, 4096), bf, (bf, 4096), 1e-6, 4096)
     bound, spec, _ = binder(*args, WORLD=4, BLOCK=4096)
     _, sig, cx, attrs = fn._pack_args(backend, opts, bound, spec, None)
     return triton.compile(ASTSource(fn, sig, cx, attrs), target=target, options=opts)

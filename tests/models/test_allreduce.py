@@ -70,3 +70,55 @@ def test_symm_path_is_a_function_of_the_message(rows):
         or rows == 1  # one row of a wider tensor is contiguous
     assert not allreduce.symm_path(4095, torch.bfloat16, True, torch.bfloat16, cap)  # 8190 B: not 16-byte aligned
     assert not allreduce.symm_path(0, torch.bfloat16, True, torch.bfloat16, cap)
+
+
+class _OneRankReduce:
+    """A ``one_shot_norm`` all-reduce of one rank: its peers are local tensors (no flags to wait for), so the fused
+    kernel runs in Triton's interpreter (``oscarkv.kernels.allreduce_norm``; several ranks need GPUs)."""
+
+    kind = "one_shot_norm"
+
+    def __init__(self, rows: int, width: int) -> None:
+        from oscarkv.kernels.allreduce_norm import PeerBuffers
+
+        self.buf, self.pad = torch.zeros(2 * rows * width, dtype=torch.bfloat16), torch.zeros(rows, dtype=torch.int32)
+        table = lambda t: torch.tensor([t.data_ptr()], dtype=torch.int64)  # noqa: E731
+        self.peers = PeerBuffers(table(self.buf), table(self.pad), torch.zeros(rows, dtype=torch.int32), 0, 1,
+                                 rows * width)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_one_shot_norm_defers_the_sum_to_the_next_norm():
+    """``one_shot_norm`` in a Llama-style shard: ``o_proj`` / ``down_proj`` leave partial sums for the messages
+    the buffer holds (a decision of the shape alone), the norms after them sum, add and normalize in one kernel
+    (equal to ``rms_norm`` of the sum here, one rank), layer 0's norm (embeddings, no residual) never does; a
+    Gemma 3 shard (norms after the residual add) keeps plain all-reduces."""
+    from oscarkv.kernels.fused import rms_norm
+    from oscarkv.models.parallel import ReducingRMSNorm, TensorParallel, sharded_model
+    from tests.engine.conftest import tiny_config
+
+    cfg = tiny_config()
+    d, rows = cfg.hidden_size, 4
+    tp = TensorParallel(0, 1, None, _OneRankReduce(rows, d))
+    model = sharded_model(cfg, tp, torch.bfloat16, "cpu")
+    layer = model.model.layers[1]
+    assert layer.self_attn.o_proj.defer and layer.mlp.down_proj.defer
+    assert all(isinstance(n, ReducingRMSNorm) for n in (layer.input_layernorm, layer.post_attention_layernorm,
+                                                        model.model.norm))
+    g = torch.Generator().manual_seed(3)
+    x, res = (torch.randn(rows, d, generator=g).bfloat16() for _ in range(2))
+    with torch.no_grad():
+        layer.input_layernorm.weight.copy_(1 + 0.1 * torch.randn(d, generator=g))
+    assert tp.fuses(x) and not tp.fuses(torch.zeros(rows + 1, d, dtype=torch.bfloat16))
+    assert not tp.fuses(x.float()) and not tp.fuses(torch.zeros(rows, 2 * d, dtype=torch.bfloat16)[:, ::2])
+    got = layer.input_layernorm.add_norm(x, res)
+    want = rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.eps, res)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -6, atol=2 ** -6)
+    assert tp.reduce.peers.parity[:rows].tolist() == [1] * rows  # the fused kernel ran (a slot per row)
+    emb = layer.input_layernorm.add_norm(x, None)  # layer 0's input: the embeddings, whole already
+    torch.testing.assert_close(emb[0].float(), rms_norm(x, layer.input_layernorm.weight, 1e-6)[0].float())
+    gemma = sharded_model(tiny_config("Gemma3ForCausalLM"), tp, torch.bfloat16, "cpu")
+    assert not gemma.model.layers[0].self_attn.o_proj.defer
