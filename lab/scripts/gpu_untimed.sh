@@ -33,7 +33,8 @@
 #      6K context, K = 2, 4, 8, bf16 and oscar: kernels and host functions of plain and verify steps (the served default
 #      model's verify step cost ~2.7 plain steps)
 #   (thirteenth session) tptests (2 GPUs): the tp GPU tests (tokens equal tp = 1, symmetric-memory kinds, a dying
-#      worker); symmtests: those of the symmetric-memory kinds (one_shot_norm: the all-reduce fused into the norms); etests: the engine's GPU tests and the extend-graph tests (fused maps now cover 512-token chunks)
+#      worker); symmtests: those of the symmetric-memory kinds (one_shot_norm: the all-reduce fused into the norms); tp2n: Qwen3-8B
+#      decode at tp 2, one_shot against one_shot_norm, bf16 and oscar (one process each, in the order ABBA); etests: the engine's GPU tests and the extend-graph tests (fused maps now cover 512-token chunks)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -106,10 +107,17 @@ tp2() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tp2: one GPU, skipped
     --tensor-parallel-size 2 --all-reduce one_shot --l2-prefetch $v; done; done; }
 symmtests() { NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
   -rA tests/engine/test_tensor_parallel_gpu.py -k symm > "$OUT/symmtests.log" 2>&1; echo "== symmtests: exit $?"; tail -n 5 "$OUT/symmtests.log"; }
+tp2n() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tp2n: one GPU, skipped"; return; }
+  i=0; for mk in oscar:one_shot oscar:one_shot_norm bf16:one_shot_norm bf16:one_shot oscar:one_shot_norm oscar:one_shot; do
+    m=${mk%%:*}; k=${mk##*:}; i=$((i+1)); NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 120 python3 -m oscarkv.cli \
+    bench decode --contexts 102400 --shapes qwen3-8b --methods $m --tensor-parallel-size 2 --all-reduce $k --steps 12 \
+    --kv-gib 16 --out "$OUT/tp2n_${i}_${m}_$k.json" > "$OUT/tp2n_${i}_${m}_$k.log" 2>&1; echo "== tp2n $i $m $k: exit $?"
+    grep "^| qwen" "$OUT/tp2n_${i}_${m}_$k.log"; done; }
 tptests() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tptests: one GPU, skipped"; return; }
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 360 python3 -m pytest -q -p no:cacheprovider -m gpu -rA \
   tests/engine/test_tensor_parallel_gpu.py > "$OUT/tptests.log" 2>&1; echo "== tptests: exit $?"; grep -E "PASS|FAIL|ERROR|passed|failed" "$OUT/tptests.log" | tail -n 14; }
 etests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu_engine.py \
-  tests/engine/test_extend_graphs_gpu.py > "$OUT/etests.log" 2>&1; echo "== etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
+  tests/engine/test_extend_graphs_gpu.py > "$OUT/etests.log" 2>&1; echo "== tp2n: Qwen3-8B
+#      decode at tp 2, one_shot against one_shot_norm, bf16 and oscar (one process each, in the order ABBA); etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done

@@ -43,16 +43,22 @@ import triton.language as tl
 from oscarkv.kernels.fused import _norm_row
 
 
+SPIN_TRIES = 1 << 22
+"""Compare-and-swap tries before a wait gives up on a peer (seconds on a GPU): a dead worker must not leave a
+kernel spinning forever (it would outlive the engine and block the device)."""
+
+
 @dataclass(frozen=True)
 class PeerBuffers:
     """One rank's view of the symmetric buffers: addresses of every rank's buffer and signal pad (int64 device
-    arrays, ``[world]``), this rank, the device-side slot parity of each row (int32 ``[rows a slot holds]``, zeros
-    at first) and a slot's size; ``memory``: what
+    arrays, ``[world]``), the device-side slot parity of each row (int32 ``[rows a slot holds]``, zeros at first),
+    whether a peer stopped answering (int32 ``[1]``, 0 at first), this rank, the ranks and a slot's size; ``memory``: what
     keeps the addresses mapped (the symmetric tensor and its handle: freed, the kernel faults)."""
 
     buf_ptrs: torch.Tensor
     pad_ptrs: torch.Tensor
     parity: torch.Tensor
+    failed: torch.Tensor
     rank: int
     world: int
     slot_elems: int
@@ -60,27 +66,43 @@ class PeerBuffers:
 
 
 @triton.jit
-def _arrive_and_wait(pad_ptrs, flags, rank, WORLD: tl.constexpr):
-    """Flag ``flags + rank`` on every peer's pad (0 → 1, release), then consume every peer's flag ``flags + q`` on
-    this rank's pad (1 → 0, acquire); system scope: the peers are other GPUs."""
-    for p in tl.static_range(WORLD):
-        if p != rank:
-            pad = tl.load(pad_ptrs + p).to(tl.pointer_type(tl.int32)) + flags
-            while tl.atomic_cas(pad + rank, 0, 1, sem="release", scope="sys") != 0:
-                pass
-    own = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32)) + flags
-    for q in tl.static_range(WORLD):
-        if q != rank:
-            while tl.atomic_cas(own + q, 1, 0, sem="acquire", scope="sys") != 1:
-                pass
+def _spin_cas(ptr, cmp, val, SEM: tl.constexpr, SPIN: tl.constexpr):
+    """Compare-and-swap ``cmp`` → ``val`` at system scope until it succeeds or ``SPIN`` tries failed; whether it
+    succeeded."""
+    tries = 0
+    while (tl.atomic_cas(ptr, cmp, val, sem=SEM, scope="sys") != cmp) & (tries < SPIN):
+        tries += 1
+    return tries < SPIN
 
 
 @triton.jit
-def _ar_rms_norm_kernel(peers, x_rows, res_rows, W, out_rows, eps, N, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """Program ``t``: row ``t``. ``peers = (buffer addresses, pad addresses, parities, slot elements, rank)``
+def _arrive_and_wait(pad_ptrs, flags, rank, Failed, WORLD: tl.constexpr, SPIN: tl.constexpr):
+    """Flag ``flags + rank`` on every peer's pad (0 → 1, release), then consume every peer's flag ``flags + q`` on
+    this rank's pad (1 → 0, acquire); system scope: the peers are other GPUs. A peer that does not answer within
+    ``SPIN`` tries (a dead worker) sets ``Failed``; from then on no call waits (the engine's watcher fails it)."""
+    ok = tl.load(Failed) == 0
+    for p in tl.static_range(WORLD):
+        if p != rank:
+            if ok:
+                pad = tl.load(pad_ptrs + p).to(tl.pointer_type(tl.int32)) + flags
+                ok = _spin_cas(pad + rank, 0, 1, "release", SPIN)
+    own = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32)) + flags
+    for q in tl.static_range(WORLD):
+        if q != rank:
+            if ok:
+                ok = _spin_cas(own + q, 1, 0, "acquire", SPIN)
+    if not ok:
+        tl.store(Failed, 1)
+
+
+@triton.jit
+def _ar_rms_norm_kernel(peers, x_rows, res_rows, W, out_rows, eps, N, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                        SPIN: tl.constexpr):
+    """Program ``t``: row ``t``. ``peers = (buffer addresses, pad addresses, parities, failed, slot elements,
+    rank)``
     (:class:`PeerBuffers`); ``x_rows = (x, row stride)``; ``res_rows = (residual in, residual out, row stride)``;
     ``out_rows = (out, row stride)``."""
-    buf_ptrs, pad_ptrs, Parity, slot_elems, rank = peers  # NOTE: one level per statement (Triton 3.6)
+    buf_ptrs, pad_ptrs, Parity, Failed, slot_elems, rank = peers  # NOTE: one level per statement (Triton 3.6)
     X, sx = x_rows
     R, RO, sr = res_rows
     Out, so = out_rows
@@ -92,7 +114,7 @@ def _ar_rms_norm_kernel(peers, x_rows, res_rows, W, out_rows, eps, N, WORLD: tl.
     own = tl.load(buf_ptrs + rank).to(tl.pointer_type(tl.bfloat16)) + at
     tl.store(own + cols, tl.load(X + t * sx + cols, mask=mask, other=0.0), mask=mask)
     tl.debug_barrier()
-    _arrive_and_wait(pad_ptrs, t * WORLD, rank, WORLD)
+    _arrive_and_wait(pad_ptrs, t * WORLD, rank, Failed, WORLD, SPIN)
     tl.debug_barrier()
     acc = tl.zeros([BLOCK], tl.float32)
     for p in tl.static_range(WORLD):
@@ -117,7 +139,9 @@ def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     assert x.stride(1) == 1 and residual.is_contiguous() and rows * n <= peers.slot_elems and rows <= len(peers.parity), \
         f"x's rows contiguous, the residual dense, and a slot holds them ({rows} x {n}, {peers.slot_elems})"
     out, res = torch.empty_like(x), torch.empty_like(residual)
-    _ar_rms_norm_kernel[(rows,)]((peers.buf_ptrs, peers.pad_ptrs, peers.parity, peers.slot_elems, peers.rank),
+    _ar_rms_norm_kernel[(rows,)]((peers.buf_ptrs, peers.pad_ptrs, peers.parity, peers.failed, peers.slot_elems,
+                                  peers.rank),
                               (x, x.stride(0)), (residual, res, residual.stride(0)), weight, (out, out.stride(0)), eps,
-                              n, WORLD=peers.world, BLOCK=triton.next_power_of_2(n), num_warps=8 if n > 4096 else 4)
+                              n, WORLD=peers.world, BLOCK=triton.next_power_of_2(n), SPIN=SPIN_TRIES,
+                                 num_warps=8 if n > 4096 else 4)
     return out, res

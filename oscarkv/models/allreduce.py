@@ -45,16 +45,21 @@ ALL_REDUCE_KINDS = TP_ALL_REDUCES
 ``one_shot`` / ``two_shot``: symmetric memory for messages up to the buffer (CUDA only); ``one_shot_norm``:
 ``one_shot``, each sum fused with the next residual add and RMSNorm where the model allows
 (``oscarkv.models.parallel.ReducingRMSNorm``)."""
-SYMM_MEM_WINS: dict[int, str] = {}
-"""Ranks -> the symmetric-memory kind that beat NCCL inside a decode CUDA graph at every decode message size
-(``lab/scripts/gpu_tp_speed.sh``). NOTE: empty until that script has run on a multi-GPU host: ``auto``
-means NCCL until a measurement says otherwise."""
+SYMM_MEM_WINS: dict[int, str] = {2: "one_shot_norm"}
+"""Ranks -> the symmetric-memory kind measured fastest in whole decode steps. Two H200s, Qwen3-8B at 100K, batch 1
+(``lab/scripts/gpu_untimed.sh tp2n``, 2026-11-28): OSCAR 4.14 ms a step with ``one_shot_norm`` against 4.35 with
+``one_shot`` (NCCL 4.83 and ``one_shot`` 4.69 on 4 H200s, 2026-11-27), BF16 5.30 against 5.49. Other counts: NCCL
+until measured."""
 SYMM_MEM_OPS = {"one_shot": "one_shot_all_reduce_copy_out", "two_shot": "two_shot_all_reduce_out",
                 "one_shot_norm": "one_shot_all_reduce_copy_out"}
 """The ``torch.ops.symm_mem`` operator of each kind (checked at start-up: torch >= 2.7 has both)."""
 SYMM_MEM_ALIGN = 16
 """Bytes a symmetric-memory message's size must be a multiple of (torch's kernels move 16-byte vectors and
 refuse sizes under 4-byte alignment; any other message goes through NCCL, on every rank alike)."""
+FUSED_NORM_ROWS = 16
+"""``one_shot_norm`` fuses messages of up to this many rows (a program a row): on two H200s (CUDA graphs, µs, D 4096)
+it took 5.6 / 7.4 / 18.9 at 1 / 8 / 64 rows against one_shot + rms_norm's 8.2 / 8.6 / 12.7
+(``lab/scripts/tp_ar_norm_check.py``, 2026-11-28); larger ones take one_shot and rms_norm."""
 _rendezvous_done = [0]  # NOTE: symmetric buffers this process has rendezvoused (torch's own state is per process)
 
 
@@ -85,7 +90,8 @@ class SymmMemAllReduce(AllReduce):
         self.buffer = symm.empty(max_numel, dtype=dtype, device=device)
         symm.rendezvous(self.buffer, self.group_name)  # NOTE: a collective: every rank builds its own at once
         _rendezvous_done[0] += 1
-        self.peers = norm_peers(group, max_numel, max_rows, device) if kind == "one_shot_norm" else None
+        self.peers = norm_peers(group, max_numel, min(max_rows, FUSED_NORM_ROWS), device) \
+            if kind == "one_shot_norm" else None
         """``one_shot_norm``: the fused all-reduce + residual + RMSNorm's own buffer (``TensorParallel.fuses``)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,8 +119,9 @@ def norm_peers(group, slot_elems: int, rows: int, device: torch.device) -> PeerB
         raise RuntimeError(f"all-reduce 'one_shot_norm': {rows} rows x {h.world_size} ranks of flags exceed the "
                            f"{h.signal_pad_size}-byte signal pad; use fewer graph buckets or 'one_shot'")
     table = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731 (addresses, this process)
-    return PeerBuffers(table(h.buffer_ptrs), table(h.signal_pad_ptrs), torch.zeros(rows, dtype=torch.int32, device=device),
-                       h.rank, h.world_size, slot_elems, memory=(buf, h))
+    flags = torch.zeros(rows + 1, dtype=torch.int32, device=device)  # each row's slot parity; a peer stopped answering
+    return PeerBuffers(table(h.buffer_ptrs), table(h.signal_pad_ptrs), flags[:rows], flags[rows:], h.rank, h.world_size,
+                       slot_elems, memory=(buf, h))
 
 
 def symm_path(numel: int, dtype: torch.dtype, contiguous: bool, buffer_dtype: torch.dtype, max_numel: int) -> bool:

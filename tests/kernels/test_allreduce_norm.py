@@ -26,10 +26,12 @@ class Ranks:
         self.bufs = [torch.zeros(2 * slot_elems, dtype=torch.bfloat16) for _ in range(world)]
         self.pads = [torch.zeros(world * 8, dtype=torch.int32) for _ in range(world)]  # flag t·world + r
         self.parity = [torch.zeros(8, dtype=torch.int32) for _ in range(world)]  # a row's slot
+        self.failed = [torch.zeros(1, dtype=torch.int32) for _ in range(world)]
 
     def peers(self, rank: int) -> PeerBuffers:
         ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64)  # noqa: E731
-        return PeerBuffers(ptrs(self.bufs), ptrs(self.pads), self.parity[rank], rank, self.world, self.slot)
+        return PeerBuffers(ptrs(self.bufs), ptrs(self.pads), self.parity[rank], self.failed[rank], rank, self.world,
+                           self.slot)
 
     def others_arrive(self, rank: int, parts: list[torch.Tensor], slot: int) -> None:
         """Every other rank wrote its partial into ``slot`` and flagged ``rank``'s pad."""
@@ -84,9 +86,9 @@ def build():  # Triton's own binder on stand-in tensors, as lab/benchmarks/compi
     target = GPUTarget("cuda", 90, 32)
     backend, opts, bf = make_backend(target), {"num_warps": 4}, MockTensor(torch.bfloat16)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
-    args = ((MockTensor(torch.int64), MockTensor(torch.int64), MockTensor(torch.int32), 65536, 3), (bf, 4096),
+    args = ((MockTensor(torch.int64), MockTensor(torch.int64), MockTensor(torch.int32), MockTensor(torch.int32), 65536, 3), (bf, 4096),
             (bf, bf, 4096), bf, (bf, 4096), 1e-6, 4096)
-    bound, spec, _ = binder(*args, WORLD=4, BLOCK=4096)
+    bound, spec, _ = binder(*args, WORLD=4, BLOCK=4096, SPIN=1 << 22)
     _, sig, cx, attrs = fn._pack_args(backend, opts, bound, spec, None)
     return triton.compile(ASTSource(fn, sig, cx, attrs), target=target, options=opts)
 """
@@ -95,3 +97,18 @@ def build():  # Triton's own binder on stand-in tensors, as lab/benchmarks/compi
     assert "atom.release.sys" in ptx.replace(".global", "") and "atom.acquire.sys" in ptx.replace(".global", ""), \
         [line for line in ptx.splitlines() if "atom" in line][:6]
     assert got["cubin"]
+
+
+def test_a_peer_that_never_answers_ends_the_wait(monkeypatch):
+    """A dead peer (its flag never comes): the wait gives up after ``SPIN_TRIES`` tries, marks ``failed``, and the
+    calls after it no longer wait (so a dead worker cannot leave a kernel spinning on a GPU forever)."""
+    from oscarkv.kernels import allreduce_norm
+
+    monkeypatch.setattr(allreduce_norm, "SPIN_TRIES", 20)
+    ranks, n = Ranks(2, slot_elems=64), 64
+    x = torch.ones(1, n, dtype=torch.bfloat16)
+    out, res = all_reduce_rms_norm(x, torch.zeros_like(x), torch.ones(n, dtype=torch.bfloat16), 1e-6, ranks.peers(0))
+    assert ranks.failed[0].item() == 1 and ranks.pads[1][0].item() == 1  # arrived at the peer, waited in vain
+    ranks.pads[1].zero_()
+    all_reduce_rms_norm(x, torch.zeros_like(x), torch.ones(n, dtype=torch.bfloat16), 1e-6, ranks.peers(0))
+    assert ranks.pads[1].sum().item() == 0, "a call after the failure still signalled the dead peer"

@@ -83,8 +83,8 @@ class _OneRankReduce:
 
         self.buf, self.pad = torch.zeros(2 * rows * width, dtype=torch.bfloat16), torch.zeros(rows, dtype=torch.int32)
         table = lambda t: torch.tensor([t.data_ptr()], dtype=torch.int64)  # noqa: E731
-        self.peers = PeerBuffers(table(self.buf), table(self.pad), torch.zeros(rows, dtype=torch.int32), 0, 1,
-                                 rows * width)
+        self.peers = PeerBuffers(table(self.buf), table(self.pad), torch.zeros(rows, dtype=torch.int32),
+                                 torch.zeros(1, dtype=torch.int32), 0, 1, rows * width)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return x
