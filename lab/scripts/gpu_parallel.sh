@@ -13,10 +13,11 @@ i=0
 for group in "$@"; do
   gpu=$(( NGPU > 1 ? i % NGPU : 0 ))
   case $group in @*) gpu=${group%% *}; gpu=${gpu#@}; group=${group#* };; esac
+  mkdir -p "$OUT/g$i"  # each group its own folder: two groups of one part would write the same files
   if [ "$NGPU" -gt 1 ]; then
-    CUDA_VISIBLE_DEVICES=$gpu bash lab/scripts/gpu_untimed.sh $group > "$OUT/group_$i.txt" 2>&1 &
+    OUT="$OUT/g$i" CUDA_VISIBLE_DEVICES=$gpu bash lab/scripts/gpu_untimed.sh $group > "$OUT/group_$i.txt" 2>&1 &
   else
-    bash lab/scripts/gpu_untimed.sh $group > "$OUT/group_$i.txt" 2>&1
+    OUT="$OUT/g$i" bash lab/scripts/gpu_untimed.sh $group > "$OUT/group_$i.txt" 2>&1
   fi
   i=$(( i + 1 ))
 done
