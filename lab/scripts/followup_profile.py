@@ -23,7 +23,7 @@ from oscarkv.bench.followup import _ids, cache_prefix, followup_engine, followup
 
 
 def kernels(prof) -> list[dict]:
-    rows = [dict(name=e.key[:90], us=e.device_time_total, count=e.count)
+    rows = [dict(name=e.key[:90], us=e.device_time_total, count=e.count, kind=str(e.device_type).split(".")[-1])
             for e in prof.key_averages() if getattr(e, "device_time_total", 0.0) > 0]
     rows.sort(key=lambda r: -r["us"])
     return rows
@@ -49,7 +49,7 @@ def one(engine, prefix: list[int], k: int, seed: int, served: tuple[bool, bool] 
     followup_step(engine, prefix, k, seed + 3, *served)
     pr.disable()
     return dict(k=k, warm_ms=warm * 1e3, wall_ms=timed * 1e3, kernel_ms=sum(r["us"] for r in rows) / 1e3,
-                launches=sum(r["count"] for r in rows), top=rows[:14], host=host(pr))
+                launches=sum(r["count"] for r in rows), top=rows[:14], host=host(pr), every=rows)
 
 
 def main() -> None:
