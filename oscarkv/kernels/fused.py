@@ -221,18 +221,23 @@ def _qk_norm_rope_map_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, T, 
 def _map_tokens(T: int) -> int:
     """Tokens per program of :func:`qk_norm_rope_map`: one up to 63 tokens (decode batches, verify steps), then as
     many as keep 32 blocks of tokens in the grid, at most 16 (the map's ``[BJ, d]`` slice read once per block: at
-    512 tokens one per token cost a Qwen3-4B follow-up ~4 ms of its 75, H200)."""
+    512 tokens one per token cost a Qwen3-4B follow-up ~4 ms of its 75, H200). Output channels a program: 32 below
+    8 tokens, else 64 (same bits: each output's sum runs over the input channels alike). One H200, Qwen3-4B heads
+    (``lab/scripts/map_sweep.py``, 2026-11-28), µs at 8 / 64 / 512 tokens: 5.0 / 22.6 / 134 with 32, 4.1 / 18.4 /
+    114 with 64; 1 token 2.1 either way. The rest of 512 tokens' time is each program's tokens one after another."""
     return max(1, min(16, T // 32))
 
 
 def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
                      cos: torch.Tensor, sin: torch.Tensor, eps: float,
-                     maps: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
+                     maps: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+                     launch: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`qk_norm_rope_` then :func:`qk_map` in one launch: ``x [T, Hq + H, d]`` (q heads, then k
     heads, un-normed and un-roped; rows may be strided) → fp32 ``(W_Q q, W_K (k - k_mean))``, ``[T, Hq, d]``
     and ``[T, H, d]``. Norm/RoPE arguments as :func:`qk_norm_rope_`'s, ``maps = (w_q, w_k, k_mean)`` as
     :func:`qk_map`'s. Out of place: ``x`` is only read (a decode step reads q and k in the stored domain only).
-    Each token's values are the same whatever ``T`` (a program's tokens run one after another, each as alone)."""
+    Each token's values are the same whatever ``T`` (a program's tokens run one after another, each as alone).
+    ``launch``: (output channels, tokens, warps) a program, for ``lab/scripts/map_sweep.py``; None: the default."""
     T, NH, d = x.shape
     w_q, w_k, k_mean = maps
     H = NH - num_q
@@ -251,13 +256,13 @@ def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None,
         "k_mean must be fp32 [H, d] contiguous"
     qo = torch.empty(T, num_q, d, dtype=torch.float32, device=x.device)
     ko = torch.empty(T, H, d, dtype=torch.float32, device=x.device)
-    bj, bt = min(d, 32), _map_tokens(T)
+    bj, bt, warps = launch or (min(d, 32 if T < 8 else 64), _map_tokens(T), 4)
     norm = q_weight is not None
     _qk_norm_rope_map_kernel[(triton.cdiv(T, bt), NH, d // bj)](
         x, q_weight if norm else x, k_weight if norm else x, cos, sin, eps, w_q, w_k,
         k_mean if k_mean is not None else ko, qo, ko, T, x.stride(0), x.stride(1), cos.stride(0), qo.stride(0),
         ko.stride(0), NQ=num_q, REP=num_q // H, HALF=d // 2, BJ=bj, HAS_NORM=norm, HAS_MEAN=k_mean is not None,
-        BLOCK_T=bt, num_warps=4)
+        BLOCK_T=bt, num_warps=warps)
     return qo, ko
 
 
