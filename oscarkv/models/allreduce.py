@@ -6,6 +6,8 @@ backend (NCCL on CUDA, gloo on the CPU). :class:`SymmMemAllReduce` sums small me
 (``torch.distributed._symmetric_memory``): every rank copies its partial sum into its buffer, a barrier on
 signal pads, then each rank reads the peers' buffers and sums (``one_shot``), or each sums a 1/n slice and
 the slices are gathered (``two_shot``) — one kernel launch, no NCCL proxy, capturable in a CUDA graph.
+``one_shot_norm`` is ``one_shot`` plus a second buffer (:func:`norm_peers`) through which a Llama-style model's
+next norm sums messages of up to :data:`FUSED_NORM_ROWS` rows itself (``oscarkv.models.parallel.ReducingRMSNorm``).
 Messages larger than its buffer (prefill chunks) go through NCCL. NOTE: NVLink multicast (the ``multimem``
 operations) is never used: it stays off on the hosts we share.
 
@@ -90,9 +92,9 @@ class SymmMemAllReduce(AllReduce):
         self.buffer = symm.empty(max_numel, dtype=dtype, device=device)
         symm.rendezvous(self.buffer, self.group_name)  # NOTE: a collective: every rank builds its own at once
         _rendezvous_done[0] += 1
+        # one_shot_norm: the fused all-reduce + residual + RMSNorm's own buffer (TensorParallel.fuses reads it)
         self.peers = norm_peers(group, max_numel, min(max_rows, FUSED_NORM_ROWS), device) \
             if kind == "one_shot_norm" else None
-        """``one_shot_norm``: the fused all-reduce + residual + RMSNorm's own buffer (``TensorParallel.fuses``)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel()
