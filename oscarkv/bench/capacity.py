@@ -113,7 +113,8 @@ def throughput(cfg: CapacityBench, model, method: str) -> dict:
     """The job-throughput run of ``method`` (see the module docstring) on the GPU."""
     chunk = dict(cfg.chunks)[method]
     conc = max(1, min(32, fits(cfg, method, chunk)["seqs_fit"]))
-    engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), conc, chunk, cfg.tensor_parallel_size)
+    engine = e2e.build_engine(model, method, int(cfg.kv_gib * 2**30), conc, chunk, cfg.tensor_parallel_size,
+                              engines=len(cfg.methods))
     if engine.runner.pools.geo != geometry(cfg, method, chunk, conc):
         raise RuntimeError(f"capacity bench: the engine's {method} pools {engine.runner.pools.geo} are not the "
                            f"sizing computed here {geometry(cfg, method, chunk, conc)}")

@@ -173,12 +173,14 @@ def run(cfg: DecodeBench, out: Path | None) -> str:
     rows = []
     for shape in cfg.shapes:
         model = e2e.random_model(shape, cfg.tensor_parallel_size)
-        for method, kv, prefetch in variants(cfg, model.config):
+        every = variants(cfg, model.config)
+        for method, kv, prefetch in every:
             # NOTE: the step budget (chunk x seqs) sizes the BF16 pool; a batch uses bench capacity's small
             # INT2 chunk so that its sequences fit the KV budget
             engine = e2e.build_engine(model, kv, int(cfg.kv_gib * 2**30), cfg.batch,
                                       8192 if cfg.batch == 1 else 256, cfg.tensor_parallel_size, cfg.all_reduce,
-                                      l2_prefetch=prefetch, l2_prefetch_mib=cfg.l2_prefetch_mib)
+                                      l2_prefetch=prefetch, l2_prefetch_mib=cfg.l2_prefetch_mib,
+                                      engines=len(cfg.shapes) * len(every))
             wbytes = e2e.weight_bytes(engine.runner.model)  # rank 0's shard with tensor parallelism
             w_us, d_us = write_path_us(engine)
             for ctx in cfg.contexts:

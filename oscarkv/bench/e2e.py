@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +42,8 @@ from oscarkv.models.shapes import shape_config
 from oscarkv.quant.artifact import Artifact, ModelFingerprint, new_manifest
 from oscarkv.quant.codec import default_group
 from oscarkv.quant.rotation import compose
+
+log = logging.getLogger(__name__)
 
 
 def write_json(out: Path | None, cfg, rows: list, **extra) -> None:
@@ -92,19 +95,31 @@ def random_model(shape: str, tensor_parallel_size: int = 1) -> PagedLM:
     return model.eval().requires_grad_(False)
 
 
+def one_kind(all_reduce: str, tensor_parallel_size: int, engines: int) -> str:
+    """The all-reduce of a bench run's ``engines`` engines in one process: ``auto`` with several tensor-parallel
+    ones is ``nccl`` for all (a symmetric-memory engine is one per process: only the first could take it, and its
+    rows would be compared with NCCL's). One engine, or an explicit kind, as given."""
+    if all_reduce != "auto" or tensor_parallel_size == 1 or engines <= 1:
+        return all_reduce
+    log.warning("all-reduce auto: nccl for all %d engines of this run (one symmetric-memory engine per process); "
+                "time one --methods value per run for the symmetric-memory kinds", engines)
+    return "nccl"
+
+
 def build_engine(model: PagedLM, method: str | KVConfig, kv_bytes: int, max_num_seqs: int, chunk: int = 8192,
-                 tensor_parallel_size: int = 1, all_reduce: str = "auto", **engine) -> LLMEngine:
+                 tensor_parallel_size: int = 1, all_reduce: str = "auto", engines: int = 1, **engine) -> LLMEngine:
     """Engine over ``model`` (``bf16``, ``naive`` INT2, or ``oscar`` with :func:`random_artifact`; or a whole
     ``KVConfig``, e.g. a per-layer allocation) and a :class:`BenchRunner`, no prefix caching, default windows
     (64 + 256, P = 64) for a method name; ``kv_bytes`` per GPU with
     tensor parallelism, whose ranks run on the GPUs whatever holds ``model`` (:func:`random_model` leaves it
     on the host; on a CPU-only machine the ranks run on the CPU) and sum through ``all_reduce``
-    (``EngineConfig.tensor_parallel_all_reduce``); ``engine``: other ``EngineConfig`` fields (e.g. ``l2_prefetch``)."""
+    (``EngineConfig.tensor_parallel_all_reduce``; :func:`one_kind` of the run's ``engines``); ``engine``: other
+    ``EngineConfig`` fields (e.g. ``l2_prefetch``)."""
     kv = method if isinstance(method, KVConfig) else KVConfig(method)
     cfg = EngineConfig(kv, kv_memory_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=chunk * max_num_seqs + max_num_seqs, prefill_chunk=chunk,  # all advance
                        enable_prefix_caching=False, tensor_parallel_size=tensor_parallel_size,
-                       tensor_parallel_all_reduce=all_reduce, **engine)
+                       tensor_parallel_all_reduce=one_kind(all_reduce, tensor_parallel_size, engines), **engine)
     return bench_engine(model, cfg, random_artifact(model.config) if kv.method == "oscar" else None)
 
 

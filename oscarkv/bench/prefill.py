@@ -136,9 +136,10 @@ def rows_for(cfg: PrefillBench, shape: str) -> list[dict]:
     floors = {} if tp > 1 else {n: floor(model, n, max(cfg.chunks)) for n in cfg.contexts}
     rows = []
     configs = kv_rows(cfg.methods, cfg.layer_key_bits, model.config.num_hidden_layers, model.config.num_key_value_heads)
+    n = len(configs) * len(cfg.chunks) * (2 if cfg.profile_context else 1)  # engines of this process (e2e.one_kind)
     for method, kv in configs:
         for chunk in cfg.chunks:
-            engine = e2e.build_engine(model, kv, int(cfg.kv_gib * 2**30), 1, chunk, tp)
+            engine = e2e.build_engine(model, kv, int(cfg.kv_gib * 2**30), 1, chunk, tp, engines=n)
             floors = floors or {n: floor(engine.runner.model, n, max(cfg.chunks)) for n in cfg.contexts}
             ttft(engine, 2 * chunk + 64, seed=1)  # untimed
             for n in cfg.contexts:
@@ -152,7 +153,7 @@ def rows_for(cfg: PrefillBench, shape: str) -> list[dict]:
     # NOTE: profiles last: CUPTI stays attached after one and slows every later launch (see DecodeBench.profile)
     for method, kv in configs if cfg.profile_context else ():
         for chunk in cfg.chunks:
-            engine = e2e.build_engine(model, kv, int(cfg.kv_gib * 2**30), 1, chunk, tp)
+            engine = e2e.build_engine(model, kv, int(cfg.kv_gib * 2**30), 1, chunk, tp, engines=n)
             ttft(engine, 2 * chunk + 64, seed=1)
             rows.append(dict(shape=shape, method=method, chunk=chunk, context=cfg.profile_context, tp=tp,
                              breakdown=breakdown(engine, cfg.profile_context)))

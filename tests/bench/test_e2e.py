@@ -53,3 +53,14 @@ def test_drive_fills_prompts_and_times_the_model_steps():
     # model launches: per wave its first tokens, then decode steps launched ahead or not
     assert st.steps == len(st.batch_sizes) == 10 and sorted(set(st.batch_sizes)) == [1, 2]
     assert st.fill_s > 0 and st.model_s > 0
+
+
+def test_one_all_reduce_kind_for_every_row_of_a_run(caplog):
+    """A bench run of several tensor-parallel engines in one process gives them all NCCL under ``auto``: only the
+    first could hold a symmetric-memory buffer (one per process), and its rows would be compared with NCCL's. One
+    engine, one GPU, or an explicit kind: unchanged."""
+    assert e2e.one_kind("auto", 2, 1) == "auto" and e2e.one_kind("auto", 1, 4) == "auto"
+    assert e2e.one_kind("one_shot_norm", 2, 3) == "one_shot_norm" and e2e.one_kind("nccl", 4, 2) == "nccl"
+    with caplog.at_level("WARNING"):
+        assert e2e.one_kind("auto", 2, 2) == "nccl"
+    assert "one --methods value per run" in caplog.text
