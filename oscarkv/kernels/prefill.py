@@ -138,6 +138,15 @@ def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return (s - lse[..., None]).exp() @ v, lse
 
 
+def _bf16_layout(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """``x.permute(dims)`` contiguous in bf16: one copy kernel that casts and lays out at once (an OSCAR step's
+    mapped q and k are fp32: a cast, then a layout copy, was two launches a layer each)."""
+    y = x.permute(dims)
+    if y.dtype == torch.bfloat16:
+        return y.contiguous()
+    return torch.empty(y.shape, dtype=torch.bfloat16, device=y.device).copy_(y)
+
+
 def _segment_tokens(h: int, d: int, p: int) -> int:
     return max(p, SEGMENT_BYTES // (4 * h * d) // p * p)
 
@@ -149,7 +158,7 @@ def _prefix(q: torch.Tensor, kv: LayerKV, tables: PageTables, b: int, lens: tupl
     c, hq, d = q.shape
     _, h, _, _ = kv.bf16_k.shape
     rep, (nb, ni), parts = hq // h, lens, []
-    qs = q.to(torch.bfloat16).view(c, h, rep, d).permute(1, 2, 0, 3).reshape(1, h, rep * c, d)  # [1, H, rep·c, d]
+    qs = _bf16_layout(q.view(c, h, rep, d), (1, 2, 0, 3)).view(1, h, rep * c, d)  # [1, H, rep·c, d]
     dtype = torch.bfloat16 if q.is_cuda else torch.float32
     for s0 in range(0, nb + ni, seg):
         s1 = min(nb + ni, s0 + seg)
@@ -238,14 +247,14 @@ def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     _, h, p, _ = kv.bf16_k.shape
     assert hq % h == 0 and k_new.shape == v_new.shape == (c, h, d), f"bad shapes q {tuple(q.shape)} k {tuple(k_new.shape)}"
     assert lens[1] == 0 or kv.int2_k is not None, "INT2 tokens listed for a BF16-only cache"
-    parts, q = [], q.to(torch.bfloat16)  # NOTE: once for both parts (an OSCAR step's mapped q is fp32)
+    parts = []  # NOTE: each part casts an OSCAR step's fp32 q in its own layout copy (_bf16_layout)
     # NOTE: the profiler ranges let ``oscarkv bench prefill`` split the time by part (no cost when not profiling)
     if sum(lens):
         with record_function("prefill.prefix"):
             parts += _prefix(q, kv, tables, b, lens, scale, segment or _segment_tokens(h, d, p))
     with record_function("prefill.chunk"):
-        qc = q.transpose(0, 1).contiguous()[None]  # [1, Hq, c, d]
-        kc, vc = (x.to(torch.bfloat16).transpose(0, 1).contiguous()[None] for x in (k_new, v_new))  # [1, H, c, d]
+        qc = _bf16_layout(q, (1, 0, 2))[None]  # [1, Hq, c, d]
+        kc, vc = (_bf16_layout(x, (1, 0, 2))[None] for x in (k_new, v_new))  # [1, H, c, d]
         parts.append(_headed(*_attend_lse(qc, kc, vc, True, scale), hq // h))
     with record_function("prefill.merge"):
         return _merge(parts, c, hq, hq // h)
