@@ -34,7 +34,9 @@
 #      model's verify step cost ~2.7 plain steps)
 #   (thirteenth session) tptests (2 GPUs): the tp GPU tests (tokens equal tp = 1, symmetric-memory kinds, a dying
 #      worker); symmtests: those of the symmetric-memory kinds (one_shot_norm: the all-reduce fused into the norms); tp2n: Qwen3-8B
-#      decode at tp 2, one_shot against one_shot_norm, bf16 and oscar (one process each, in the order ABBA); etests: the engine's GPU tests and the extend-graph tests (fused maps now cover 512-token chunks)
+#      decode at tp 2, one_shot against one_shot_norm, bf16 and oscar (one process each, in the order ABBA); tp4n
+#      (4 GPUs): the same at tp 4 for Qwen3-8B and -32B (then SYMM_MEM_WINS[4]); tp2prof: the per-rank profile with
+#      one_shot_norm; f512: the 32K follow-up of 512 tokens under the profiler (after the map and cast changes); etests: the engine's GPU tests and the extend-graph tests (fused maps now cover 512-token chunks)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -113,11 +115,26 @@ tp2n() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tp2n: one GPU, skipp
     bench decode --contexts 102400 --shapes qwen3-8b --methods $m --tensor-parallel-size 2 --all-reduce $k --steps 12 \
     --kv-gib 16 --out "$OUT/tp2n_${i}_${m}_$k.json" > "$OUT/tp2n_${i}_${m}_$k.log" 2>&1; echo "== tp2n $i $m $k: exit $?"
     grep "^| qwen" "$OUT/tp2n_${i}_${m}_$k.log"; done; }
+tp4n() { [ "$(nvidia-smi -L | wc -l)" -ge 4 ] || { echo "== tp4n: fewer than 4 GPUs, skipped"; return; }
+  i=0; for sk in qwen3-8b:oscar:one_shot qwen3-8b:oscar:one_shot_norm qwen3-8b:bf16:one_shot_norm qwen3-8b:bf16:one_shot \
+      qwen3-32b:oscar:one_shot_norm qwen3-32b:oscar:one_shot qwen3-32b:bf16:one_shot qwen3-32b:bf16:one_shot_norm; do
+    IFS=: read -r s m k <<< "$sk"; i=$((i+1)); NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 150 python3 -m \
+    oscarkv.cli bench decode --contexts 102400 --shapes $s --methods $m --tensor-parallel-size 4 --all-reduce $k --steps 12 \
+    --kv-gib 16 --out "$OUT/tp4n_${i}_${s}_${m}_$k.json" > "$OUT/tp4n_${i}_${s}_${m}_$k.log" 2>&1; echo "== tp4n $i $s $m $k: exit $?"
+    grep "^| qwen" "$OUT/tp4n_${i}_${s}_${m}_$k.log"; done; }
+tp2prof() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tp2prof: one GPU, skipped"; return; }
+  for m in oscar bf16; do NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 200 python3 -m oscarkv.cli bench decode \
+    --contexts 102400 --shapes qwen3-8b --methods $m --tensor-parallel-size 2 --all-reduce one_shot_norm --steps 12 --kv-gib 16 \
+    --profile --out "$OUT/tp2prof_$m.json" > "$OUT/tp2prof_$m.log" 2>&1; echo "== tp2prof $m: exit $?"; grep "^| qwen" "$OUT/tp2prof_$m.log"; done; }
+f512() { timeout 300 python3 -m lab.scripts.followup_profile --methods bf16,oscar --context 32768 --new-tokens 512 \
+  --prefill-chunk 512 --resume --out "$OUT/f512" > "$OUT/f512.log" 2>&1; echo "== f512: exit $?"; grep "^==" "$OUT/f512.log"; }
 tptests() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tptests: one GPU, skipped"; return; }
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 360 python3 -m pytest -q -p no:cacheprovider -m gpu -rA \
   tests/engine/test_tensor_parallel_gpu.py > "$OUT/tptests.log" 2>&1; echo "== tptests: exit $?"; grep -E "PASS|FAIL|ERROR|passed|failed" "$OUT/tptests.log" | tail -n 14; }
 etests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu_engine.py \
   tests/engine/test_extend_graphs_gpu.py > "$OUT/etests.log" 2>&1; echo "== tp2n: Qwen3-8B
-#      decode at tp 2, one_shot against one_shot_norm, bf16 and oscar (one process each, in the order ABBA); etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
+#      decode at tp 2, one_shot against one_shot_norm, bf16 and oscar (one process each, in the order ABBA); tp4n
+#      (4 GPUs): the same at tp 4 for Qwen3-8B and -32B (then SYMM_MEM_WINS[4]); tp2prof: the per-rank profile with
+#      one_shot_norm; f512: the 32K follow-up of 512 tokens under the profiler (after the map and cast changes); etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done
