@@ -36,7 +36,9 @@
 #      worker); symmtests: those of the symmetric-memory kinds (one_shot_norm: the all-reduce fused into the norms); tp2n: Qwen3-8B
 #      decode at tp 2, one_shot against one_shot_norm, bf16 and oscar (one process each, in the order ABBA); tp4n
 #      (4 GPUs): the same at tp 4 for Qwen3-8B and -32B (then SYMM_MEM_WINS[4]); tp2prof: the per-rank profile with
-#      one_shot_norm; f512: the 32K follow-up of 512 tokens under the profiler (after the map and cast changes); etests: the engine's GPU tests and the extend-graph tests (fused maps now cover 512-token chunks)
+#      one_shot_norm; f512: the 32K follow-up of 512 tokens under the profiler (after the map and cast changes);
+#      pwtests: the piecewise graphs' GPU tests (oscarkv.engine.piecewise, built without a GPU: never captured yet);
+#      pwfollow: follow-ups of 128 / 512 tokens, eager against piecewise graphs (bucket 512), two rounds; etests: the engine's GPU tests and the extend-graph tests (fused maps now cover 512-token chunks)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -128,6 +130,12 @@ tp2prof() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tp2prof: one GPU,
     --profile --out "$OUT/tp2prof_$m.json" > "$OUT/tp2prof_$m.log" 2>&1; echo "== tp2prof $m: exit $?"; grep "^| qwen" "$OUT/tp2prof_$m.log"; done; }
 f512() { timeout 300 python3 -m lab.scripts.followup_profile --methods bf16,oscar --context 32768 --new-tokens 512 \
   --prefill-chunk 512 --resume --out "$OUT/f512" > "$OUT/f512.log" 2>&1; echo "== f512: exit $?"; grep "^==" "$OUT/f512.log"; }
+pwtests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/engine/test_piecewise_gpu.py \
+  > "$OUT/pwtests.log" 2>&1; echo "== pwtests: exit $?"; grep -E "PASS|FAIL|Error|passed|failed" "$OUT/pwtests.log" | tail -n 8; }
+pwfollow() { for i in 1 2; do for pw in "" 512; do timeout 280 python3 -m oscarkv.cli bench followup --shapes qwen3-4b \
+  --contexts 32768,102400 --new-tokens 128,512 --methods bf16,oscar --prefill-chunk 512 --resume-turns --repeats 3 \
+  --piecewise-graph-buckets "$pw" --out "$OUT/pwfollow_${i}_${pw:-eager}.json" > "$OUT/pwfollow_${i}_${pw:-eager}.log" 2>&1
+  echo "== pwfollow $i ${pw:-eager}: exit $?"; grep "^| qwen" "$OUT/pwfollow_${i}_${pw:-eager}.log"; done; done; }
 tptests() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tptests: one GPU, skipped"; return; }
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 360 python3 -m pytest -q -p no:cacheprovider -m gpu -rA \
   tests/engine/test_tensor_parallel_gpu.py > "$OUT/tptests.log" 2>&1; echo "== tptests: exit $?"; grep -E "PASS|FAIL|ERROR|passed|failed" "$OUT/tptests.log" | tail -n 14; }
@@ -135,6 +143,8 @@ etests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/eng
   tests/engine/test_extend_graphs_gpu.py > "$OUT/etests.log" 2>&1; echo "== tp2n: Qwen3-8B
 #      decode at tp 2, one_shot against one_shot_norm, bf16 and oscar (one process each, in the order ABBA); tp4n
 #      (4 GPUs): the same at tp 4 for Qwen3-8B and -32B (then SYMM_MEM_WINS[4]); tp2prof: the per-rank profile with
-#      one_shot_norm; f512: the 32K follow-up of 512 tokens under the profiler (after the map and cast changes); etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
+#      one_shot_norm; f512: the 32K follow-up of 512 tokens under the profiler (after the map and cast changes);
+#      pwtests: the piecewise graphs' GPU tests (oscarkv.engine.piecewise, built without a GPU: never captured yet);
+#      pwfollow: follow-ups of 128 / 512 tokens, eager against piecewise graphs (bucket 512), two rounds; etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done

@@ -278,6 +278,9 @@ class FollowupBench:
     resume_turns: bool = True
     """The follow-up resumes where the cached prompt ended (``add_request(resume=...)``, what a chat follow-up gets from
     ``EngineConfig.resume_turns``), so the cached prompt's last partial chunk is a hit; off: it is recomputed."""
+    piecewise_graph_buckets: tuple[int, ...] = ()
+    """``EngineConfig.piecewise_graph_buckets`` of the engines (e.g. 512: a follow-up of up to 512 tokens replays
+    every layer's work but attention as graphs, ``oscarkv.engine.piecewise``); empty: eager, the default."""
     profile: bool = False
     """Also profile the host of one more follow-up per k at the longest context (cProfile: the functions with the
     most own time, in the row's ``host``; no CUPTI, so the timings beside it keep)."""

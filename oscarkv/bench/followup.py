@@ -44,13 +44,15 @@ from oscarkv.engine.request import SamplingParams
 from oscarkv.models.llama import PagedLM
 
 
-def followup_engine(model: PagedLM, method: str, kv_bytes: int, max_new: int, chunk: int = 0) -> LLMEngine:
+def followup_engine(model: PagedLM, method: str, kv_bytes: int, max_new: int, chunk: int = 0,
+                    pieces: tuple[int, ...] = ()) -> LLMEngine:
     """An engine with prefix caching whose prefill chunk is ``chunk`` tokens, or (0) holds ``max_new`` tokens
-    (one chunk per follow-up)."""
+    (one chunk per follow-up); ``pieces``: its ``piecewise_graph_buckets``."""
     page = KVConfig(method).page_size
     chunk = chunk or -(-max_new // page) * page
     cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=1,
-                       max_num_batched_tokens=chunk + 1, prefill_chunk=chunk, enable_prefix_caching=True)
+                       max_num_batched_tokens=chunk + 1, prefill_chunk=chunk, enable_prefix_caching=True,
+                       piecewise_graph_buckets=pieces)
     art = e2e.random_artifact(model.config) if method == "oscar" else None
     return e2e.bench_engine(model, cfg, art)
 
@@ -119,7 +121,8 @@ def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[d
     """Every (method, context, k) row for one model: the follow-up steps and the decode step beside them."""
     rows, gemm = [], gemm_seconds(model, cfg.new_tokens)
     for method in cfg.methods:
-        engine = followup_engine(model, method, int(cfg.kv_gib * 2**30), max(cfg.new_tokens), cfg.prefill_chunk)
+        engine = followup_engine(model, method, int(cfg.kv_gib * 2**30), max(cfg.new_tokens), cfg.prefill_chunk,
+                                 cfg.piecewise_graph_buckets)
         whole = not cfg.prefill_chunk
         try:
             for ctx in cfg.contexts:
@@ -133,7 +136,8 @@ def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[d
                     if cfg.profile and ctx == max(cfg.contexts):  # one more follow-up, after the timed ones
                         bound["host"] = e2e.host_functions(partial(followup_step, engine, prefix, k, 99, whole,
                                                                    cfg.resume_turns))
-                    rows.append(dict(shape=shape, method=method, context=ctx, new_tokens=k, decode_s=decode_s,
+                    rows.append(dict(shape=shape, method=method + (" pieces" if cfg.piecewise_graph_buckets else ""),
+                                     context=ctx, new_tokens=k, decode_s=decode_s,
                                      prefill_chunk=cfg.prefill_chunk, resume=cfg.resume_turns, cached_tokens=len(prefix),
                                      **got[-1],
                                      all_step_s=[g["step_s"] for g in got], **bound))

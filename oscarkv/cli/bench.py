@@ -29,7 +29,7 @@ BENCHES = {
     "followup": (FollowupBench, "GPU: the first step of a follow-up request on a cached long prefix (k new tokens) "
                  "beside a decode step, BF16 vs OSCAR (random weights)",
                  ["shapes", "contexts", "new_tokens", "methods", "repeats", "steps", "kv_gib", "prefill_chunk", "resume_turns",
-                  "profile"]),
+                  "piecewise_graph_buckets", "profile"]),
     "jobs": (JobsBench, "GPU: whole jobs (real prefill, then decode) of many long requests in one KV budget, BF16 vs OSCAR",
              ["shape", "kv_gib", "context", "requests", "new_tokens", "methods", "tensor_parallel_size"]),
     "capacity": (CapacityBench, "GPU: tokens in one KV budget and the job throughput of many long requests",

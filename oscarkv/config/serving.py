@@ -341,6 +341,11 @@ class EngineConfig:
     cached prefix, a speculative verify chunk; ``oscarkv.engine.extend_graphs``): a step of ``k`` tokens replays
     the smallest bucket ``>= k``, padded. Used with the decode graphs (CUDA, the Triton backend); empty: such
     steps run eagerly."""
+    piecewise_graph_buckets: tuple[int, ...] = ()
+    """Token buckets of the piecewise CUDA graphs of one sequence's longer extend steps (a 512-token prompt chunk,
+    a long follow-up; ``oscarkv.engine.piecewise``): every layer's work but its attention replayed, attention run
+    eagerly between the pieces. Used with the decode graphs (CUDA, one GPU); empty (the default until measured on
+    a GPU): such steps run eagerly."""
     l2_prefetch: str = "off"
     """Prefetch each projection's weights into L2 while the latency-bound work before it runs (CUDA, compute
     capability 9.0+; ``oscarkv.models.prefetch``): ``off``, ``all``, or a comma list of ``attn`` (o_proj during
@@ -389,9 +394,10 @@ class EngineConfig:
         prefetch_points(self.l2_prefetch)
         if self.l2_prefetch_mib < 1:
             raise ValueError(f"EngineConfig.l2_prefetch_mib (--l2-prefetch-mib) must be >= 1, got {self.l2_prefetch_mib}")
-        if any(b < 2 for b in self.extend_graph_buckets):
-            raise ValueError(f"EngineConfig.extend_graph_buckets must be token counts >= 2 (one token is a decode "
-                             f"step), got {self.extend_graph_buckets}")
+        for name in ("extend_graph_buckets", "piecewise_graph_buckets"):
+            if any(b < 2 for b in getattr(self, name)):
+                raise ValueError(f"EngineConfig.{name} must be token counts >= 2 (one token is a decode step), "
+                                 f"got {getattr(self, name)}")
         if self.tensor_parallel_size % self.distributed.nnodes:
             raise ValueError(f"EngineConfig.tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of "
                              f"DistributedConfig.nnodes ({self.distributed.nnodes}): every node hosts as many ranks")

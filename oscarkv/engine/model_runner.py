@@ -45,6 +45,7 @@ from oscarkv.attention.step import AttentionBackend, LayerStorage, StepContext, 
 from oscarkv.config import EngineConfig, prefetch_points
 from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs, DemoteGraphs
 from oscarkv.engine.extend_graphs import ExtendGraphs
+from oscarkv.engine.piecewise import PiecewiseGraphs
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.folding import fold_values, permute_kv_heads
@@ -98,6 +99,7 @@ class ModelRunner:
         self.scale = model.attention_scale
         self.graphs = DecodeGraphs(self, graph_buckets) if graph_buckets and self.device.type == "cuda" else None
         self.extend_graphs: ExtendGraphs | None = None  # set by build_runner (EngineConfig.extend_graph_buckets)
+        self.piecewise: PiecewiseGraphs | None = None  # set by build_runner (EngineConfig.piecewise_graph_buckets)
         self.demote_graphs = (DemoteGraphs(self) if self.graphs is not None and isinstance(backend, TritonAttention)
                               and DemoteGraphs.wanted(pools) else None)
 
@@ -186,6 +188,11 @@ class ModelRunner:
             if why is None:
                 return self.extend_graphs.run(plans[0], ids, fill), None
             self.extend_graphs.fallbacks[why] += 1
+        if not decode and self.piecewise is not None and fill is None:
+            why = self.piecewise.reason(plans)
+            if why is None:
+                return self.piecewise.run(plans[0], ids), None
+            self.piecewise.fallbacks[why] += 1
         pos = [p for plan in plans for p in range(plan.t0, plan.t1)]
         ids_t, pos_t = (device_tensor(v, self.device, torch.int64) for v in (ids, pos))
         if fill is not None:
@@ -324,6 +331,8 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     runner = ModelRunner(model, pools, storage, backend, graph_buckets, tp)
     if graph_buckets and cfg.extend_graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
         runner.extend_graphs = ExtendGraphs(runner, extend_buckets(cfg))
+    if graph_buckets and cfg.piecewise_graph_buckets and p.device.type == "cuda" and (tp is None or tp.size == 1):
+        runner.piecewise = PiecewiseGraphs(runner, cfg.piecewise_graph_buckets)
     if cfg.speculative.enabled and (tp is None or tp.size == 1):
         # NOTE: verify steps take many bucket sizes (drafts shorter than K, draft_end near a demotion): captured
         # lazily, each would cost a served step a capture. Tensor-parallel ranks capture lazily, in step.

@@ -1,0 +1,216 @@
+"""CUDA graphs of long extend steps in pieces: every layer's work but its attention replayed, attention run eagerly.
+
+Role: owned by :class:`~oscarkv.engine.model_runner.ModelRunner` beside the decode and extend graphs; used for a
+step in which one sequence computes ``k`` tokens over its cached prefix, more than the extend graphs take
+(:mod:`oscarkv.engine.extend_graphs`), up to a bucket of ``EngineConfig.piecewise_graph_buckets``: ``serve``'s
+512-token prompt chunks and long follow-ups on a cached document. Eager, such a step is host-bound: ~25 launches a
+layer at tens of µs of Python each (a 32K follow-up of 512 tokens: OSCAR 48.6 ms from 30.4 ms of kernels, BF16 30.8
+from 25.6, one H200, 2026-11-28, ``lab/record/benchmarks-log.md``). Here a layer's work outside attention is one
+graph replay.
+
+What is captured, per bucket ``kb`` (lazily, at the first step that needs it): the model forward
+``ids, positions [kb] -> hidden [kb, D]`` cut at every layer's attention core, ``AttentionBackend.extend`` (the
+staged prefix, the chunk and their merge: its work and launches depend on the prefix length, so it is not
+captured): ``L + 1`` graphs in one memory pool. Piece ``i`` ends with copies of layer ``i``'s mapped ``q, k, v``
+into static buffers (one set per shape, shared by the layers); at a replay the runner then calls the backend's
+``extend`` on them with the step's page tables and prefix lengths, and copies its output into the static buffer
+piece ``i + 1`` starts from::
+
+    replay piece 0 (embedding, layer 0 to its attention core)
+    for each layer i: eager extend(q_i, k_i, v_i) -> out; replay piece i + 1 (o_proj, MLP, layer i + 1 ...)
+
+Padding rows (``k < kb``): as the extend graphs' — after the real rows, token 0 at position 0, the scratch slot 0;
+the chunk is causal, so no real row sees them, and the runner keeps ``hidden[:k]``.
+
+Demotions: the eager step's (``model_runner._demotions``): prefix pages before the replay, pages the step writes
+after it.
+
+Not served (eager, counted in ``PiecewiseGraphs.fallbacks`` by :meth:`PiecewiseGraphs.reason`): several sequences,
+tensor parallelism (every rank would have to cut alike), sliding-window layers (their window view is per step).
+
+Numerics: GEMMs of ``kb`` rows instead of ``k`` (other tiles), else the eager step's kernels: ≡ eager up to
+rounding, as an extend graph. On a device without CUDA (the tests) nothing is captured: a replay runs the
+forward eagerly over the same static buffers, so the staging, the padding and the demotions are what a GPU runs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import torch
+
+from oscarkv.attention.step import StepContext
+from oscarkv.cache.manager import WritePlan
+from oscarkv.engine.extend_graphs import _Inputs
+
+
+class _Cut:
+    """The runner's backend seen by a piecewise forward: its ``extend`` is where a piece ends while
+    :attr:`pieces` captures (else it is the runner's own); every other attribute is the runner's backend's."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.pieces: _Pieces | None = None
+        self.shapes: set[tuple[tuple[int, ...], torch.dtype]] = set()
+        """``(shape, dtype)`` of every ``q``, ``k``, ``v`` seen (the static buffers' kinds)."""
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host=None):
+        if self.pieces is None:  # warm-up, or no CUDA: the runner's backend
+            self.shapes |= {(tuple(x.shape), x.dtype) for x in (q, k_new, v_new)}
+            return self.real.extend(q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host)
+        return self.pieces.cut((q, k_new, v_new), _Layer(kv, scale),
+                               lambda a, b, c: self.real.extend(a, b, c, kv, tables, cu_seqlens, scale, cu_host))
+
+
+class _Layer:
+    """What a layer's eager attention needs beside the step's tables: its pool view, the scale, its static
+    ``q, k, v`` and the output buffer the next piece reads (set by :meth:`_Pieces.cut`)."""
+
+    def __init__(self, kv, scale: float) -> None:
+        self.kv, self.scale = kv, scale
+        self.qkv: tuple[torch.Tensor, ...] = ()
+        self.out: torch.Tensor | None = None
+
+
+class _Pieces:
+    """Graphs captured one after another into ``pool`` (the capture's stream is the current one), and the layer
+    whose eager attention runs after each but the last."""
+
+    def __init__(self, pool, shapes: set, out_shape: tuple[int, ...], device: torch.device) -> None:
+        self.pool, self.graphs, self.layers = pool, [], []
+        # NOTE: zeros: at capture the eager attention reads them before any piece has run (its result is discarded)
+        self.static = {key: torch.zeros(key[0], dtype=key[1], device=device) for key in shapes}
+        self.out = torch.zeros(out_shape, dtype=torch.float32, device=device)
+
+    def begin(self) -> None:
+        self.graphs.append(torch.cuda.CUDAGraph())
+        self.graphs[-1].capture_begin(pool=self.pool, capture_error_mode="thread_local")
+
+    def end(self) -> None:
+        self.graphs[-1].capture_end()
+
+    def cut(self, qkv: tuple[torch.Tensor, ...], layer: _Layer, attend) -> torch.Tensor:
+        """End the piece with ``qkv`` copied into the static buffers, run ``attend`` on them once (not
+        captured), begin the next piece; the static output it starts from."""
+        layer.qkv = tuple(self.static[(tuple(x.shape), x.dtype)] for x in qkv)
+        for dst, src in zip(layer.qkv, qkv):
+            dst.copy_(src)
+        self.end()
+        layer.out = self.out
+        layer.out.copy_(attend(*layer.qkv))
+        self.layers.append(layer)
+        self.begin()
+        return layer.out
+
+    def replay(self, attend) -> None:
+        """Every piece in order, ``attend(layer) -> output`` between them."""
+        for graph, layer in zip(self.graphs, [*self.layers, None]):
+            graph.replay()
+            if layer is not None:
+                layer.out.copy_(attend(layer))
+
+
+class _Graph:
+    """One bucket's pieces over static inputs (:class:`~oscarkv.engine.extend_graphs._Inputs`): ``hidden [kb, D]``."""
+
+    def __init__(self, runner, kb: int, pool) -> None:
+        self.inputs = x = _Inputs(runner, kb)
+        self.kb, self.cut = kb, _Cut(runner.backend)
+        self.cu = torch.tensor([0, kb], dtype=torch.int32, device=runner.device)
+        step = StepContext(self.cut, runner.pools, runner.storage, x.tables, self.cu, x.slots, runner.scale,
+                           cu_host=(0, kb))
+        self.forward = lambda: runner.model(x.ids, x.positions, step)
+        self.pieces, self.hidden = None, None
+        if pool is not None:
+            self.pieces, self.hidden = _capture(self, runner, pool)
+
+    def replay(self, plan: WritePlan, page_size: int) -> torch.Tensor:
+        if self.pieces is None:  # no CUDA: the same forward, eagerly
+            return self.forward()
+        lens = ((plan.view_bf16_len,), (len(plan.view_int2) * page_size,))
+        tables = replace(self.inputs.tables, host_lens=lens)  # NOTE: the prefix lengths of this step, for the route
+        real, cu, cu_host = self.cut.real, self.cu, (0, self.kb)
+        self.pieces.replay(lambda layer: real.extend(*layer.qkv, layer.kv, tables, cu, layer.scale, cu_host))
+        return self.hidden
+
+
+def _capture(graph: _Graph, runner, pool) -> tuple[_Pieces, torch.Tensor]:
+    """Warm the forward up eagerly (Triton compiles, cuBLAS workspaces, the static buffers' kinds), then capture its
+    pieces on a side stream: ``(pieces, hidden)``. The warm-up and the capture write only the scratch page."""
+    dev = runner.device
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            graph.forward()
+    side.synchronize()
+    attn = runner.model.model.layers[0].self_attn
+    pieces = _Pieces(pool, graph.cut.shapes, (graph.kb, attn.num_heads, attn.head_dim), dev)
+    graph.cut.pieces = pieces
+    try:
+        with torch.cuda.stream(side):
+            pieces.begin()
+            hidden = graph.forward()
+            pieces.end()
+        side.synchronize()
+    finally:
+        graph.cut.pieces = None
+    torch.cuda.current_stream(dev).wait_stream(side)
+    return pieces, hidden
+
+
+class PiecewiseGraphs:
+    """Lazily captured piecewise graphs of one sequence's long extend steps per token bucket (module docstring)."""
+
+    def __init__(self, runner, buckets: tuple[int, ...]) -> None:
+        self.runner, self.buckets = runner, tuple(sorted(buckets))
+        self.graphs: dict[int, _Graph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if runner.device.type == "cuda" else None
+        self.replays = 0
+        self.fallbacks: Counter[str] = Counter()
+        """Extend steps that ran eagerly, by :meth:`reason`."""
+
+    def bucket(self, tokens: int) -> int | None:
+        """The smallest bucket holding ``tokens`` rows (``None``: run eagerly)."""
+        return next((b for b in self.buckets if b >= tokens), None)
+
+    def reason(self, plans: list[WritePlan]) -> str | None:
+        """Why an extend step of ``plans`` runs eagerly, or ``None``: the pieces run it. ``sequences``: not one
+        sequence; ``tokens``: one token, or more than the largest bucket; ``tensor_parallel``; ``sliding``: the
+        model has sliding-window layers."""
+        if len(plans) != 1:
+            return "sequences"
+        k = plans[0].t1 - plans[0].t0
+        if k < 2 or self.bucket(k) is None:
+            return "tokens"
+        if self.runner.tp.size > 1:
+            return "tensor_parallel"
+        if self.runner.pools.sliding:
+            return "sliding"
+        return None
+
+    def run(self, plan: WritePlan, ids: list[int]) -> torch.Tensor:
+        """Demote the prefix's pages, stage, replay the bucket's pieces, demote the pages the step wrote: a view
+        ``hidden [k, D]`` of the static output (valid until the bucket's next replay)."""
+        from oscarkv.engine.model_runner import _demotions
+
+        r, page = self.runner, self.runner.pools.geo.page_size
+        old, own = _demotions([plan], page)
+        r.demote_all(*old)
+        g = self.graphs[self.capture(len(ids))]
+        g.inputs.stage(plan, ids, page)
+        self.replays += 1
+        hidden = g.replay(plan, page)[:len(ids)]
+        r.demote_all(*own)
+        return hidden
+
+    def capture(self, tokens: int) -> int:
+        """Build (on CUDA: capture) the pieces of ``tokens``' bucket unless they exist; the bucket."""
+        kb = self.bucket(tokens)
+        if kb not in self.graphs:
+            self.graphs[kb] = _Graph(self.runner, kb, self.pool)
+        return kb

@@ -1,0 +1,82 @@
+"""Piecewise graphs of long extend steps (``oscarkv.engine.piecewise``) on the CPU: nothing is captured there, each
+replay runs the forward over the bucket's static, padded buffers, so the staging, the padding and the demotions
+(prefix pages before, the step's own pages after) are what a GPU runs. Prompt chunks and follow-ups through the
+pieces ≡ eager (tokens equal, log-probs within the CPU's batch-shape rounding), and the pools after equal; what the
+pieces leave to eager steps, by name. The capture (pieces cut at each layer's attention): ``test_piecewise_gpu.py``."""
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from oscarkv.config import EngineConfig
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.piecewise import PiecewiseGraphs
+from oscarkv.engine.request import SamplingParams
+from tests.engine.conftest import engine_config, prompts, run, tiny_model
+from tests.engine.test_gpu_engine import _DecodeTorch
+
+BUCKETS = (16, 48)
+FOLLOW = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=True)
+
+
+def _engine(model, method, artifact, pieces: bool) -> LLMEngine:
+    engine = LLMEngine.from_hf(model, engine_config(method, prefill_chunk=40), artifact if method == "oscar" else None,
+                               backend=_DecodeTorch())
+    if pieces:
+        engine.runner.piecewise = PiecewiseGraphs(engine.runner, BUCKETS)
+    return engine
+
+
+def _pools(engine) -> list[torch.Tensor]:
+    """The BF16 K and V pools, then every INT2 tensor (codes, scales, zeros) if any."""
+    p = engine.runner.pools
+    int2 = [getattr(pages, f) for pages in (p.int2_k, p.int2_v) if pages is not None for f in ("codes", "scale", "zero")]
+    return [p.bf16_k, p.bf16_v, *int2]
+
+
+def _session(engine) -> list:
+    """A 70-token document (chunks of 40 and 30, demoting pages of the prefix and of their own), then follow-ups of
+    9, 30 and 55 tokens (buckets 16 and 48; the last in two chunks, resumed at the document's end)."""
+    doc = prompts(1, 70, seed=3)[0]
+    run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+    return [run(engine, [doc + prompts(1, k, seed=10 + k)[0]], FOLLOW)[0] for k in (9, 30, 55)]
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_long_chunks_through_pieces_match_eager(llama, artifact, method):
+    eager_engine, engine = _engine(llama, method, artifact, False), _engine(llama, method, artifact, True)
+    eager, got = _session(eager_engine), _session(engine)
+    pw = engine.runner.piecewise
+    assert set(pw.graphs) == {16, 48} and pw.replays >= 5, (pw.replays, pw.fallbacks)
+    for a, b in zip(eager, got):
+        assert a.token_ids == b.token_ids
+        assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < 1e-4
+    P = engine.runner.pools.geo.page_size
+    for e, g in zip(_pools(eager_engine), _pools(engine)):
+        if e.dtype == torch.uint8:  # INT2 codes: a value at a rounding boundary may take the next code
+            assert (e == g).float().mean() > 0.999
+        elif e.dim() == 5:  # BF16 pools [L, pages, H, P, d]: all but the scratch page 0 (padding rows write it)
+            torch.testing.assert_close(e[:, 1:].float(), g[:, 1:].float(), rtol=0, atol=1e-2 * e.abs().max().item())
+        else:
+            torch.testing.assert_close(e.float(), g.float(), rtol=1e-2, atol=1e-3)
+    assert P == 8
+
+
+def test_what_the_pieces_leave_to_eager_steps(llama, artifact):
+    engine = _engine(llama, "oscar", artifact, True)
+    pw, plan = engine.runner.piecewise, (lambda k: SimpleNamespace(t0=0, t1=k))
+    assert pw.reason([plan(40)]) is None and pw.reason([plan(2)]) is None
+    assert pw.reason([plan(40), plan(1)]) == "sequences"
+    assert pw.reason([plan(1)]) == pw.reason([plan(49)]) == "tokens"
+    engine.runner.tp = replace(engine.runner.tp, size=2)
+    assert pw.reason([plan(40)]) == "tensor_parallel"
+    gemma = LLMEngine.from_hf(tiny_model("Gemma3ForCausalLM"), engine_config("bf16"), backend=_DecodeTorch())
+    assert PiecewiseGraphs(gemma.runner, BUCKETS).reason([plan(40)]) == "sliding"
+
+
+def test_buckets_are_token_counts():
+    with pytest.raises(ValueError, match="piecewise_graph_buckets"):
+        EngineConfig(piecewise_graph_buckets=(1, 512))
+    assert EngineConfig().piecewise_graph_buckets == ()  # off until measured on a GPU

@@ -1,0 +1,44 @@
+"""Piecewise graphs on a GPU (``oscarkv.engine.piecewise``): the Triton backend, CUDA graphs cut at each layer's
+attention, bf16 weights, the extend-graph GPU tests' tiny model (head_dim 64, pages of 16). A 1104-token document
+served in chunks of 48 through the pieces (each over a longer prefix: BF16 window and INT2 history), then
+follow-ups of 20 and 48 tokens: greedy tokens ≡ the eager engine's up to a near-tie
+(``test_gpu_engine._compare_prefix``), one graph a layer and one more per bucket."""
+
+import pytest
+import torch
+
+from oscarkv.config import KVConfig
+from oscarkv.bench.e2e import random_artifact
+from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.request import SamplingParams
+from tests.engine.conftest import engine_config, prompts, run
+from tests.engine.test_extend_graphs_gpu import DOC, model  # noqa: F401 (a fixture)
+from tests.engine.test_gpu_engine import _compare_prefix
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+FOLLOW = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=True)
+
+
+def _engine(model, method, pieces: bool) -> LLMEngine:  # noqa: F811
+    kv = KVConfig(method, group_size=64 if method != "bf16" else None, sink=16, recent=32, page_size=16)
+    cfg = engine_config(method, kv=kv, kv_memory_bytes=1 << 24, prefill_chunk=48, extend_graph_buckets=(),
+                        piecewise_graph_buckets=(32, 48) if pieces else ())
+    return LLMEngine.from_hf(model, cfg, random_artifact(model.config) if method == "oscar" else None)
+
+
+def _session(engine) -> list:
+    doc = prompts(1, DOC, seed=3)[0]
+    first = run(engine, [doc], FOLLOW)[0]
+    return [first] + [run(engine, [doc + prompts(1, k, seed=10 + k)[0]], FOLLOW)[0] for k in (20, 48)]
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_chunks_and_followups_through_pieces_match_eager_gpu(model, method):  # noqa: F811
+    eager = _session(_engine(model, method, False))
+    engine = _engine(model, method, True)
+    got = _session(engine)
+    pw = engine.runner.piecewise
+    assert pw is not None and pw.replays >= DOC // 48 + 2, (pw.replays, pw.fallbacks)
+    layers = len(engine.runner.model.model.layers)
+    assert {kb: len(g.pieces.graphs) for kb, g in pw.graphs.items()} == {32: layers + 1, 48: layers + 1}
+    _compare_prefix(eager, got, 0.1)
