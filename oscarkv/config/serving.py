@@ -344,8 +344,8 @@ class EngineConfig:
     piecewise_graph_buckets: tuple[int, ...] = ()
     """Token buckets of the piecewise CUDA graphs of one sequence's longer extend steps (a 512-token prompt chunk,
     a long follow-up; ``oscarkv.engine.piecewise``): every layer's work but its attention replayed, attention run
-    eagerly between the pieces. Used with the decode graphs (CUDA, one GPU); empty (the default until measured on
-    a GPU): such steps run eagerly."""
+    eagerly between the pieces (without CUDA: the same steps eagerly over the padded buffers); empty (the default
+    until measured on a GPU): such steps run eagerly."""
     l2_prefetch: str = "off"
     """Prefetch each projection's weights into L2 while the latency-bound work before it runs (CUDA, compute
     capability 9.0+; ``oscarkv.models.prefetch``): ``off``, ``all``, or a comma list of ``attn`` (o_proj during

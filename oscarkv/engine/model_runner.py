@@ -188,10 +188,10 @@ class ModelRunner:
             if why is None:
                 return self.extend_graphs.run(plans[0], ids, fill), None
             self.extend_graphs.fallbacks[why] += 1
-        if not decode and self.piecewise is not None and fill is None:
+        if not decode and self.piecewise is not None:
             why = self.piecewise.reason(plans)
             if why is None:
-                return self.piecewise.run(plans[0], ids), None
+                return self.piecewise.run(plans[0], ids, fill), None
             self.piecewise.fallbacks[why] += 1
         pos = [p for plan in plans for p in range(plan.t0, plan.t1)]
         ids_t, pos_t = (device_tensor(v, self.device, torch.int64) for v in (ids, pos))
@@ -331,7 +331,7 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     runner = ModelRunner(model, pools, storage, backend, graph_buckets, tp)
     if graph_buckets and cfg.extend_graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
         runner.extend_graphs = ExtendGraphs(runner, extend_buckets(cfg))
-    if graph_buckets and cfg.piecewise_graph_buckets and p.device.type == "cuda" and (tp is None or tp.size == 1):
+    if cfg.piecewise_graph_buckets:  # NOTE: without CUDA its steps run eagerly over the padded buffers (the tests)
         runner.piecewise = PiecewiseGraphs(runner, cfg.piecewise_graph_buckets)
     if cfg.speculative.enabled and (tp is None or tp.size == 1):
         # NOTE: verify steps take many bucket sizes (drafts shorter than K, draft_end near a demotion): captured

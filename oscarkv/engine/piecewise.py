@@ -26,7 +26,9 @@ Demotions: the eager step's (``model_runner._demotions``): prefix pages before t
 after it.
 
 Not served (eager, counted in ``PiecewiseGraphs.fallbacks`` by :meth:`PiecewiseGraphs.reason`): several sequences,
-tensor parallelism (every rank would have to cut alike), sliding-window layers (their window view is per step).
+sliding-window layers (their window view is per step). With tensor parallelism every rank holds the same buckets
+and decides alike from the step's plans; each captures its shard's pieces (the all-reduces inside them) at the same
+step, and rank 0's ids reach the others by the runner's device broadcast after the staging, as in an extend graph.
 
 Numerics: GEMMs of ``kb`` rows instead of ``k`` (other tiles), else the eager step's kernels: ≡ eager up to
 rounding, as an extend graph. On a device without CUDA (the tests) nothing is captured: a replay runs the
@@ -180,22 +182,21 @@ class PiecewiseGraphs:
 
     def reason(self, plans: list[WritePlan]) -> str | None:
         """Why an extend step of ``plans`` runs eagerly, or ``None``: the pieces run it. ``sequences``: not one
-        sequence; ``tokens``: one token, or more than the largest bucket; ``tensor_parallel``; ``sliding``: the
-        model has sliding-window layers."""
+        sequence; ``tokens``: one token, or more than the largest bucket; ``sliding``: the model has sliding-window
+        layers. NOTE: a function of the plans and the model alone: every tensor-parallel rank decides alike."""
         if len(plans) != 1:
             return "sequences"
         k = plans[0].t1 - plans[0].t0
         if k < 2 or self.bucket(k) is None:
             return "tokens"
-        if self.runner.tp.size > 1:
-            return "tensor_parallel"
         if self.runner.pools.sliding:
             return "sliding"
         return None
 
-    def run(self, plan: WritePlan, ids: list[int]) -> torch.Tensor:
+    def run(self, plan: WritePlan, ids: list[int], fill_ids=None) -> torch.Tensor:
         """Demote the prefix's pages, stage, replay the bucket's pieces, demote the pages the step wrote: a view
-        ``hidden [k, D]`` of the static output (valid until the bucket's next replay)."""
+        ``hidden [k, D]`` of the static output (valid until the bucket's next replay). ``fill_ids``: writes device
+        ids the host's do not hold (``ModelRunner._fill_ids``: rank 0's, with tensor parallelism)."""
         from oscarkv.engine.model_runner import _demotions
 
         r, page = self.runner, self.runner.pools.geo.page_size
@@ -203,6 +204,8 @@ class PiecewiseGraphs:
         r.demote_all(*old)
         g = self.graphs[self.capture(len(ids))]
         g.inputs.stage(plan, ids, page)
+        if fill_ids is not None:
+            fill_ids(g.inputs.ids)
         self.replays += 1
         hidden = g.replay(plan, page)[:len(ids)]
         r.demote_all(*own)

@@ -70,8 +70,6 @@ def test_what_the_pieces_leave_to_eager_steps(llama, artifact):
     assert pw.reason([plan(40)]) is None and pw.reason([plan(2)]) is None
     assert pw.reason([plan(40), plan(1)]) == "sequences"
     assert pw.reason([plan(1)]) == pw.reason([plan(49)]) == "tokens"
-    engine.runner.tp = replace(engine.runner.tp, size=2)
-    assert pw.reason([plan(40)]) == "tensor_parallel"
     gemma = LLMEngine.from_hf(tiny_model("Gemma3ForCausalLM"), engine_config("bf16"), backend=_DecodeTorch())
     assert PiecewiseGraphs(gemma.runner, BUCKETS).reason([plan(40)]) == "sliding"
 
@@ -80,3 +78,23 @@ def test_buckets_are_token_counts():
     with pytest.raises(ValueError, match="piecewise_graph_buckets"):
         EngineConfig(piecewise_graph_buckets=(1, 512))
     assert EngineConfig().piecewise_graph_buckets == ()  # off until measured on a GPU
+
+
+def test_tensor_parallel_ranks_run_the_pieces_alike(llama, artifact):
+    """Two gloo ranks, each with the buckets (``build_runner`` on every rank), against one eager process: the
+    session's tokens equal, log-probs within the ranks' partial-sum order and the padding's rounding."""
+    from oscarkv.llm import LLM
+    from oscarkv.models.loader import LoadedModel
+
+    cfg = engine_config("oscar", prefill_chunk=40)
+    eager = _session(LLMEngine.from_hf(llama, cfg, artifact))  # the default backends, as the ranks'
+    two = LLM(LoadedModel(llama, None, "tiny"), "oscar", artifact=artifact, tensor_parallel_size=2,
+              config=replace(cfg, piecewise_graph_buckets=BUCKETS)).engine
+    try:
+        got = _session(two)
+        assert two.runner.local.piecewise.replays >= 5  # rank 0's (workers.ParallelRunner)
+    finally:
+        two.close()
+    for a, b in zip(eager, got):
+        assert a.token_ids == b.token_ids
+        assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < 1e-3
