@@ -197,10 +197,9 @@ def _leave(runner: ModelRunner | None, device: torch.device) -> None:
     """Leave the groups. NOTE: CUDA graphs hold the NCCL kernels they captured: they go first, then every
     rank leaves at once (rank 0 does not wait for its workers' exit before leaving: seen on two H200s,
     2026-11-27, a worker's exit waited for rank 0's, a 30 s join timeout per close, longer with graphs)."""
-    if runner is not None and runner.graphs is not None:
-        runner.graphs.graphs.clear()
-    if runner is not None and runner.extend_graphs is not None:
-        runner.extend_graphs.graphs.clear()
+    for graphs in (runner.graphs, runner.extend_graphs, runner.piecewise) if runner is not None else ():
+        if graphs is not None:
+            graphs.graphs.clear()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if not dist.is_initialized():
