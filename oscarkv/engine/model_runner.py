@@ -191,7 +191,7 @@ class ModelRunner:
         if not decode and self.piecewise is not None:
             why = self.piecewise.reason(plans)
             if why is None:
-                return self.piecewise.run(plans[0], ids, fill), None
+                return self.piecewise.run(plans[0], ids, _demotions(plans, self.pools.geo.page_size), fill), None
             self.piecewise.fallbacks[why] += 1
         pos = [p for plan in plans for p in range(plan.t0, plan.t1)]
         ids_t, pos_t = (device_tensor(v, self.device, torch.int64) for v in (ids, pos))

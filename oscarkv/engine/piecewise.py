@@ -193,14 +193,13 @@ class PiecewiseGraphs:
             return "sliding"
         return None
 
-    def run(self, plan: WritePlan, ids: list[int], fill_ids=None) -> torch.Tensor:
-        """Demote the prefix's pages, stage, replay the bucket's pieces, demote the pages the step wrote: a view
-        ``hidden [k, D]`` of the static output (valid until the bucket's next replay). ``fill_ids``: writes device
-        ids the host's do not hold (``ModelRunner._fill_ids``: rank 0's, with tensor parallelism)."""
-        from oscarkv.engine.model_runner import _demotions
-
+    def run(self, plan: WritePlan, ids: list[int], demotions: tuple, fill_ids=None) -> torch.Tensor:
+        """Demote the prefix's pages, stage, replay the bucket's pieces, demote the pages the step wrote
+        (``demotions = (old, own)``, ``model_runner._demotions``): a view ``hidden [k, D]`` of the static output
+        (valid until the bucket's next replay). ``fill_ids``: writes device ids the host's do not hold
+        (``ModelRunner._fill_ids``: rank 0's, with tensor parallelism)."""
         r, page = self.runner, self.runner.pools.geo.page_size
-        old, own = _demotions([plan], page)
+        old, own = demotions
         r.demote_all(*old)
         g = self.graphs[self.capture(len(ids))]
         g.inputs.stage(plan, ids, page)
