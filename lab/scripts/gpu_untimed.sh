@@ -38,7 +38,9 @@
 #      (4 GPUs): the same at tp 4 for Qwen3-8B and -32B (then SYMM_MEM_WINS[4]); tp2prof: the per-rank profile with
 #      one_shot_norm; f512: the 32K follow-up of 512 tokens under the profiler (after the map and cast changes);
 #      pwtests: the piecewise graphs' GPU tests (oscarkv.engine.piecewise, built without a GPU: never captured yet);
-#      pwfollow: follow-ups of 128 / 512 tokens, eager against piecewise graphs (bucket 512), two rounds; etests: the engine's GPU tests and the extend-graph tests (fused maps now cover 512-token chunks)
+#      pwfollow: follow-ups of 128 / 512 tokens, eager against piecewise graphs (bucket 512), two rounds; pwcheck:
+#      lab.scripts.pieces_check (one engine a method, pieces off / on interleaved: follow-ups and a cold 32K prompt
+#      in 512-token chunks, TTFT as served); etests: the engine's GPU tests and the extend-graph tests (fused maps now cover 512-token chunks)
 # Usage: bash lab/scripts/gpu_untimed.sh [PART ...]  (default: tests span chunk). Out ($OUT): *.log, *.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -136,6 +138,8 @@ pwfollow() { for i in 1 2; do for pw in "" 512; do timeout 280 python3 -m oscark
   --contexts 32768,102400 --new-tokens 128,512 --methods bf16,oscar --prefill-chunk 512 --resume-turns --repeats 3 \
   --piecewise-graph-buckets "$pw" --out "$OUT/pwfollow_${i}_${pw:-eager}.json" > "$OUT/pwfollow_${i}_${pw:-eager}.log" 2>&1
   echo "== pwfollow $i ${pw:-eager}: exit $?"; grep "^| qwen" "$OUT/pwfollow_${i}_${pw:-eager}.log"; done; done; }
+pwcheck() { timeout 420 python3 -m lab.scripts.pieces_check --context 32768 --ks 128,512 --cold 32768 --methods bf16,oscar \
+  --out "$OUT/pwcheck" > "$OUT/pwcheck.log" 2>&1; echo "== pwcheck: exit $?"; grep "^{" "$OUT/pwcheck.log"; }
 tptests() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tptests: one GPU, skipped"; return; }
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 360 python3 -m pytest -q -p no:cacheprovider -m gpu -rA \
   tests/engine/test_tensor_parallel_gpu.py > "$OUT/tptests.log" 2>&1; echo "== tptests: exit $?"; grep -E "PASS|FAIL|ERROR|passed|failed" "$OUT/tptests.log" | tail -n 14; }
@@ -145,6 +149,8 @@ etests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/eng
 #      (4 GPUs): the same at tp 4 for Qwen3-8B and -32B (then SYMM_MEM_WINS[4]); tp2prof: the per-rank profile with
 #      one_shot_norm; f512: the 32K follow-up of 512 tokens under the profiler (after the map and cast changes);
 #      pwtests: the piecewise graphs' GPU tests (oscarkv.engine.piecewise, built without a GPU: never captured yet);
-#      pwfollow: follow-ups of 128 / 512 tokens, eager against piecewise graphs (bucket 512), two rounds; etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
+#      pwfollow: follow-ups of 128 / 512 tokens, eager against piecewise graphs (bucket 512), two rounds; pwcheck:
+#      lab.scripts.pieces_check (one engine a method, pieces off / on interleaved: follow-ups and a cold 32K prompt
+#      in 512-token chunks, TTFT as served); etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done
