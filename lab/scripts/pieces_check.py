@@ -3,7 +3,7 @@ engine whose runner holds the pieces of bucket 512 (``piecewise_graph_buckets``)
 measurements, so both variants share the engine, its cached prompt and its memory. Follow-ups of k tokens on a
 cached prompt (median of the last 2 of 3, ms, as ``bench followup --prefill-chunk 512 --resume-turns``) and a cold
 prompt prefilled in 512-token chunks (ms: TTFT as served); the variants interleaved ``--reps`` times (drift shows).
-The first pieces' capture happens in an untimed warm-up.
+The pieces are captured when the engine is built; one untimed follow-up warms the eager path.
 
     python -m lab.scripts.pieces_check --context 32768 --ks 128,512 --cold 32768 --methods bf16,oscar --out DIR
 """
@@ -50,7 +50,7 @@ def main() -> None:
         pieces = runner.piecewise
         prefix = _ids(engine, a.context + BUCKET // 2, a.context)
         cache_prefix(engine, prefix)
-        followup_step(engine, prefix, BUCKET, 7, False, True)  # untimed: the capture of the bucket's pieces
+        followup_step(engine, prefix, BUCKET, 7, False, True)  # untimed
         for rep in range(a.reps):
             for variant in ("eager", "pieces"):
                 runner.piecewise = pieces if variant == "pieces" else None

@@ -333,6 +333,9 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
         runner.extend_graphs = ExtendGraphs(runner, extend_buckets(cfg))
     if cfg.piecewise_graph_buckets:  # NOTE: without CUDA its steps run eagerly over the padded buffers (the tests)
         runner.piecewise = PiecewiseGraphs(runner, cfg.piecewise_graph_buckets)
+        if p.device.type == "cuda" and (tp is None or tp.size == 1):  # at start-up, not in a served step (as above)
+            for kb in runner.piecewise.buckets:
+                runner.piecewise.capture(kb)
     if cfg.speculative.enabled and (tp is None or tp.size == 1):
         # NOTE: verify steps take many bucket sizes (drafts shorter than K, draft_end near a demotion): captured
         # lazily, each would cost a served step a capture. Tensor-parallel ranks capture lazily, in step.

@@ -8,7 +8,8 @@ layer at tens of µs of Python each (a 32K follow-up of 512 tokens: OSCAR 48.6 m
 from 25.6, one H200, 2026-11-28, ``lab/record/benchmarks-log.md``). Here a layer's work outside attention is one
 graph replay.
 
-What is captured, per bucket ``kb`` (lazily, at the first step that needs it): the model forward
+What is captured, per bucket ``kb`` (at start-up on one GPU; with tensor parallelism lazily, at the first step
+that needs it, on every rank alike): the model forward
 ``ids, positions [kb] -> hidden [kb, D]`` cut at every layer's attention core, ``AttentionBackend.extend`` (the
 staged prefix, the chunk and their merge: its work and launches depend on the prefix length, so it is not
 captured): ``L + 1`` graphs in one memory pool. Piece ``i`` ends with copies of layer ``i``'s mapped ``q, k, v``
