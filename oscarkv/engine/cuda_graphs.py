@@ -121,6 +121,18 @@ class _Inputs:
             self.copied.record()
 
 
+def warm_up(forward, dev: torch.device) -> torch.cuda.Stream:
+    """Run ``forward`` twice on a new side stream and wait: every Triton kernel compiled and loaded, every per-stream
+    library workspace (cuBLAS) made, before a capture on that stream (the returned one)."""
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            forward()
+    side.synchronize()
+    return side
+
+
 def _capture(forward, dev: torch.device, pool, tries: int = 2):
     """Warm ``forward`` up eagerly, then capture it: ``(graph, output)``.
 
@@ -132,12 +144,7 @@ def _capture(forward, dev: torch.device, pool, tries: int = 2):
     NOTE: with tensor parallelism a retry on one rank alone would pair its captured all-reduces with
     another step's on the others; the ranks then fall out of step and the engine fails its requests
     (``workers.WorkerDied``) rather than hang."""
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            forward()
-    side.synchronize()
+    side = warm_up(forward, dev)
     for attempt in range(tries):
         graph = torch.cuda.CUDAGraph()
         try:

@@ -45,6 +45,7 @@ import torch
 
 from oscarkv.attention.step import StepContext
 from oscarkv.cache.manager import WritePlan
+from oscarkv.engine.cuda_graphs import warm_up
 from oscarkv.engine.extend_graphs import _Inputs
 
 
@@ -70,13 +71,12 @@ class _Cut:
 
 
 class _Layer:
-    """What a layer's eager attention needs beside the step's tables: its pool view, the scale, its static
-    ``q, k, v`` and the output buffer the next piece reads (set by :meth:`_Pieces.cut`)."""
+    """What a layer's eager attention needs beside the step's tables: its pool view, the scale and its static
+    ``q, k, v`` (set by :meth:`_Pieces.cut`)."""
 
     def __init__(self, kv, scale: float) -> None:
         self.kv, self.scale = kv, scale
         self.qkv: tuple[torch.Tensor, ...] = ()
-        self.out: torch.Tensor | None = None
 
 
 class _Pieces:
@@ -103,18 +103,17 @@ class _Pieces:
         for dst, src in zip(layer.qkv, qkv):
             dst.copy_(src)
         self.end()
-        layer.out = self.out
-        layer.out.copy_(attend(*layer.qkv))
+        self.out.copy_(attend(*layer.qkv))
         self.layers.append(layer)
         self.begin()
-        return layer.out
+        return self.out
 
     def replay(self, attend) -> None:
-        """Every piece in order, ``attend(layer) -> output`` between them."""
+        """Every piece in order, ``attend(layer) -> output`` between them (into the one output every piece reads)."""
         for graph, layer in zip(self.graphs, [*self.layers, None]):
             graph.replay()
             if layer is not None:
-                layer.out.copy_(attend(layer))
+                self.out.copy_(attend(layer))
 
 
 class _Graph:
@@ -145,12 +144,7 @@ def _capture(graph: _Graph, runner, pool) -> tuple[_Pieces, torch.Tensor]:
     """Warm the forward up eagerly (Triton compiles, cuBLAS workspaces, the static buffers' kinds), then capture its
     pieces on a side stream: ``(pieces, hidden)``. The warm-up and the capture write only the scratch page."""
     dev = runner.device
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            graph.forward()
-    side.synchronize()
+    side = warm_up(graph.forward, dev)
     attn = runner.model.model.layers[0].self_attn
     pieces = _Pieces(pool, graph.cut.shapes, (graph.kb, attn.num_heads, attn.head_dim), dev)
     graph.cut.pieces = pieces
