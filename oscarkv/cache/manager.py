@@ -66,7 +66,8 @@ class WritePlan:
     view_bf16_len: int = 0
     view_int2: list[int] = field(default_factory=list)  # INT2 pages of the prefix view
     register: list[tuple[str, int, int]] = field(default_factory=list)  # (pool, page, page index) to key
-    release: list[int] = field(default_factory=list)  # BF16 pages to release after the step
+    release: list[int] = field(default_factory=list)  # BF16 pages to release after the step (a prefix hit's) ...
+    release_stale: list[int] = field(default_factory=list)  # ... and those evicted first (the step's own demoted)
     window: WindowPlan | None = None  # the sliding layers' share (models with sliding layers only)
 
 
@@ -231,7 +232,7 @@ class KVCacheManager:
                 plan.demote_dst.append(dst)
                 plan.register.append(("int2", dst, index))
             s.history.append(dst)
-            plan.release.append(src)
+            (plan.release if index < s.hit_pages else plan.release_stale).append(src)
         s.recent = s.recent[n:]
 
     def _view(self, s: SeqKV, plan: WritePlan, t0: int, h1: int) -> None:
@@ -255,8 +256,8 @@ class KVCacheManager:
                     P = self.P
                     parent = self._key(seq, index - 1) if index else None
                     self.blocks.added(key, parent, seq.token_ids[index * P:(index + 1) * P])
-        for page in plan.release:
-            self.bf16.release(page)
+        self.bf16.release_all(plan.release)  # NOTE: a hit's pages, a point some request reached (a chat's turn)
+        self.bf16.release_all(plan.release_stale, stale=True)  # evicted before any other cached page
         if plan.window:
             self.window.commit(plan.window, (lambda i: self._key(seq, i)) if self.prefix_caching else None)
 
@@ -265,8 +266,7 @@ class KVCacheManager:
         demotions took off the sequence (and the window pages it aged out), keying nothing (the
         step's writes may be partial). The sequence itself must then be freed (:meth:`free`): its
         pages are not trustworthy."""
-        for page in plan.release:
-            self.bf16.release(page)
+        self.bf16.release_all(plan.release + plan.release_stale)
         if plan.window:
             self.window.abandon(plan.window)
 
@@ -275,11 +275,14 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------------- whole sequences
     def free(self, seq: CachedSequence) -> None:
-        """Release every page of ``seq`` (finished or preempted); keyed pages stay cached."""
+        """Release every page of ``seq`` (finished or preempted); keyed pages stay cached, the last ones first: an
+        allocation evicts the least recently released, so a prefix's tail goes before its head (the sink pages
+        every hit of the prefix needs; released first, a cold prompt after a turn on a document evicted them and
+        the next turn hit nothing)."""
         s = seq.kv
-        self.bf16.release_all(s.sink + s.recent)
+        self.bf16.release_all(s.recent[::-1] + s.sink[::-1])
         if s.history:
-            self.int2.release_all(s.history)
+            self.int2.release_all(s.history[::-1])
         if self.window:
             self.window.free(s.window)
         s.reset()
@@ -340,7 +343,7 @@ class KVCacheManager:
         t = len(keys) * self.P
         if self.window:
             self.window.adopt(s.window, t, lambda i: keys[i])
-        s.num_tokens = t
+        s.num_tokens, s.hit_pages = t, len(keys)
 
     def tier_tokens(self, seq: CachedSequence) -> tuple[int, int, int]:
         """(sink, history, recent) tokens held, from the page lists (tests compare with ``tiers``)."""

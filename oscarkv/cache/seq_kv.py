@@ -199,6 +199,7 @@ class SeqKV:
     recent: list[int] = field(default_factory=list)  # BF16 pool
     num_tokens: int = 0
     keys: list[bytes] = field(default_factory=list)  # keys of full pages 0, 1, ... (computed lazily)
+    hit_pages: int = 0  # pages adopted from the prefix cache (the hit's)
     window: WindowKV = field(default_factory=WindowKV)  # the sliding layers' pages (oscarkv.cache.window)
 
     def key(self, index: int, tokens: list[int], schedule: ChunkSchedule, page: int, tiers=None) -> bytes:
@@ -215,6 +216,6 @@ class SeqKV:
         return self.keys[:n] if len(self.keys) > n else self.keys
 
     def reset(self) -> None:
-        self.sink, self.history, self.recent, self.num_tokens = [], [], [], 0
+        self.sink, self.history, self.recent, self.num_tokens, self.hit_pages = [], [], [], 0, 0
         self.window.reset()
 

@@ -100,3 +100,18 @@ def test_a_new_conversation_on_the_document_hits_after_long_follow_ups():
         while engine.has_unfinished():
             engine.step()
         assert engine.manager.hit_tokens - hits == hit
+
+
+def test_a_long_prompt_between_turns_leaves_the_document_cached():
+    """OSCAR's BF16 pool holds windows only (45 pages here): a 4K prompt between two turns on a 4K document
+    allocates ~8 times that. Its own demoted pages go first in the eviction order (``PagePool.release_all`` with
+    ``stale``), a hit's pages (the document's end, demoted by a turn) and a finished sequence's (tail first) as
+    recently used; before, the prompt evicted the document's sink page and the next turn hit nothing."""
+    engine = followup.followup_engine(PagedLM.random(CONFIG), "oscar", 1 << 28, 512, 512)
+    prefix = followup._ids(engine, 4096 + 256, 1)
+    followup.cache_prefix(engine, prefix)
+    assert followup.followup_step(engine, prefix, 512, 0, False, True)["hit_tokens"] == len(prefix)
+    engine.add_request("other", followup._ids(engine, 4096, 77), SamplingParams(max_tokens=1, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert followup.followup_step(engine, prefix, 64, 9, False, True)["hit_tokens"] == len(prefix)

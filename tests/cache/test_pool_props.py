@@ -157,6 +157,17 @@ def test_pool_eviction_is_lru():
     pool.check()
 
 
+def test_stale_pages_are_evicted_first():
+    pool = PagePool(5)
+    pages = [pool.allocate() for _ in range(4)]
+    for i, p in enumerate(pages):
+        pool.register(p, bytes([i]))
+    pool.release_all(pages[:2])
+    pool.release_all(pages[2:], stale=True)  # released later, evicted before the others
+    assert [pool.allocate() for _ in range(4)] == [pages[3], pages[2], pages[0], pages[1]]
+    pool.check()
+
+
 def test_explicit_schedule_check():
     kv = KVConfig("oscar", sink=4, recent=4, page_size=4)
     mgr = KVCacheManager(kv, PagePool(8), PagePool(8))

@@ -85,7 +85,7 @@ def test_failed_step_fails_its_requests_only(llama, artifact, monkeypatch, where
     seen = fail_once(monkeypatch, *target)
     failed = engine.step()
     if where == "runner":
-        assert any(c.plan.release for c in seen[0][0])  # the failed step demoted a page: abandon() released it
+        assert any(c.plan.release_stale for c in seen[0][0])  # the failed step demoted a page: abandon() released it
     assert sorted(o.request_id for o in failed) == ["0", "1"]
     assert all(o.finished and o.finish_reason == "error" and "injected failure" in o.error for o in failed)
     assert _drain(engine)["2"].token_ids == ref[2].token_ids and idle(engine)
