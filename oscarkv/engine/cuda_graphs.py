@@ -31,6 +31,8 @@ nothing for them and outputs zeros. All buckets share one graph memory pool.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -148,13 +150,26 @@ def _capture(forward, dev: torch.device, pool, tries: int = 2):
     for attempt in range(tries):
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"), no_collection():
                 out = forward()
             return graph, out
         except RuntimeError as e:
             if attempt + 1 == tries or "capture" not in str(e).lower():
                 raise
             torch.cuda.synchronize(dev)
+
+
+@contextlib.contextmanager
+def no_collection():
+    """No garbage collection inside: a collection during a capture frees the graphs of dropped engines, and a graph's
+    reset is not permitted while a stream captures (the capture fails; seen in a GPU test run, 2026-11-28)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class _Graph:

@@ -13,7 +13,7 @@ that needs it, on every rank alike): the model forward
 ``ids, positions [kb] -> hidden [kb, D]`` cut at every layer's attention core, ``AttentionBackend.extend`` (the
 staged prefix, the chunk and their merge: its work and launches depend on the prefix length, so it is not
 captured): ``L + 1`` graphs in one memory pool. Piece ``i`` ends with copies of layer ``i``'s mapped ``q, k, v``
-into static buffers (one set per shape, shared by the layers); at a replay the runner then calls the backend's
+into static buffers (one set per shape, shared by the layers; ``k`` and ``v`` each their own); at a replay the runner then calls the backend's
 ``extend`` on them with the step's page tables and prefix lengths, and copies its output into the static buffer
 piece ``i + 1`` starts from::
 
@@ -38,6 +38,8 @@ forward eagerly over the same static buffers, so the staging, the padding and th
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections import Counter
 from dataclasses import replace
 
@@ -45,7 +47,7 @@ import torch
 
 from oscarkv.attention.step import StepContext
 from oscarkv.cache.manager import WritePlan
-from oscarkv.engine.cuda_graphs import warm_up
+from oscarkv.engine.cuda_graphs import no_collection, warm_up
 from oscarkv.engine.extend_graphs import _Inputs
 
 
@@ -56,15 +58,16 @@ class _Cut:
     def __init__(self, real) -> None:
         self.real = real
         self.pieces: _Pieces | None = None
-        self.shapes: set[tuple[tuple[int, ...], torch.dtype]] = set()
-        """``(shape, dtype)`` of every ``q``, ``k``, ``v`` seen (the static buffers' kinds)."""
+        self.shapes: set[tuple[int, tuple[int, ...], torch.dtype]] = set()
+        """``(which, shape, dtype)`` of every ``q``, ``k``, ``v`` seen (``which``: 0, 1, 2; the static buffers'
+        kinds: ``k`` and ``v`` of one shape and dtype must not share one)."""
 
     def __getattr__(self, name: str):
         return getattr(self.real, name)
 
     def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host=None):
         if self.pieces is None:  # warm-up, or no CUDA: the runner's backend
-            self.shapes |= {(tuple(x.shape), x.dtype) for x in (q, k_new, v_new)}
+            self.shapes |= {(i, tuple(x.shape), x.dtype) for i, x in enumerate((q, k_new, v_new))}
             return self.real.extend(q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host)
         return self.pieces.cut((q, k_new, v_new), _Layer(kv, scale),
                                lambda a, b, c: self.real.extend(a, b, c, kv, tables, cu_seqlens, scale, cu_host))
@@ -84,22 +87,24 @@ class _Pieces:
     whose eager attention runs after each but the last."""
 
     def __init__(self, pool, shapes: set, out_shape: tuple[int, ...], device: torch.device) -> None:
-        self.pool, self.graphs, self.layers = pool, [], []
+        self.pool, self.graphs, self.layers, self.open = pool, [], [], False
         # NOTE: zeros: at capture the eager attention reads them before any piece has run (its result is discarded)
-        self.static = {key: torch.zeros(key[0], dtype=key[1], device=device) for key in shapes}
+        self.static = {key: torch.zeros(key[1], dtype=key[2], device=device) for key in shapes}
         self.out = torch.zeros(out_shape, dtype=torch.float32, device=device)
 
     def begin(self) -> None:
         self.graphs.append(torch.cuda.CUDAGraph())
         self.graphs[-1].capture_begin(pool=self.pool, capture_error_mode="thread_local")
+        self.open = True
 
     def end(self) -> None:
+        self.open = False
         self.graphs[-1].capture_end()
 
     def cut(self, qkv: tuple[torch.Tensor, ...], layer: _Layer, attend) -> torch.Tensor:
         """End the piece with ``qkv`` copied into the static buffers, run ``attend`` on them once (not
         captured), begin the next piece; the static output it starts from."""
-        layer.qkv = tuple(self.static[(tuple(x.shape), x.dtype)] for x in qkv)
+        layer.qkv = tuple(self.static[(i, tuple(x.shape), x.dtype)] for i, x in enumerate(qkv))
         for dst, src in zip(layer.qkv, qkv):
             dst.copy_(src)
         self.end()
@@ -148,16 +153,27 @@ def _capture(graph: _Graph, runner, pool) -> tuple[_Pieces, torch.Tensor]:
     attn = runner.model.model.layers[0].self_attn
     pieces = _Pieces(pool, graph.cut.shapes, (graph.kb, attn.num_heads, attn.head_dim), dev)
     graph.cut.pieces = pieces
+    # NOTE: as torch.cuda.graph: collect first, and no collection while capturing (a graph of a dropped engine freed
+    # in a capture fails, and the pool stays recording: every later capture in the process failed)
+    gc.collect()
+    with no_collection():
+        _capture_pieces(graph, pieces, side)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    return pieces, graph.hidden_out
+
+
+def _capture_pieces(graph: _Graph, pieces: _Pieces, side) -> None:
     try:
         with torch.cuda.stream(side):
             pieces.begin()
-            hidden = graph.forward()
+            graph.hidden_out = graph.forward()
             pieces.end()
         side.synchronize()
     finally:
         graph.cut.pieces = None
-    torch.cuda.current_stream(dev).wait_stream(side)
-    return pieces, hidden
+        if pieces.open:  # the forward raised mid-piece: end the capture (its graph is discarded), keep its error
+            with contextlib.suppress(RuntimeError):
+                pieces.end()
 
 
 class PiecewiseGraphs:

@@ -35,7 +35,7 @@ def model():
 def _engine(model, method, extend: bool, **kw) -> LLMEngine:
     kv = KVConfig(method, group_size=64 if method != "bf16" else None, sink=16, recent=32, page_size=16)
     cfg = engine_config(method, kv=kv, kv_memory_bytes=1 << 24, prefill_chunk=48,
-                        extend_graph_buckets=(2, 4, 8, 16, 32, 64) if extend else (), **kw)
+                        extend_graph_buckets=(2, 4, 8, 16, 32, 64) if extend else (), piecewise_graph_buckets=(), **kw)
     return LLMEngine.from_hf(model, cfg, random_artifact(model.config) if method == "oscar" else None)
 
 

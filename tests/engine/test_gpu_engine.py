@@ -28,7 +28,7 @@ class _DecodeTorch(TorchAttention):
 
 
 def _engine(model, method, artifact, backend=None, cuda_graphs=True, bits=(2, 2)):
-    cfg = engine_config(method)
+    cfg = engine_config(method, piecewise_graph_buckets=())  # decode graphs alone (test_piecewise_gpu: the pieces)
     cfg = replace(cfg, kv=replace(cfg.kv, key_bits=bits[0], value_bits=bits[1]))
     return LLMEngine.from_hf(model, cfg, artifact if method == "oscar" else None, backend=backend, cuda_graphs=cuda_graphs)
 
@@ -144,7 +144,7 @@ def test_l2_prefetch_keeps_outputs_gpu(cuda_model, artifact, method):
     """``EngineConfig.l2_prefetch``: the prefetch kernel runs (eager and inside the decode graphs) and changes
     nothing: the same tokens and log-probs as without it."""
     ps = prompts(3, 50)
-    engines = [LLMEngine.from_hf(cuda_model, engine_config(method, l2_prefetch=v, l2_prefetch_mib=1),
+    engines = [LLMEngine.from_hf(cuda_model, engine_config(method, l2_prefetch=v, l2_prefetch_mib=1, piecewise_graph_buckets=()),
                                  artifact if method == "oscar" else None) for v in ("off", "all")]
     layers = engines[1].runner.model.model.layers
     assert all("l2_next" in layer.self_attn.qkv_proj.__dict__ for layer in layers)

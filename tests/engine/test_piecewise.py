@@ -12,7 +12,7 @@ import torch
 
 from oscarkv.config import EngineConfig
 from oscarkv.engine.engine import LLMEngine
-from oscarkv.engine.piecewise import PiecewiseGraphs
+from oscarkv.engine.piecewise import PiecewiseGraphs, _Layer, _Pieces
 from oscarkv.engine.request import SamplingParams
 from tests.engine.conftest import engine_config, prompts, run, tiny_model
 from tests.engine.test_gpu_engine import _DecodeTorch
@@ -74,10 +74,26 @@ def test_what_the_pieces_leave_to_eager_steps(llama, artifact):
     assert PiecewiseGraphs(gemma.runner, BUCKETS).reason([plan(40)]) == "sliding"
 
 
+def test_each_of_q_k_v_has_its_own_static_buffer():
+    """A piece ends with q, k, v copied into static buffers: k and v of one shape and dtype (a BF16 cache) must not
+    share one (the GPU test caught it: v overwrote k). The cut without capture (begin / end do nothing)."""
+    q, k, v = torch.randn(8, 4, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
+    shapes = {(i, tuple(x.shape), x.dtype) for i, x in enumerate((q, k, v))}
+    pieces = _Pieces(None, shapes, (8, 4, 16), torch.device("cpu"))
+    pieces.begin = pieces.end = lambda: None
+    layer, seen = _Layer(None, 1.0), []
+    pieces.cut((q, k, v), layer, lambda *qkv: seen.append([x.clone() for x in qkv]) or qkv[0])
+    for got, want in zip(seen[0], (q, k, v)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len({x.data_ptr() for x in layer.qkv}) == 3
+
+
 def test_buckets_are_token_counts():
     with pytest.raises(ValueError, match="piecewise_graph_buckets"):
         EngineConfig(piecewise_graph_buckets=(1, 512))
-    assert EngineConfig().piecewise_graph_buckets == ()  # off until measured on a GPU
+    assert EngineConfig().piecewise_graph_buckets is None  # PIECEWISE_BUCKETS with CUDA graphs on one GPU, else off
+    with pytest.raises(ValueError, match="l2-prefetch"):
+        EngineConfig(piecewise_graph_buckets=(512,), l2_prefetch="all")
 
 
 def test_tensor_parallel_ranks_run_the_pieces_alike(llama, artifact):
