@@ -3,7 +3,8 @@
 T = 1, 8, 64, 512 tokens; every variant's outputs against the default's (max |diff|: 0 means the same bits).
 
 Run: ``python -m lab.scripts.map_sweep --out DIR`` (one GPU). The 512-token map took 139 µs a layer of a 32K
-follow-up's step (one H200, 2026-11-28) where BF16's QK-norm + RoPE took 14.
+follow-up's step (one H200, 2026-11-28) where BF16's QK-norm + RoPE took 14. Since then steps of 16 tokens or
+more map tiles of tokens (``fused.TILE_FROM``, ``lab/scripts/map_tile.py``); the variants here are the other kernel's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from oscarkv.kernels.fused import _map_tokens, qk_norm_rope_map
+from oscarkv.kernels.fused import qk_norm_rope_map
 
 HQ, H, D = 32, 8, 128
 REPS = 50
@@ -60,7 +61,7 @@ def main() -> None:
         x, wq, wk, cos, sin, maps = _inputs(t, g)
         call = lambda launch: qk_norm_rope_map(x, HQ, wq, wk, cos, sin, 1e-6, maps, launch)  # noqa: E731
         ref = call(None)
-        variants = [(bj, bt, w) for bj in (32, 64, 128) for bt in sorted({1, _map_tokens(t), 4, 8, 16, 32})
+        variants = [(bj, bt, w) for bj in (32, 64, 128) for bt in (1, 4, 8, 16, 32)
                     if bt <= max(1, t // 8) for w in (4, 8)]
         for v in [None, *variants]:
             try:

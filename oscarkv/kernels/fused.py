@@ -218,14 +218,66 @@ def _qk_norm_rope_map_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, T, 
             tl.store(out0 + t * so + j, tl.sum(m1 * f1[None, :], 1) + tl.sum(m2 * f2[None, :], 1))
 
 
-def _map_tokens(T: int) -> int:
-    """Tokens per program of :func:`qk_norm_rope_map`: one up to 63 tokens (decode batches, verify steps), then as
-    many as keep 32 blocks of tokens in the grid, at most 16 (the map's ``[BJ, d]`` slice read once per block: at
-    512 tokens one per token cost a Qwen3-4B follow-up ~4 ms of its 75, H200). Output channels a program: 32 below
-    8 tokens, else 64 (same bits: each output's sum runs over the input channels alike). One H200, Qwen3-4B heads
-    (``lab/scripts/map_sweep.py``, 2026-11-28), µs at 8 / 64 / 512 tokens: 5.0 / 22.6 / 134 with 32, 4.1 / 18.4 /
-    114 with 64; 1 token 2.1 either way. The rest of 512 tokens' time is each program's tokens one after another."""
-    return max(1, min(16, T // 32))
+@triton.jit
+def _norm_rope_rows(X, W, Cos, Sin, eps, t, T, row, stride_xt, stride_xh, stride_c, HALF: tl.constexpr,
+                    HAS_NORM: tl.constexpr):
+    """:func:`_norm_rope_inner` for the head row ``row`` of the tokens ``t [BM]`` (``t < T`` loaded): their two
+    ``[BM, d/2]`` halves, the same roundings, each row's sum of squares over its own elements."""
+    i = tl.arange(0, HALF)
+    ok = (t < T)[:, None]
+    xp = X + t[:, None] * stride_xt + row * stride_xh + i[None, :]
+    x1 = tl.load(xp, mask=ok, other=0.0)
+    x2 = tl.load(xp + HALF, mask=ok, other=0.0)
+    DT: tl.constexpr = x1.dtype
+    if HAS_NORM:
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        r = tl.rsqrt((tl.sum(f1 * f1, 1) + tl.sum(f2 * f2, 1)) / (2 * HALF) + eps)[:, None]
+        x1 = (tl.load(W + i)[None, :].to(tl.float32) * (f1 * r).to(DT).to(tl.float32)).to(DT)
+        x2 = (tl.load(W + HALF + i)[None, :].to(tl.float32) * (f2 * r).to(DT).to(tl.float32)).to(DT)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    c = Cos + t[:, None] * stride_c + i[None, :]
+    sn = Sin + t[:, None] * stride_c + i[None, :]
+    c1, c2 = tl.load(c, mask=ok, other=0.0).to(tl.float32), tl.load(c + HALF, mask=ok, other=0.0).to(tl.float32)
+    s1, s2 = tl.load(sn, mask=ok, other=0.0).to(tl.float32), tl.load(sn + HALF, mask=ok, other=0.0).to(tl.float32)
+    o1 = (f1 * c1).to(DT).to(tl.float32) + (-f2 * s1).to(DT).to(tl.float32)
+    o2 = (f2 * c2).to(DT).to(tl.float32) + (f1 * s2).to(DT).to(tl.float32)
+    return o1.to(DT), o2.to(DT)
+
+
+@triton.jit
+def _qk_norm_rope_map_tile_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, T, stride_xt, stride_xh, stride_c,
+                             stride_qot, stride_kot, NQ: tl.constexpr, REP: tl.constexpr, HALF: tl.constexpr,
+                             BJ: tl.constexpr, HAS_NORM: tl.constexpr, HAS_MEAN: tl.constexpr, BM: tl.constexpr):
+    """:func:`_qk_norm_rope_map_kernel` with ``BM`` tokens a program as a tile: the map as two dot products (tf32x3:
+    fp32-close; a token's bits depend on the launch setting, not on its step's other tokens)."""
+    row = tl.program_id(1)  # q heads first, then k heads
+    t = tl.program_id(0) * BM + tl.arange(0, BM)  # this program's tokens
+    j = tl.program_id(2) * BJ + tl.arange(0, BJ)  # and output channels
+    D: tl.constexpr = 2 * HALF
+    i = tl.arange(0, HALF)
+    if row < NQ:
+        W, m_ptr, out0, so = Wq, MQ + (row // REP) * D * D, QO + row * D, stride_qot
+    else:
+        W, m_ptr, out0, so = Wk, MK + (row - NQ) * D * D, KO + (row - NQ) * D, stride_kot
+    m = m_ptr + i[:, None] + j[None, :] * D  # [d/2, BJ]: the map's rows j transposed, first half of the columns
+    x1, x2 = _norm_rope_rows(X, W, Cos, Sin, eps, t, T, row, stride_xt, stride_xh, stride_c, HALF, HAS_NORM)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    if HAS_MEAN:  # keys only: 0 on q rows
+        keep = (row >= NQ).to(tl.float32)
+        f1 -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + i)[None, :] * keep
+        f2 -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + HALF + i)[None, :] * keep
+    out = tl.dot(f1, tl.load(m), input_precision="tf32x3")  # NOTE: ieee (FMA) was as slow as one token at a time
+    out = tl.dot(f2, tl.load(m + HALF), out, input_precision="tf32x3")
+    tl.store(out0 + t[:, None] * so + j[None, :], out, mask=(t < T)[:, None])
+
+
+TILE_FROM, MAP_TILE = 16, (64, 64, 4)
+"""Steps of at least ``TILE_FROM`` tokens map them as tiles (``_qk_norm_rope_map_tile_kernel``: output channels, tokens,
+warps a program); fewer (decode batches, verify steps of K < 16: a plain step's and a verify step's tokens alike),
+one token at a time (64 output channels a program from 8 tokens, else 32: 8 tokens 5.0 -> 4.1 µs,
+``lab/scripts/map_sweep.py``). One H200, Qwen3-4B heads, µs at 1 / 8 / 64 / 512 tokens (``lab/scripts/map_tile.py``,
+2026-11-28): one at a time 2.1 / 4.0 / 18.4 / 114 (a 32K follow-up of 512 tokens: 4 ms of its step); tiles
+5.8 at 64, 19.6 at 512."""
 
 
 def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
@@ -236,7 +288,8 @@ def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None,
     heads, un-normed and un-roped; rows may be strided) → fp32 ``(W_Q q, W_K (k - k_mean))``, ``[T, Hq, d]``
     and ``[T, H, d]``. Norm/RoPE arguments as :func:`qk_norm_rope_`'s, ``maps = (w_q, w_k, k_mean)`` as
     :func:`qk_map`'s. Out of place: ``x`` is only read (a decode step reads q and k in the stored domain only).
-    Each token's values are the same whatever ``T`` (a program's tokens run one after another, each as alone).
+    Each token's values are the same whatever ``T`` below ``TILE_FROM`` (a program's tokens one after another, each
+    as alone) and whatever ``T`` from it (tiles of a fixed size); the two differ by fp32 rounding.
     ``launch``: (output channels, tokens, warps) a program, for ``lab/scripts/map_sweep.py``; None: the default."""
     T, NH, d = x.shape
     w_q, w_k, k_mean = maps
@@ -256,13 +309,16 @@ def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None,
         "k_mean must be fp32 [H, d] contiguous"
     qo = torch.empty(T, num_q, d, dtype=torch.float32, device=x.device)
     ko = torch.empty(T, H, d, dtype=torch.float32, device=x.device)
-    bj, bt, warps = launch or (min(d, 32 if T < 8 else 64), _map_tokens(T), 4)
     norm = q_weight is not None
-    _qk_norm_rope_map_kernel[(triton.cdiv(T, bt), NH, d // bj)](
+    tile = launch is None and T >= TILE_FROM and d >= 64  # NOTE: head_dim 32 (tiny test models) not measured tiled
+    bj, bt, warps = MAP_TILE if tile else launch or (min(d, 32 if T < 8 else 64), 1, 4)
+    bj = min(bj, d)
+    kernel = _qk_norm_rope_map_tile_kernel if tile else _qk_norm_rope_map_kernel
+    kernel[(triton.cdiv(T, bt), NH, d // bj)](
         x, q_weight if norm else x, k_weight if norm else x, cos, sin, eps, w_q, w_k,
         k_mean if k_mean is not None else ko, qo, ko, T, x.stride(0), x.stride(1), cos.stride(0), qo.stride(0),
         ko.stride(0), NQ=num_q, REP=num_q // H, HALF=d // 2, BJ=bj, HAS_NORM=norm, HAS_MEAN=k_mean is not None,
-        BLOCK_T=bt, num_warps=warps)
+        **({"BM": bt} if tile else {"BLOCK_T": bt}), num_warps=warps)
     return qo, ko
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from oscarkv.attention.step import LayerStorage
-from oscarkv.kernels.fused import qk_map, qk_norm_rope_, qk_norm_rope_map, rms_norm, silu_mul
+from oscarkv.kernels.fused import TILE_FROM, qk_map, qk_norm_rope_, qk_norm_rope_map, rms_norm, silu_mul
 from oscarkv.models.llama import RMSNorm, rotate_half
 
 CUDA = torch.cuda.is_available()
@@ -150,9 +150,10 @@ def test_qk_norm_rope_map_matches_two_launches(t, h, rep, d, norm, centered):
 
 
 def test_qk_norm_rope_map_gives_each_token_its_own_values():
-    """Long extend chunks take several tokens a program (``fused._map_tokens``: 3 at 100): every token's mapped q and
-    k are those of the same token mapped alone (bit for bit: the per-token arithmetic is the one-token kernel's),
-    the last, partial block included."""
+    """A token's mapped q and k do not depend on the other tokens of its step (bit for bit): below
+    ``fused.TILE_FROM`` tokens each is computed alone (a verify step's tokens are a decode step's), from it in tiles of
+    a fixed size (a 100-token chunk's tokens are those of the smallest tiled step holding them, at another place in
+    its tile; the last, partial tile included)."""
     h, rep, d, t = 2, 2, 64, 100
     st = _oscar_storage(h, d, True, 5)
     g = torch.Generator().manual_seed(5)
@@ -161,7 +162,13 @@ def test_qk_norm_rope_map_gives_each_token_its_own_values():
     cos, sin = emb.cos().bfloat16().to(DEV), emb.sin().bfloat16().to(DEV)
     w = _norm(d, 1e-6, 6).weight.to(DEV)
     maps = (*st.decode_maps, st.key.mean)
-    whole = qk_norm_rope_map(qkv[:, :h * rep + h], h * rep, w, w, cos, sin, 1e-6, maps)
+    call = lambda a, b: qk_norm_rope_map(qkv[a:b, :h * rep + h], h * rep, w, w, cos[a:b], sin[a:b], 1e-6, maps)  # noqa: E731
+    whole, few = call(0, t), call(0, TILE_FROM - 1)
     for i in (0, 2, 3, 98, 99):
-        alone = qk_norm_rope_map(qkv[i:i + 1, :h * rep + h], h * rep, w, w, cos[i:i + 1], sin[i:i + 1], 1e-6, maps)
-        assert torch.equal(whole[0][i:i + 1], alone[0]) and torch.equal(whole[1][i:i + 1], alone[1])
+        a = min(i, t - TILE_FROM)
+        tiled = call(a, a + TILE_FROM)
+        for x, y in zip(whole, tiled):  # NOTE: the interpreter's dot (numpy) may round a row by its place in the tile
+            torch.testing.assert_close(x[i], y[i - a], rtol=0 if CUDA else 1e-6, atol=0 if CUDA else 1e-6)
+    for i in (0, 7, TILE_FROM - 2):
+        alone = call(i, i + 1)
+        assert torch.equal(few[0][i:i + 1], alone[0]) and torch.equal(few[1][i:i + 1], alone[1])
