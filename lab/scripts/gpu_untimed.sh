@@ -138,19 +138,35 @@ pwfollow() { for i in 1 2; do for pw in "" 512; do timeout 280 python3 -m oscark
   --contexts 32768,102400 --new-tokens 128,512 --methods bf16,oscar --prefill-chunk 512 --resume-turns --repeats 3 \
   --piecewise-graph-buckets "$pw" --out "$OUT/pwfollow_${i}_${pw:-eager}.json" > "$OUT/pwfollow_${i}_${pw:-eager}.log" 2>&1
   echo "== pwfollow $i ${pw:-eager}: exit $?"; grep "^| qwen" "$OUT/pwfollow_${i}_${pw:-eager}.log"; done; done; }
-pwcheck() { timeout 420 python3 -m lab.scripts.pieces_check --context 32768 --ks 128,512 --cold 32768 --methods bf16,oscar \
+pwc100() { timeout 500 python3 -m lab.scripts.pieces_check --context 102400 --ks 64,512 --cold 8192 --methods bf16,oscar \
+  --buckets 64,128,256,512 --kv-gib 48 --out "$OUT/pwc100" > "$OUT/pwc100.log" 2>&1; echo "== pwc100: exit $?"; grep "^{" "$OUT/pwc100.log"; }
+pwcheck() { timeout 420 python3 -m lab.scripts.pieces_check --context 32768 --ks 64,128,512 --cold 32768 --methods bf16,oscar --buckets 64,128,256,512 \
   --out "$OUT/pwcheck" > "$OUT/pwcheck.log" 2>&1; echo "== pwcheck: exit $?"; grep "^{" "$OUT/pwcheck.log"; }
 tptests() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tptests: one GPU, skipped"; return; }
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 360 python3 -m pytest -q -p no:cacheprovider -m gpu -rA \
   tests/engine/test_tensor_parallel_gpu.py > "$OUT/tptests.log" 2>&1; echo "== tptests: exit $?"; grep -E "PASS|FAIL|ERROR|passed|failed" "$OUT/tptests.log" | tail -n 14; }
-etests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu_engine.py \
-  tests/engine/test_extend_graphs_gpu.py > "$OUT/etests.log" 2>&1; echo "== tp2n: Qwen3-8B
+#      (thirteenth session) tp2n: Qwen3-8B
 #      decode at tp 2, one_shot against one_shot_norm, bf16 and oscar (one process each, in the order ABBA); tp4n
 #      (4 GPUs): the same at tp 4 for Qwen3-8B and -32B (then SYMM_MEM_WINS[4]); tp2prof: the per-rank profile with
 #      one_shot_norm; f512: the 32K follow-up of 512 tokens under the profiler (after the map and cast changes);
 #      pwtests: the piecewise graphs' GPU tests (oscarkv.engine.piecewise, built without a GPU: never captured yet);
 #      pwfollow: follow-ups of 128 / 512 tokens, eager against piecewise graphs (bucket 512), two rounds; pwcheck:
 #      lab.scripts.pieces_check (one engine a method, pieces off / on interleaved: follow-ups and a cold 32K prompt
-#      in 512-token chunks, TTFT as served); etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
+#      in 512-token chunks, TTFT as served); etests: the engine and extend-graph GPU tests
+#   (fourteenth session) pwcheck with buckets 64-512 and k = 64 too; pwc100: the same over a cached 100K prompt
+etests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu_engine.py \
+  tests/engine/test_extend_graphs_gpu.py > "$OUT/etests.log" 2>&1; echo "== etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
+#   ktests: the fused kernels' tests on the GPU; mapsw: lab.scripts.map_sweep; mtile: lab.scripts.map_tile (the map
+#      as a tile of tokens against it: dot products at three precisions); fserved: bench followup as served (resumed
+#      turns, 512-token chunks, the engine's default piecewise graphs), k = 1, 8, 64, 512 at 32K and 100K
+ktests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_fused.py \
+  > "$OUT/ktests.log" 2>&1; echo "== ktests: exit $?"; tail -n 6 "$OUT/ktests.log"; }
+mapsw() { timeout 300 python3 -m lab.scripts.map_sweep --out "$OUT/mapsw" > "$OUT/mapsw.log" 2>&1; echo "== mapsw: exit $?"
+  cat "$OUT/mapsw.log"; }
+fserved() { timeout 500 python3 -m oscarkv.cli bench followup --shapes qwen3-4b --contexts 32768,102400 \
+  --new-tokens 1,8,64,512 --methods bf16,oscar --prefill-chunk 512 --resume-turns --out "$OUT/fserved.json" \
+  > "$OUT/fserved.log" 2>&1; echo "== fserved: exit $?"; grep "^|" "$OUT/fserved.log"; }
+mtile() { timeout 300 python3 -m lab.scripts.map_tile --out "$OUT/mtile" > "$OUT/mtile.log" 2>&1; echo "== mtile: exit $?"
+  cat "$OUT/mtile.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done

@@ -1,7 +1,8 @@
 """Piecewise graphs against eager long extend steps (``oscarkv.engine.piecewise``, one GPU): per KV method, one
-engine whose runner holds the pieces of bucket 512 (``piecewise_graph_buckets``), switched off and on between
+engine whose runner holds the pieces of ``--buckets`` (``piecewise_graph_buckets``, default 512), switched off and on between
 measurements, so both variants share the engine, its cached prompt and its memory. Follow-ups of k tokens on a
-cached prompt (median of the last 2 of 3, ms, as ``bench followup --prefill-chunk 512 --resume-turns``) and a cold
+cached prompt (median of the last 2 of 3, ms, as ``bench followup --prefill-chunk 512 --resume-turns``: the whole
+prompt a hit, one launch of k tokens, else it raises) and a cold
 prompt prefilled in 512-token chunks (ms: TTFT as served); the variants interleaved ``--reps`` times (drift shows).
 The pieces are captured when the engine is built; one untimed follow-up warms the eager path.
 
@@ -25,8 +26,8 @@ BUCKET = 512
 def measure(engine, prefix: list[int], ks: list[int], cold: int, seed: int) -> dict:
     """Follow-ups of each k (ms) and a cold prompt of ``cold`` tokens (ms) on ``engine`` as it is now."""
     row = {}
-    for k in ks:
-        got = [followup_step(engine, prefix, k, seed + s, False, True)["step_s"] for s in range(3)]
+    for i, k in enumerate(ks):  # NOTE: fresh tokens for every follow-up (a repeated one would hit the prefix cache)
+        got = [followup_step(engine, prefix, k, seed + 10 * i + s)["step_s"] for s in range(3)]
         row[f"k{k}_ms"] = 1e3 * statistics.median(got[1:])
     row["cold_ms"] = cold_prefill_ms(engine, cold, seed)
     return row
@@ -38,6 +39,7 @@ def main() -> None:
     ap.add_argument("--methods", default="bf16,oscar")
     ap.add_argument("--ks", default="128,512")
     ap.add_argument("--cold", type=int, default=32768)
+    ap.add_argument("--buckets", default="512", help="piecewise_graph_buckets (comma-separated token counts)")
     ap.add_argument("--reps", type=int, default=2, help="rounds over the variants (drift between them shows)")
     ap.add_argument("--shape", default="qwen3-4b")
     ap.add_argument("--kv-gib", type=float, default=24.0)
@@ -45,7 +47,8 @@ def main() -> None:
     a = ap.parse_args()
     model, rows, ks = e2e.random_model(a.shape), [], [int(k) for k in a.ks.split(",")]
     for method in a.methods.split(","):
-        engine = followup_engine(model, method, int(a.kv_gib * 2**30), BUCKET, BUCKET, pieces=(BUCKET,))
+        buckets = tuple(int(b) for b in a.buckets.split(","))
+        engine = followup_engine(model, method, int(a.kv_gib * 2**30), BUCKET, BUCKET, pieces=buckets)
         runner = engine.runner.inner  # the bench's runner wraps the engine's ModelRunner
         pieces = runner.piecewise
         prefix = _ids(engine, a.context + BUCKET // 2, a.context)
@@ -54,8 +57,8 @@ def main() -> None:
         for rep in range(a.reps):
             for variant in ("eager", "pieces"):
                 runner.piecewise = pieces if variant == "pieces" else None
-                rows.append(dict(method=method, variant=variant, rep=rep, **measure(engine, prefix, ks, a.cold,
-                                                                                       100 * rep + 10)))
+                seed = 1000 * rep + (500 if variant == "pieces" else 100)  # every prompt its own
+                rows.append(dict(method=method, variant=variant, rep=rep, **measure(engine, prefix, ks, a.cold, seed)))
                 print(json.dumps(rows[-1]), flush=True)
         engine.close()
         del engine

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oscarkv.bench.layer_bits import is_fraction
-from oscarkv.config import ENGINE_METHODS, SPECULATIVE_METHODS, prefetch_points
+from oscarkv.config import ENGINE_METHODS, PIECEWISE_BUCKETS, SPECULATIVE_METHODS, prefetch_points
 
 
 def _check_positive(bench, *names: str) -> None:
@@ -278,9 +278,10 @@ class FollowupBench:
     resume_turns: bool = True
     """The follow-up resumes where the cached prompt ended (``add_request(resume=...)``, what a chat follow-up gets from
     ``EngineConfig.resume_turns``), so the cached prompt's last partial chunk is a hit; off: it is recomputed."""
-    piecewise_graph_buckets: tuple[int, ...] = ()
-    """``EngineConfig.piecewise_graph_buckets`` of the engines (e.g. 512: a follow-up of up to 512 tokens replays
-    every layer's work but attention as graphs, ``oscarkv.engine.piecewise``); empty: eager, the default."""
+    piecewise_graph_buckets: tuple[int, ...] = PIECEWISE_BUCKETS
+    """``EngineConfig.piecewise_graph_buckets`` of the engines (a follow-up of up to 512 tokens replays every
+    layer's work but attention as graphs, ``oscarkv.engine.piecewise``; the engine's default on one GPU); empty
+    (``--piecewise-graph-buckets ''``): eager."""
     profile: bool = False
     """Also profile the host of one more follow-up per k at the longest context (cProfile: the functions with the
     most own time, in the row's ``host``; no CUPTI, so the timings beside it keep)."""

@@ -136,7 +136,7 @@ def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[d
                     if cfg.profile and ctx == max(cfg.contexts):  # one more follow-up, after the timed ones
                         bound["host"] = e2e.host_functions(partial(followup_step, engine, prefix, k, 99, whole,
                                                                    cfg.resume_turns))
-                    rows.append(dict(shape=shape, method=method + (" pieces" if cfg.piecewise_graph_buckets else ""),
+                    rows.append(dict(shape=shape, method=method + ("" if cfg.piecewise_graph_buckets else " eager"),
                                      context=ctx, new_tokens=k, decode_s=decode_s,
                                      prefill_chunk=cfg.prefill_chunk, resume=cfg.resume_turns, cached_tokens=len(prefix),
                                      **got[-1],

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from oscarkv.config.server import ROUTER_POLICIES, ReplicaConfig, ServerConfig
 from oscarkv.config.serving import (CACHE_DIR, DEVICES, DTYPES, ENGINE_METHODS, FIXED_BITS, L2_PREFETCH_POINTS,
-                                    LADDER_METHODS, LEVEL_KINDS, METHODS, RUNGS, SPECULATIVE_METHODS, DistributedConfig,
+                                    LADDER_METHODS, LEVEL_KINDS, METHODS, PIECEWISE_BUCKETS, RUNGS, SPECULATIVE_METHODS,
+                                    DistributedConfig,
                                     EngineConfig, KVConfig, SpeculativeConfig, prefetch_points)
 from oscarkv.config.studies import (ALLOCATE_KINDS, CENTER_MODES, CLIP_MODES, DEV_PROTOCOLS, HAYSTACKS,
                                     QUERY_WEIGHTINGS, TASKS, CalibrationConfig, EvalConfig, RecipeSearchConfig, ReferenceRecipe)
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 """The package version (recorded in every artifact manifest)."""
 
 __all__ = ["L2_PREFETCH_POINTS", "prefetch_points", "CACHE_DIR", "DEVICES", "DTYPES", "ENGINE_METHODS", "FIXED_BITS", "LADDER_METHODS", "LEVEL_KINDS", "METHODS", "RUNGS",
+           "PIECEWISE_BUCKETS",
            "SPECULATIVE_METHODS", "SpeculativeConfig", "DistributedConfig", "ReplicaConfig", "ROUTER_POLICIES",
            "EngineConfig", "KVConfig", "ServerConfig", "ALLOCATE_KINDS", "CENTER_MODES", "CLIP_MODES", "DEV_PROTOCOLS", "HAYSTACKS",
            "QUERY_WEIGHTINGS", "TASKS", "CalibrationConfig", "EvalConfig", "RecipeSearchConfig", "ReferenceRecipe",

@@ -42,7 +42,7 @@ from oscarkv.cache.paged_layout import PageTables, device_tensor
 from oscarkv.cache.manager import WritePlan
 from oscarkv.attention.backends import TritonAttention
 from oscarkv.attention.step import AttentionBackend, LayerStorage, StepContext, WindowStep
-from oscarkv.config import EngineConfig, prefetch_points
+from oscarkv.config import PIECEWISE_BUCKETS, EngineConfig, prefetch_points
 from oscarkv.engine.cuda_graphs import DecodeGraphs, DecodeInputs, DemoteGraphs
 from oscarkv.engine.extend_graphs import ExtendGraphs
 from oscarkv.engine.piecewise import PiecewiseGraphs
@@ -331,9 +331,13 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     runner = ModelRunner(model, pools, storage, backend, graph_buckets, tp)
     if graph_buckets and cfg.extend_graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
         runner.extend_graphs = ExtendGraphs(runner, extend_buckets(cfg))
-    if cfg.piecewise_graph_buckets:  # NOTE: without CUDA its steps run eagerly over the padded buffers (the tests)
-        runner.piecewise = PiecewiseGraphs(runner, cfg.piecewise_graph_buckets)
-        if p.device.type == "cuda" and (tp is None or tp.size == 1):  # at start-up, not in a served step (as above)
+    pieces, one = cfg.piecewise_graph_buckets, tp is None or tp.size == 1
+    if pieces is None:  # NOTE: tensor-parallel pieces only when asked (not yet run on GPUs)
+        pieces = PIECEWISE_BUCKETS if graph_buckets and p.device.type == "cuda" and one and cfg.l2_prefetch == "off" \
+            else ()
+    if pieces:  # NOTE: without CUDA its steps run eagerly over the padded buffers (the tests)
+        runner.piecewise = PiecewiseGraphs(runner, pieces)
+        if p.device.type == "cuda" and one:  # at start-up, not in a served step (as above)
             for kb in runner.piecewise.buckets:
                 runner.piecewise.capture(kb)
     if cfg.speculative.enabled and (tp is None or tp.size == 1):
