@@ -158,7 +158,8 @@ etests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/eng
   tests/engine/test_extend_graphs_gpu.py > "$OUT/etests.log" 2>&1; echo "== etests: exit $?"; tail -n 6 "$OUT/etests.log"; }
 #   ktests: the fused kernels' tests on the GPU; mapsw: lab.scripts.map_sweep; mtile: lab.scripts.map_tile (the map
 #      as a tile of tokens against it: dot products at three precisions); fserved: bench followup as served (resumed
-#      turns, 512-token chunks, the engine's default piecewise graphs), k = 1, 8, 64, 512 at 32K and 100K
+#      turns, 512-token chunks, the engine's default piecewise graphs), k = 1, 8, 64, 512 at 32K and 100K; pwtp (2
+#      GPUs): lab.scripts.pieces_tp_check (pieces at tp 2: tokens against eager, follow-ups of 512, TTFT as served)
 ktests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_fused.py \
   > "$OUT/ktests.log" 2>&1; echo "== ktests: exit $?"; tail -n 6 "$OUT/ktests.log"; }
 mapsw() { timeout 300 python3 -m lab.scripts.map_sweep --out "$OUT/mapsw" > "$OUT/mapsw.log" 2>&1; echo "== mapsw: exit $?"
@@ -166,6 +167,9 @@ mapsw() { timeout 300 python3 -m lab.scripts.map_sweep --out "$OUT/mapsw" > "$OU
 fserved() { timeout 500 python3 -m oscarkv.cli bench followup --shapes qwen3-4b --contexts 32768,102400 \
   --new-tokens 1,8,64,512 --methods bf16,oscar --prefill-chunk 512 --resume-turns --out "$OUT/fserved.json" \
   > "$OUT/fserved.log" 2>&1; echo "== fserved: exit $?"; grep "^|" "$OUT/fserved.log"; }
+pwtp() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== pwtp: one GPU, skipped"; return; }
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 270 python3 -m lab.scripts.pieces_tp_check --tp 2 \
+  --out "$OUT/pwtp" > "$OUT/pwtp.log" 2>&1; echo "== pwtp: exit $?"; grep -E "^\{|^==|Error" "$OUT/pwtp.log"; }
 mtile() { timeout 300 python3 -m lab.scripts.map_tile --out "$OUT/mtile" > "$OUT/mtile.log" 2>&1; echo "== mtile: exit $?"
   cat "$OUT/mtile.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
