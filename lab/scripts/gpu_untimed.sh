@@ -168,8 +168,8 @@ fserved() { timeout 500 python3 -m oscarkv.cli bench followup --shapes qwen3-4b 
   --new-tokens 1,8,64,512 --methods bf16,oscar --prefill-chunk 512 --resume-turns --out "$OUT/fserved.json" \
   > "$OUT/fserved.log" 2>&1; echo "== fserved: exit $?"; grep "^|" "$OUT/fserved.log"; }
 pwtp() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== pwtp: one GPU, skipped"; return; }
-  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 270 python3 -m lab.scripts.pieces_tp_check --tp 2 \
-  --out "$OUT/pwtp" > "$OUT/pwtp.log" 2>&1; echo "== pwtp: exit $?"; grep -E "^\{|^==|Error" "$OUT/pwtp.log"; }
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 270 python3 -m lab.scripts.pieces_tp_check --tp 2 ${PWTP_ARGS:-} \
+  --out "$OUT/pwtp" > "$OUT/pwtp.log" 2>&1; echo "== pwtp: exit $?"; grep -E "^\{|^==|Error|   host" "$OUT/pwtp.log"; }
 mtile() { timeout 300 python3 -m lab.scripts.map_tile --out "$OUT/mtile" > "$OUT/mtile.log" 2>&1; echo "== mtile: exit $?"
   cat "$OUT/mtile.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader

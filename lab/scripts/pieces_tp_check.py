@@ -5,7 +5,9 @@ of 512 tokens on it (ms, median of the last 2 of 3, checked whole), a cold promp
 served) and the greedy tokens and log-probs of 8 tokens after a 300-token follow-up (both variants' must agree up to
 the padding's rounding). The pieces are captured at the first step that needs them (an untimed follow-up).
 
-    python -m lab.scripts.pieces_tp_check --tp 2 --context 32768 --methods bf16,oscar --out DIR
+    python -m lab.scripts.pieces_tp_check --tp 2 --context 32768 --methods bf16,oscar --out DIR [--host]
+
+At tp 2 the cold 32K prompt took 3.8 s where one GPU takes 1.3-1.7 s (2026-11-28): ``--host`` shows rank 0's share.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ def _generate(engine, ids: list[int]) -> tuple[list[int], list[float]]:
     return list(out.token_ids), [float(p) for p in out.logprobs]
 
 
-def measure(engine, prefix: list[int], cold: int) -> dict:
+def measure(engine, prefix: list[int], cold: int, host: bool) -> dict:
     followup_step(engine, prefix, BUCKET, 7)  # untimed: captures the pieces on every rank
     got = [followup_step(engine, prefix, BUCKET, 100 + s)["step_s"] for s in range(3)]
     row = dict(k512_ms=1e3 * statistics.median(got[1:]), cold_ms=cold_prefill_ms(engine, cold, 300))
     row["tokens"], row["logprobs"] = _generate(engine, prefix + _ids(engine, 300, 400))
+    if host:  # rank 0's host during one more cold prompt (waits on the other rank show as NCCL / pipe waits)
+        row["host"] = e2e.host_functions(lambda: cold_prefill_ms(engine, cold, 301))
     return row
 
 
@@ -55,6 +59,7 @@ def main() -> None:
     ap.add_argument("--methods", default="bf16,oscar")
     ap.add_argument("--shape", default="qwen3-4b")
     ap.add_argument("--kv-gib", type=float, default=16.0)
+    ap.add_argument("--host", action="store_true", help="also cProfile rank 0 over one more cold prompt")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     model, rows = e2e.random_model(a.shape, a.tp), []
@@ -64,12 +69,14 @@ def main() -> None:
             try:
                 prefix = _ids(engine, a.context + BUCKET // 2, a.context)
                 cache_prefix(engine, prefix)
-                rows.append(dict(method=method, variant=variant, tp=a.tp, **measure(engine, prefix, a.cold)))
+                rows.append(dict(method=method, variant=variant, tp=a.tp, **measure(engine, prefix, a.cold, a.host)))
             finally:
                 engine.close()
                 del engine
                 e2e.release()
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "logprobs"}), flush=True)
+            print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("logprobs", "host")}), flush=True)
+            for f in rows[-1].get("host", [])[:8]:
+                print(f"   host {f}", flush=True)
         eager, pieces = rows[-2], rows[-1]
         diff = max(abs(p - q) for p, q in zip(eager["logprobs"], pieces["logprobs"]))
         print(f"== {method} tp {a.tp}: tokens equal {eager['tokens'] == pieces['tokens']}, log-prob diff {diff:.3g}; "

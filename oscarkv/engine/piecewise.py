@@ -6,7 +6,9 @@ step in which one sequence computes ``k`` tokens over its cached prefix, more th
 512-token prompt chunks and long follow-ups on a cached document. Eager, such a step is host-bound: ~25 launches a
 layer at tens of µs of Python each (a 32K follow-up of 512 tokens: OSCAR 48.6 ms from 30.4 ms of kernels, BF16 30.8
 from 25.6, one H200, 2026-11-28, ``lab/record/benchmarks-log.md``). Here a layer's work outside attention is one
-graph replay.
+graph replay: that follow-up 57.8 -> 35.0 ms, a cold 32K prompt in 512-token chunks 3.5 -> 1.7 s (OSCAR; BF16 42.9 ->
+31.6 ms, 2.7 -> 1.3 s; ``lab.scripts.pieces_check``). On by default on one GPU (``config.PIECEWISE_BUCKETS``);
+opt-in with tensor parallelism (``lab.scripts.pieces_tp_check``: faster at tp 2, not yet checked on a GPU there).
 
 What is captured, per bucket ``kb`` (at start-up on one GPU; with tensor parallelism lazily, at the first step
 that needs it, on every rank alike): the model forward

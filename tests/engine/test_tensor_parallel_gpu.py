@@ -64,6 +64,28 @@ def test_tp2_equals_tp1_gpu(method):
         two.close()
 
 
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_tp2_pieces_equal_tp1_gpu(method):
+    """Piecewise graphs at tp 2 (``piecewise_graph_buckets``, opt-in there: captured in step on both ranks, the NCCL
+    all-reduces inside the pieces): a document in chunks of 40 and follow-ups of 9, 30 and 55 tokens through buckets
+    16 and 48 give tp 1's eager tokens up to a near-tie (random weights at Qwen3-4B's shape could not tell: flat
+    logits, ``lab.scripts.pieces_tp_check``, 2026-11-28)."""
+    from tests.engine.test_piecewise import _session
+
+    model = tiny_model().to("cuda:0", torch.bfloat16)
+    art = make_artifact(model.config) if method == "oscar" else None
+    cfg = engine_config(method, prefill_chunk=40, piecewise_graph_buckets=())
+    one = LLMEngine.from_hf(model, cfg, art)
+    two = LLM(LoadedModel(model, None, "tiny"), method, artifact=art, tensor_parallel_size=2,
+              config=replace(cfg, piecewise_graph_buckets=(16, 48), tensor_parallel_all_reduce="nccl")).engine
+    try:
+        ref, got = _session(one), _session(two)
+        assert two.runner.local.piecewise.replays >= 4, two.runner.local.piecewise.fallbacks
+    finally:
+        two.close()
+    _compare_prefix(got, ref, NEAR_TIE)
+
+
 @pytest.mark.parametrize("kind", ["one_shot", "two_shot", "one_shot_norm"])
 def test_tp2_symm_mem_all_reduce_gpu(kind):
     """The scenario with a symmetric-memory all-reduce (``oscarkv.models.allreduce``): tp=1's tokens up to a
