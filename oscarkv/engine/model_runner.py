@@ -338,8 +338,7 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     if pieces:  # NOTE: without CUDA its steps run eagerly over the padded buffers (the tests)
         runner.piecewise = PiecewiseGraphs(runner, pieces)
         if p.device.type == "cuda" and one:  # at start-up, not in a served step (as above)
-            for kb in runner.piecewise.buckets:
-                runner.piecewise.capture(kb)
+            runner.piecewise.capture_all()
     if cfg.speculative.enabled and (tp is None or tp.size == 1):
         # NOTE: verify steps take many bucket sizes (drafts shorter than K, draft_end near a demotion): captured
         # lazily, each would cost a served step a capture. Tensor-parallel ranks capture lazily, in step.

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
+import time
 from collections import Counter
 from dataclasses import replace
 
@@ -51,6 +53,8 @@ from oscarkv.attention.step import StepContext
 from oscarkv.cache.manager import WritePlan
 from oscarkv.engine.cuda_graphs import no_collection, warm_up
 from oscarkv.engine.extend_graphs import _Inputs
+
+log = logging.getLogger(__name__)
 
 
 class _Cut:
@@ -222,6 +226,17 @@ class PiecewiseGraphs:
         hidden = g.replay(plan, page)[:len(ids)]
         r.demote_all(*own)
         return hidden
+
+    def capture_all(self) -> None:
+        """Capture every bucket now (at start-up), logging the graphs, the seconds and the device memory taken."""
+        dev, t = self.runner.device, time.perf_counter()
+        reserved = (lambda: torch.cuda.memory_reserved(dev)) if dev.type == "cuda" else (lambda: 0)
+        before = reserved()
+        for kb in self.buckets:
+            self.capture(kb)
+        graphs = sum(len(g.pieces.graphs) for g in self.graphs.values() if g.pieces is not None)
+        log.info("oscarkv piecewise graphs: buckets %s, %d graphs in %.1f s, %.0f MiB", self.buckets, graphs,
+                 time.perf_counter() - t, (reserved() - before) / 2**20)
 
     def capture(self, tokens: int) -> int:
         """Build (on CUDA: capture) the pieces of ``tokens``' bucket unless they exist; the bucket."""

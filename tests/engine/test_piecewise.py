@@ -74,6 +74,14 @@ def test_what_the_pieces_leave_to_eager_steps(llama, artifact):
     assert PiecewiseGraphs(gemma.runner, BUCKETS).reason([plan(40)]) == "sliding"
 
 
+def test_capture_all_builds_every_bucket_and_says_so(llama, artifact, caplog):
+    engine = _engine(llama, "oscar", artifact, True)
+    with caplog.at_level("INFO", logger="oscarkv.engine.piecewise"):
+        engine.runner.piecewise.capture_all()
+    assert set(engine.runner.piecewise.graphs) == set(BUCKETS)
+    assert f"buckets {BUCKETS}, 0 graphs" in caplog.text  # no CUDA: eager over the buckets' buffers
+
+
 def test_each_of_q_k_v_has_its_own_static_buffer():
     """A piece ends with q, k, v copied into static buffers: k and v of one shape and dtype (a BF16 cache) must not
     share one (the GPU test caught it: v overwrote k). The cut without capture (begin / end do nothing)."""
