@@ -1,7 +1,7 @@
 """The step-plan codec (``oscarkv.engine.step_plan_codec``): every message decodes to the plans the ranks read.
 
-Reference: the plans themselves with ``register`` and ``release`` cleared (``ParallelRunner`` never sent
-them). Sequences of random steps exercise the INT2-view delta: rows that grow by a page, keep their view,
+Reference: the plans themselves with ``register``, ``release`` and ``release_stale`` cleared (``ParallelRunner``
+never sent them). Sequences of random steps exercise the INT2-view delta: rows that grow by a page, keep their view,
 shrink (a preempted sequence's row taken by another), change order, or appear and vanish; empty steps,
 empty lists, windows on some plans only, and values at the ``int32`` limit. The channel carries messages
 of every length against its frame between two gloo processes.
@@ -36,7 +36,8 @@ def _plan(rng: random.Random, int2: list[int]) -> WritePlan:
         window = WindowPlan(_ints(rng, n), _ints(rng, rng.randrange(4)), 64 * rng.randrange(100), rng.randrange(64),
                             register=[(1, 2)], release=[3])
     return WritePlan(t0, t0 + n, _ints(rng, n, BIG), _ints(rng, dem), _ints(rng, dem), _ints(rng, rng.randrange(6)),
-                     rng.randrange(400), int2, register=[("bf16", 1, 2)], release=[4, 5], window=window)
+                     rng.randrange(400), int2, register=[("bf16", 1, 2)], release=[4, 5], release_stale=[6],
+                     window=window)
 
 
 def _next_views(rng: random.Random, views: list[list[int]]) -> list[list[int]]:
@@ -56,7 +57,7 @@ def _next_views(rng: random.Random, views: list[list[int]]) -> list[list[int]]:
 def _read(p: WritePlan) -> WritePlan:
     """What a rank reads of a plan."""
     w = p.window and replace(p.window, register=[], release=[])
-    return replace(p, register=[], release=[], window=w)
+    return replace(p, register=[], release=[], release_stale=[], window=w)
 
 
 @pytest.mark.parametrize("seed", range(6))
