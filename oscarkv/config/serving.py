@@ -352,6 +352,9 @@ class EngineConfig:
     eagerly between the pieces (without CUDA: the same steps eagerly over the padded buffers); empty: such steps
     run eagerly; ``None``: ``PIECEWISE_BUCKETS`` with the decode graphs on one GPU without ``l2_prefetch``, else
     empty."""
+    piecewise_batches: bool = False
+    """The piecewise graphs also serve steps of several sequences (a prompt chunk beside other requests' decode
+    tokens, up to the largest bucket), attention with the step's tables; off until measured on a GPU."""
     l2_prefetch: str = "off"
     """Prefetch each projection's weights into L2 while the latency-bound work before it runs (CUDA, compute
     capability 9.0+; ``oscarkv.models.prefetch``): ``off``, ``all``, or a comma list of ``attn`` (o_proj during

@@ -75,15 +75,24 @@ class _Inputs:
 
     def stage(self, plan: WritePlan, ids: list[int], page_size: int) -> None:
         """Copy one step's inputs in (padding rows: token 0, position 0, scratch slot 0); asynchronous."""
+        self.stage_tokens(ids, range(plan.t0, plan.t1), plan.slots, plan, page_size)
+
+    def stage_tokens(self, ids: list[int], positions, slots: list[int], plan: WritePlan | None = None,
+                     page_size: int = 0) -> None:
+        """Copy the rows' ids, positions and slots in (padding as :meth:`stage`'s) and, given ``plan``, its prefix
+        view as the one-row tables; asynchronous. Without ``plan`` (several sequences' rows, a piecewise replay) the
+        one-row tables are not staged: the step's own are read."""
         if self.copied is not None:
             self.copied.synchronize()  # the previous step's copies have read the host buffers
         kb, k, h = self.kb, len(ids), self.host.numpy()
         h[:] = 0
-        h[:k], h[kb:kb + k], h[2 * kb:2 * kb + k] = ids, range(plan.t0, plan.t1), plan.slots
-        h[3 * kb:] = plan.view_bf16_len, len(plan.view_int2) * page_size
+        h[:k], h[kb:kb + k], h[2 * kb:2 * kb + k] = ids, positions, slots
+        if plan is not None:
+            h[3 * kb:] = plan.view_bf16_len, len(plan.view_int2) * page_size
         self.vec.copy_(self.host, non_blocking=True)
-        self.bf16.set_row(0, plan.view_bf16)
-        self.int2.set_row(0, plan.view_int2)
+        if plan is not None:
+            self.bf16.set_row(0, plan.view_bf16)
+            self.int2.set_row(0, plan.view_int2)
         if self.copied is not None:
             self.copied.record()
 

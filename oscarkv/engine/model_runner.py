@@ -191,7 +191,8 @@ class ModelRunner:
         if not decode and self.piecewise is not None:
             why = self.piecewise.reason(plans)
             if why is None:
-                return self.piecewise.run(plans[0], ids, _demotions(plans, self.pools.geo.page_size), fill), None
+                context = self.context(plans, cu) if len(plans) > 1 else None  # several sequences: their tables
+                return self.piecewise.run(plans, ids, _demotions(plans, self.pools.geo.page_size), fill, context), None
             self.piecewise.fallbacks[why] += 1
         pos = [p for plan in plans for p in range(plan.t0, plan.t1)]
         ids_t, pos_t = (device_tensor(v, self.device, torch.int64) for v in (ids, pos))
@@ -336,7 +337,7 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
         pieces = PIECEWISE_BUCKETS if graph_buckets and p.device.type == "cuda" and one and cfg.l2_prefetch == "off" \
             else ()
     if pieces:  # NOTE: without CUDA its steps run eagerly over the padded buffers (the tests)
-        runner.piecewise = PiecewiseGraphs(runner, pieces)
+        runner.piecewise = PiecewiseGraphs(runner, pieces, cfg.piecewise_batches)
         if p.device.type == "cuda" and one:  # at start-up, not in a served step (as above)
             runner.piecewise.capture_all()
     if cfg.speculative.enabled and (tp is None or tp.size == 1):

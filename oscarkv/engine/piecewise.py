@@ -64,6 +64,8 @@ class _Cut:
     def __init__(self, real) -> None:
         self.real = real
         self.pieces: _Pieces | None = None
+        self.step: _Step | None = None
+        """Set while a replay runs the forward eagerly (no CUDA): attention as a replay's (:meth:`_Step.attend`)."""
         self.shapes: set[tuple[int, tuple[int, ...], torch.dtype]] = set()
         """``(which, shape, dtype)`` of every ``q``, ``k``, ``v`` seen (``which``: 0, 1, 2; the static buffers'
         kinds: ``k`` and ``v`` of one shape and dtype must not share one)."""
@@ -72,11 +74,27 @@ class _Cut:
         return getattr(self.real, name)
 
     def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host=None):
-        if self.pieces is None:  # warm-up, or no CUDA: the runner's backend
+        if self.step is not None:  # a replay without CUDA
+            out = self.step.attend(self.real, (q, k_new, v_new), kv, scale)
+            return torch.cat([out, out.new_zeros((q.shape[0] - out.shape[0], *out.shape[1:]))])
+        if self.pieces is None:  # warm-up
             self.shapes |= {(i, tuple(x.shape), x.dtype) for i, x in enumerate((q, k_new, v_new))}
             return self.real.extend(q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host)
         return self.pieces.cut((q, k_new, v_new), _Layer(kv, scale),
                                lambda a, b, c: self.real.extend(a, b, c, kv, tables, cu_seqlens, scale, cu_host))
+
+
+class _Step:
+    """What one replay's eager attention reads: the step's page tables, chunk boundaries (device and host) and real
+    rows (the rest of the bucket is padding, whose output nothing reads)."""
+
+    def __init__(self, tables, cu: torch.Tensor, cu_host: tuple[int, ...]) -> None:
+        self.tables, self.cu, self.cu_host, self.rows = tables, cu, cu_host, cu_host[-1]
+
+    def attend(self, real, qkv: tuple[torch.Tensor, ...], kv, scale: float) -> torch.Tensor:
+        """``real.extend`` of the real rows of ``qkv``: ``[rows, Hq, d]``."""
+        q, k, v = (x[:self.rows] for x in qkv)
+        return real.extend(q, k, v, kv, self.tables, self.cu, scale, self.cu_host)
 
 
 class _Layer:
@@ -120,11 +138,13 @@ class _Pieces:
         return self.out
 
     def replay(self, attend) -> None:
-        """Every piece in order, ``attend(layer) -> output`` between them (into the one output every piece reads)."""
+        """Every piece in order, ``attend(layer) -> output`` between them (its rows into the one output every piece
+        reads; padding rows keep what they held)."""
         for graph, layer in zip(self.graphs, [*self.layers, None]):
             graph.replay()
             if layer is not None:
-                self.out.copy_(attend(layer))
+                out = attend(layer)
+                self.out[:out.shape[0]].copy_(out)
 
 
 class _Graph:
@@ -141,14 +161,24 @@ class _Graph:
         if pool is not None:
             self.pieces, self.hidden = _capture(self, runner, pool)
 
-    def replay(self, plan: WritePlan, page_size: int) -> torch.Tensor:
-        if self.pieces is None:  # no CUDA: the same forward, eagerly
-            return self.forward()
+    def replay(self, step: _Step) -> torch.Tensor:
+        """The bucket's forward over its staged inputs, each layer's attention as ``step`` says."""
+        if self.pieces is None:  # no CUDA: the same forward, eagerly, attending as a replay does
+            self.cut.step = step
+            try:
+                return self.forward()
+            finally:
+                self.cut.step = None
+        real = self.cut.real
+        self.pieces.replay(lambda layer: step.attend(real, layer.qkv, layer.kv, layer.scale))
+        return self.hidden
+
+    def one(self, plan: WritePlan, page_size: int) -> _Step:
+        """The step of one sequence staged by ``inputs.stage``: its one-row tables, the whole bucket as its chunk
+        (padding rows after the real ones, causal: no real row sees them)."""
         lens = ((plan.view_bf16_len,), (len(plan.view_int2) * page_size,))
         tables = replace(self.inputs.tables, host_lens=lens)  # NOTE: the prefix lengths of this step, for the route
-        real, cu, cu_host = self.cut.real, self.cu, (0, self.kb)
-        self.pieces.replay(lambda layer: real.extend(*layer.qkv, layer.kv, tables, cu, layer.scale, cu_host))
-        return self.hidden
+        return _Step(tables, self.cu, (0, self.kb))
 
 
 def _capture(graph: _Graph, runner, pool) -> tuple[_Pieces, torch.Tensor]:
@@ -185,11 +215,13 @@ def _capture_pieces(graph: _Graph, pieces: _Pieces, side) -> None:
 class PiecewiseGraphs:
     """Lazily captured piecewise graphs of one sequence's long extend steps per token bucket (module docstring)."""
 
-    def __init__(self, runner, buckets: tuple[int, ...]) -> None:
-        self.runner, self.buckets = runner, tuple(sorted(buckets))
+    def __init__(self, runner, buckets: tuple[int, ...], batches: bool = False) -> None:
+        self.runner, self.buckets, self.batches = runner, tuple(sorted(buckets)), batches
         self.graphs: dict[int, _Graph] = {}
         self.pool = torch.cuda.graph_pool_handle() if runner.device.type == "cuda" else None
         self.replays = 0
+        self.batched = 0
+        """Replays of steps of several sequences (:attr:`batches`)."""
         self.fallbacks: Counter[str] = Counter()
         """Extend steps that ran eagerly, by :meth:`reason`."""
 
@@ -199,31 +231,39 @@ class PiecewiseGraphs:
 
     def reason(self, plans: list[WritePlan]) -> str | None:
         """Why an extend step of ``plans`` runs eagerly, or ``None``: the pieces run it. ``sequences``: not one
-        sequence; ``tokens``: one token, or more than the largest bucket; ``sliding``: the model has sliding-window
+        sequence (unless :attr:`batches`); ``tokens``: one token, or more than the largest bucket; ``sliding``: the model has sliding-window
         layers. NOTE: a function of the plans and the model alone: every tensor-parallel rank decides alike."""
-        if len(plans) != 1:
+        if len(plans) != 1 and not self.batches:
             return "sequences"
-        k = plans[0].t1 - plans[0].t0
+        k = sum(p.t1 - p.t0 for p in plans)
         if k < 2 or self.bucket(k) is None:
             return "tokens"
         if self.runner.pools.sliding:
             return "sliding"
         return None
 
-    def run(self, plan: WritePlan, ids: list[int], demotions: tuple, fill_ids=None) -> torch.Tensor:
+    def run(self, plans: list[WritePlan], ids: list[int], demotions: tuple, fill_ids=None,
+            context: StepContext | None = None) -> torch.Tensor:
         """Demote the prefix's pages, stage, replay the bucket's pieces, demote the pages the step wrote
         (``demotions = (old, own)``, ``model_runner._demotions``): a view ``hidden [k, D]`` of the static output
         (valid until the bucket's next replay). ``fill_ids``: writes device ids the host's do not hold
-        (``ModelRunner._fill_ids``: rank 0's, with tensor parallelism)."""
+        (``ModelRunner._fill_ids``: rank 0's, with tensor parallelism). Several sequences: ``context``, the eager
+        step's (``ModelRunner.context``), gives the attention its page tables and chunk boundaries."""
         r, page = self.runner, self.runner.pools.geo.page_size
         old, own = demotions
         r.demote_all(*old)
         g = self.graphs[self.capture(len(ids))]
-        g.inputs.stage(plan, ids, page)
+        if len(plans) == 1:
+            g.inputs.stage(plans[0], ids, page)
+            step = g.one(plans[0], page)
+        else:
+            g.inputs.stage_tokens(ids, [t for p in plans for t in range(p.t0, p.t1)], [s for p in plans for s in p.slots])
+            step = _Step(context.tables, context.cu_seqlens, context.cu_host)
+            self.batched += 1
         if fill_ids is not None:
             fill_ids(g.inputs.ids)
         self.replays += 1
-        hidden = g.replay(plan, page)[:len(ids)]
+        hidden = g.replay(step)[:len(ids)]
         r.demote_all(*own)
         return hidden
 

@@ -53,7 +53,11 @@ def test_long_chunks_through_pieces_match_eager(llama, artifact, method):
     for a, b in zip(eager, got):
         assert a.token_ids == b.token_ids
         assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < 1e-4
-    P = engine.runner.pools.geo.page_size
+    _same_pools(eager_engine, engine)
+    assert engine.runner.pools.geo.page_size == 8
+
+
+def _same_pools(eager_engine, engine) -> None:
     for e, g in zip(_pools(eager_engine), _pools(engine)):
         if e.dtype == torch.uint8:  # INT2 codes: a value at a rounding boundary may take the next code
             assert (e == g).float().mean() > 0.999
@@ -61,7 +65,31 @@ def test_long_chunks_through_pieces_match_eager(llama, artifact, method):
             torch.testing.assert_close(e[:, 1:].float(), g[:, 1:].float(), rtol=0, atol=1e-2 * e.abs().max().item())
         else:
             torch.testing.assert_close(e.float(), g.float(), rtol=1e-2, atol=1e-3)
-    assert P == 8
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_steps_of_several_sequences_through_pieces_match_eager(llama, artifact, method):
+    """``EngineConfig.piecewise_batches``: steps of several sequences (three prompts' chunks together, then one's
+    chunk beside the others' decode tokens) replay the pieces, attention with the step's tables: tokens, log-probs
+    and the stored pages are the eager engine's."""
+    def engine(pieces: bool) -> LLMEngine:
+        cfg = engine_config(method, prefill_chunk=24, max_num_batched_tokens=48, piecewise_graph_buckets=(),
+                            piecewise_batches=pieces)
+        e = LLMEngine.from_hf(llama, cfg, artifact if method == "oscar" else None, backend=_DecodeTorch())
+        if pieces:
+            e.runner.piecewise = PiecewiseGraphs(e.runner, BUCKETS, batches=True)
+        return e
+
+    ps = [prompts(1, n, seed=n)[0] for n in (70, 45, 20)]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=True)
+    eager_engine, pieces_engine = engine(False), engine(True)
+    eager, got = run(eager_engine, ps, params), run(pieces_engine, ps, params)
+    pw = pieces_engine.runner.piecewise
+    assert pw.batched >= 3, (pw.replays, pw.batched, pw.fallbacks)
+    for a, b in zip(eager, got):
+        assert a.token_ids == b.token_ids
+        assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < 1e-4
+    _same_pools(eager_engine, pieces_engine)
 
 
 def test_what_the_pieces_leave_to_eager_steps(llama, artifact):
@@ -69,6 +97,8 @@ def test_what_the_pieces_leave_to_eager_steps(llama, artifact):
     pw, plan = engine.runner.piecewise, (lambda k: SimpleNamespace(t0=0, t1=k))
     assert pw.reason([plan(40)]) is None and pw.reason([plan(2)]) is None
     assert pw.reason([plan(40), plan(1)]) == "sequences"
+    batches = PiecewiseGraphs(engine.runner, BUCKETS, batches=True)  # EngineConfig.piecewise_batches
+    assert batches.reason([plan(40), plan(1)]) is None and batches.reason([plan(40), plan(9)]) == "tokens"
     assert pw.reason([plan(1)]) == pw.reason([plan(49)]) == "tokens"
     gemma = LLMEngine.from_hf(tiny_model("Gemma3ForCausalLM"), engine_config("bf16"), backend=_DecodeTorch())
     assert PiecewiseGraphs(gemma.runner, BUCKETS).reason([plan(40)]) == "sliding"

@@ -42,3 +42,23 @@ def test_chunks_and_followups_through_pieces_match_eager_gpu(model, method):  # 
     layers = len(engine.runner.model.model.layers)
     assert {kb: len(g.pieces.graphs) for kb, g in pw.graphs.items()} == {32: layers + 1, 48: layers + 1}
     _compare_prefix(eager, got, 0.1)
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_steps_of_several_sequences_through_pieces_gpu(model, method):  # noqa: F811
+    """``EngineConfig.piecewise_batches`` on a GPU: three prompts whose chunks share steps (and one's chunk beside the
+    others' decode tokens) through the captured pieces, attention with the step's tables: the eager engine's greedy
+    tokens up to a near-tie."""
+    def engine(batches: bool) -> LLMEngine:
+        kv = KVConfig(method, group_size=64 if method != "bf16" else None, sink=16, recent=32, page_size=16)
+        cfg = engine_config(method, kv=kv, kv_memory_bytes=1 << 24, prefill_chunk=48, max_num_batched_tokens=96,
+                            extend_graph_buckets=(), piecewise_graph_buckets=(48, 96) if batches else (),
+                            piecewise_batches=batches)
+        return LLMEngine.from_hf(model, cfg, random_artifact(model.config) if method == "oscar" else None)
+
+    ps = [prompts(1, n, seed=n)[0] for n in (400, 230, 90)]
+    eager = run(engine(False), ps, FOLLOW)
+    pieces = engine(True)
+    got = run(pieces, ps, FOLLOW)
+    assert pieces.runner.piecewise.batched >= 3, pieces.runner.piecewise.fallbacks
+    _compare_prefix(eager, got, 0.1)
