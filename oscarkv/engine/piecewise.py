@@ -15,9 +15,9 @@ that needs it, on every rank alike): the model forward
 ``ids, positions [kb] -> hidden [kb, D]`` cut at every layer's attention core, ``AttentionBackend.extend`` (the
 staged prefix, the chunk and their merge: its work and launches depend on the prefix length, so it is not
 captured): ``L + 1`` graphs in one memory pool. Piece ``i`` ends with copies of layer ``i``'s mapped ``q, k, v``
-into static buffers (one set per shape, shared by the layers; ``k`` and ``v`` each their own); at a replay the runner then calls the backend's
-``extend`` on them with the step's page tables and prefix lengths, and copies its output into the static buffer
-piece ``i + 1`` starts from::
+into static buffers (one set per shape, shared by the layers; ``k`` and ``v`` each their own); at a replay the
+runner then calls the backend's ``extend`` on them with the step's page tables and prefix lengths, and copies its
+output into the static buffer piece ``i + 1`` starts from::
 
     replay piece 0 (embedding, layer 0 to its attention core)
     for each layer i: eager extend(q_i, k_i, v_i) -> out; replay piece i + 1 (o_proj, MLP, layer i + 1 ...)
@@ -28,14 +28,17 @@ the chunk is causal, so no real row sees them, and the runner keeps ``hidden[:k]
 Demotions: the eager step's (``model_runner._demotions``): prefix pages before the replay, pages the step writes
 after it.
 
-Not served (eager, counted in ``PiecewiseGraphs.fallbacks`` by :meth:`PiecewiseGraphs.reason`): several sequences,
-sliding-window layers (their window view is per step). With tensor parallelism every rank holds the same buckets
+Several sequences (``EngineConfig.piecewise_batches``, off until measured on a GPU): their rows one after another,
+padding after the last; each layer's attention gets the eager step's tables and chunk boundaries and reads only the
+real rows (``_Step``). Not served (eager, counted in ``PiecewiseGraphs.fallbacks`` by
+:meth:`PiecewiseGraphs.reason`): several sequences without it, sliding-window layers (their window view is per step). With tensor parallelism every rank holds the same buckets
 and decides alike from the step's plans; each captures its shard's pieces (the all-reduces inside them) at the same
 step, and rank 0's ids reach the others by the runner's device broadcast after the staging, as in an extend graph.
 
 Numerics: GEMMs of ``kb`` rows instead of ``k`` (other tiles), else the eager step's kernels: ≡ eager up to
 rounding, as an extend graph. On a device without CUDA (the tests) nothing is captured: a replay runs the
-forward eagerly over the same static buffers, so the staging, the padding and the demotions are what a GPU runs.
+forward eagerly over the same static buffers, attending as a replay does (``_Cut.step``), so the staging, the
+padding, the tables and the demotions are what a GPU runs.
 """
 
 from __future__ import annotations
