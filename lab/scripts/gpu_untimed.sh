@@ -159,7 +159,8 @@ etests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/eng
 #   ktests: the fused kernels' tests on the GPU; mapsw: lab.scripts.map_sweep; mtile: lab.scripts.map_tile (the map
 #      as a tile of tokens against it: dot products at three precisions); fserved: bench followup as served (resumed
 #      turns, 512-token chunks, the engine's default piecewise graphs), k = 1, 8, 64, 512 at 32K and 100K; pwtp (2
-#      GPUs): lab.scripts.pieces_tp_check (pieces at tp 2: tokens against eager, follow-ups of 512, TTFT as served)
+#      GPUs): lab.scripts.pieces_tp_check (pieces at tp 2: tokens against eager, follow-ups of 512, TTFT as served);
+#      pwbatch: lab.scripts.pieces_batch_check (EngineConfig.piecewise_batches on a served mix: TTFT, decode latency)
 ktests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_fused.py \
   > "$OUT/ktests.log" 2>&1; echo "== ktests: exit $?"; tail -n 6 "$OUT/ktests.log"; }
 mapsw() { timeout 300 python3 -m lab.scripts.map_sweep --out "$OUT/mapsw" > "$OUT/mapsw.log" 2>&1; echo "== mapsw: exit $?"
@@ -170,6 +171,8 @@ fserved() { timeout 500 python3 -m oscarkv.cli bench followup --shapes qwen3-4b 
 pwtp() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== pwtp: one GPU, skipped"; return; }
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 270 python3 -m lab.scripts.pieces_tp_check --tp 2 ${PWTP_ARGS:-} \
   --out "$OUT/pwtp" > "$OUT/pwtp.log" 2>&1; echo "== pwtp: exit $?"; grep -E "^\{|^==|Error|   host" "$OUT/pwtp.log"; }
+pwbatch() { timeout 400 python3 -m lab.scripts.pieces_batch_check --prompts 2 --prompt-tokens 16384 \
+  --out "$OUT/pwbatch" > "$OUT/pwbatch.log" 2>&1; echo "== pwbatch: exit $?"; grep -E "^\{|^==|Error" "$OUT/pwbatch.log"; }
 mtile() { timeout 300 python3 -m lab.scripts.map_tile --out "$OUT/mtile" > "$OUT/mtile.log" 2>&1; echo "== mtile: exit $?"
   cat "$OUT/mtile.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader

@@ -13,6 +13,7 @@ At tp 2 the cold 32K prompt took 3.8 s where one GPU takes 1.3-1.7 s (2026-11-28
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 from pathlib import Path
@@ -65,7 +66,8 @@ def main() -> None:
     model, rows = e2e.random_model(a.shape, a.tp), []
     for method in a.methods.split(","):
         for variant, pieces in (("eager", ()), ("pieces", (BUCKET,))):
-            engine = _engine(model, method, a.tp, pieces, int(a.kv_gib * 2**30))
+            engine = _engine(copy.deepcopy(model), method, a.tp, pieces, int(a.kv_gib * 2**30))  # NOTE: a fresh
+            # model each: an OSCAR engine folds its value maps into the model it is given
             try:
                 prefix = _ids(engine, a.context + BUCKET // 2, a.context)
                 cache_prefix(engine, prefix)

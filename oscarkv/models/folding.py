@@ -16,15 +16,23 @@ formed in fp64 and cast back to the parameter dtype.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from oscarkv.quant.codec import TensorCodec
+
+log = logging.getLogger(__name__)
 
 
 def fold_layer(attn, value: TensorCodec) -> None:
     """Fold one layer's value codec (rotation ``[H, d, d]``, mean ``[H, d]``) into ``attn`` in place."""
     if value.rotation is None and value.mean is None:
         return
+    if getattr(attn, "values_folded", False):  # NOTE: in place: a second engine of one PagedLM folds twice
+        log.warning("fold_layer: this layer's value maps were folded already (another engine built from the same "
+                    "PagedLM); its outputs will be wrong: give each engine its own model (copy.deepcopy)")
+    attn.values_folded = True
     H, d, rep = attn.num_kv_heads, attn.head_dim, attn.num_heads // attn.num_kv_heads
     qkv = attn.qkv_proj
     eye = torch.eye(d, dtype=torch.float64, device=qkv.weight.device).expand(H, d, d)

@@ -45,6 +45,19 @@ def test_folded_values_equal_unfolded_fp64(scaled):
     assert (out - ref).abs().max() < 1e-5 * ref.abs().max()
 
 
+def test_folding_one_model_twice_warns(caplog):
+    """Folding is in place: a second engine built from the same PagedLM would fold its values again (seen in a lab
+    script, 2026-11-28: two OSCAR engines of one model gave different tokens). It says so."""
+    hf = tiny_model("Qwen3ForCausalLM")
+    codec = make_artifact(hf.config).codec(KVConfig("oscar", group_size=32), 32)
+    model = PagedLM.from_hf(hf)
+    with caplog.at_level("WARNING", logger="oscarkv.models.folding"):
+        fold_values(model, codec.layers)
+        assert "folded already" not in caplog.text
+        fold_values(model, codec.layers)
+    assert "folded already" in caplog.text and "copy.deepcopy" in caplog.text
+
+
 def test_from_hf_matches_transformers_dense():
     for arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         hf = tiny_model(arch)
