@@ -81,10 +81,10 @@ def add_fields(parser: argparse.ArgumentParser, cls, names: list[str]) -> None:
         if isinstance(default, bool) or "bool" in str(f.type):  # bool | None: decided at run time
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
                                 help=f"{doc} (default: {'auto' if default is None else shown(default, flag)})")
-        elif isinstance(default, tuple):
+        elif isinstance(default, tuple) or "tuple" in str(f.type):  # tuple | None: decided at run time
             kind = type(default[0]) if default else _scalar_type(f.type)
             parser.add_argument(flag, type=csv(kind), default=default, metavar=f.name.upper(),
-                                help=f"{doc} (comma-separated; default: {shown(default)})")
+                                help=f"{doc} (comma-separated; default: {'auto' if default is None else shown(default)})")
         else:
             parser.add_argument(flag, type=_scalar_type(f.type), default=default, help=f"{doc} (default: {shown(default)})")
 
@@ -177,7 +177,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(sink=None, recent=None, key_bits=None, value_bits=None)
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
                                  "enable_prefix_caching", "prefix_windows", "resume_turns", "overlap", "tensor_parallel_size",
-                                 "l2_prefetch", "l2_prefetch_mib"])
+                                 "l2_prefetch", "l2_prefetch_mib", "piecewise_graph_buckets", "piecewise_batches"])
     p.add_argument("--speculative", choices=SPECULATIVE_METHODS, default="none",
                    help=field_docs(SpeculativeConfig)["method"] + " (default: none)")
     add_fields(p, SpeculativeConfig, ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_acceptance"])

@@ -350,8 +350,8 @@ class EngineConfig:
     """Token buckets of the piecewise CUDA graphs of one sequence's longer extend steps (a 512-token prompt chunk,
     a long follow-up; ``oscarkv.engine.piecewise``): every layer's work but its attention replayed, attention run
     eagerly between the pieces (without CUDA: the same steps eagerly over the padded buffers); empty: such steps
-    run eagerly; ``None``: ``PIECEWISE_BUCKETS`` with the decode graphs on one GPU without ``l2_prefetch``, else
-    empty."""
+    run eagerly; unset (``None``): 64, 128, 256, 512 (``PIECEWISE_BUCKETS``) with CUDA graphs on one GPU and
+    ``l2_prefetch`` off, else empty."""
     piecewise_batches: bool = False
     """The piecewise graphs also serve steps of several sequences (a prompt chunk beside other requests' decode
     tokens, up to the largest bucket), attention with the step's tables; off until measured on a GPU."""
@@ -404,8 +404,8 @@ class EngineConfig:
         if self.l2_prefetch_mib < 1:
             raise ValueError(f"EngineConfig.l2_prefetch_mib (--l2-prefetch-mib) must be >= 1, got {self.l2_prefetch_mib}")
         if self.piecewise_graph_buckets and self.l2_prefetch != "off":
-            raise ValueError("EngineConfig.piecewise_graph_buckets with l2_prefetch (--l2-prefetch): a prefetch's side "
-                             "stream would span a piece's end; set one of them off")
+            raise ValueError("EngineConfig.piecewise_graph_buckets with EngineConfig.l2_prefetch: a prefetch's side "
+                             "stream would span a piece's end; turn one of them off")
         for name in ("extend_graph_buckets", "piecewise_graph_buckets"):
             if any(b < 2 for b in getattr(self, name) or ()):
                 raise ValueError(f"EngineConfig.{name} must be token counts >= 2 (one token is a decode step), "

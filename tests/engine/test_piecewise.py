@@ -130,7 +130,7 @@ def test_buckets_are_token_counts():
     with pytest.raises(ValueError, match="piecewise_graph_buckets"):
         EngineConfig(piecewise_graph_buckets=(1, 512))
     assert EngineConfig().piecewise_graph_buckets is None  # PIECEWISE_BUCKETS with CUDA graphs on one GPU, else off
-    with pytest.raises(ValueError, match="l2-prefetch"):
+    with pytest.raises(ValueError, match="l2_prefetch"):
         EngineConfig(piecewise_graph_buckets=(512,), l2_prefetch="all")
 
 
