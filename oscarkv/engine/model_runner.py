@@ -307,6 +307,20 @@ def extend_buckets(cfg: EngineConfig) -> tuple[int, ...]:
     return tuple(sorted(buckets))
 
 
+def _attach_pieces(runner: ModelRunner, cfg: EngineConfig, graphs: bool, one: bool) -> None:
+    """The runner's piecewise graphs (``EngineConfig.piecewise_graph_buckets``; unset: ``PIECEWISE_BUCKETS`` with the
+    decode graphs (``graphs``) on ``one`` GPU and no L2 prefetch), captured now on one GPU. NOTE: without CUDA their
+    steps run eagerly over the padded buffers (the tests); tensor-parallel ranks capture lazily, in step, and take
+    them only when asked (not yet checked on GPUs)."""
+    cuda, pieces = runner.device.type == "cuda", cfg.piecewise_graph_buckets
+    if pieces is None:
+        pieces = PIECEWISE_BUCKETS if graphs and cuda and one and cfg.l2_prefetch == "off" else ()
+    if pieces:
+        runner.piecewise = PiecewiseGraphs(runner, pieces, cfg.piecewise_batches)
+        if cuda and one:  # at start-up, not in a served step (as the decode graphs)
+            runner.piecewise.capture_all()
+
+
 def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, backend: AttentionBackend,
                  graph_buckets: tuple[int, ...] = (), tp: TensorParallel | None = None,
                  page_bytes: int = 0) -> ModelRunner:
@@ -332,14 +346,7 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     runner = ModelRunner(model, pools, storage, backend, graph_buckets, tp)
     if graph_buckets and cfg.extend_graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
         runner.extend_graphs = ExtendGraphs(runner, extend_buckets(cfg))
-    pieces, one = cfg.piecewise_graph_buckets, tp is None or tp.size == 1
-    if pieces is None:  # NOTE: tensor-parallel pieces only when asked (not yet run on GPUs)
-        pieces = PIECEWISE_BUCKETS if graph_buckets and p.device.type == "cuda" and one and cfg.l2_prefetch == "off" \
-            else ()
-    if pieces:  # NOTE: without CUDA its steps run eagerly over the padded buffers (the tests)
-        runner.piecewise = PiecewiseGraphs(runner, pieces, cfg.piecewise_batches)
-        if p.device.type == "cuda" and one:  # at start-up, not in a served step (as above)
-            runner.piecewise.capture_all()
+    _attach_pieces(runner, cfg, bool(graph_buckets), tp is None or tp.size == 1)
     if cfg.speculative.enabled and (tp is None or tp.size == 1):
         # NOTE: verify steps take many bucket sizes (drafts shorter than K, draft_end near a demotion): captured
         # lazily, each would cost a served step a capture. Tensor-parallel ranks capture lazily, in step.

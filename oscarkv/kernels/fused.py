@@ -31,7 +31,9 @@ Memory layout: rows contiguous in their last dimension; one program per row (nor
 ``qk_map`` and ``qk_norm_rope_map`` one program per ``(token, q or k head, 32 output channels)``,
 reading its ``[32, d]`` slice of the head's map, stored output-channel first so the rows are
 contiguous (``qk_norm_rope_map``: as two ``[32, d/2]`` halves, against the row's two roped
-halves; every program of a row recomputes that row's norm and RoPE, ``d`` elements).
+halves; every program of a row recomputes that row's norm and RoPE, ``d`` elements). From
+``TILE_FROM`` tokens ``qk_norm_rope_map`` takes a tile of tokens a program instead: their roped
+halves ``[BM, d/2]`` against the map's transposed halves in two tf32x3 dot products.
 """
 
 from __future__ import annotations
@@ -246,8 +248,8 @@ def _norm_rope_rows(X, W, Cos, Sin, eps, t, T, row, stride_xt, stride_xh, stride
 
 @triton.jit
 def _qk_norm_rope_map_tile_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, T, stride_xt, stride_xh, stride_c,
-                             stride_qot, stride_kot, NQ: tl.constexpr, REP: tl.constexpr, HALF: tl.constexpr,
-                             BJ: tl.constexpr, HAS_NORM: tl.constexpr, HAS_MEAN: tl.constexpr, BM: tl.constexpr):
+                                  stride_qot, stride_kot, NQ: tl.constexpr, REP: tl.constexpr, HALF: tl.constexpr,
+                                  BJ: tl.constexpr, HAS_NORM: tl.constexpr, HAS_MEAN: tl.constexpr, BM: tl.constexpr):
     """:func:`_qk_norm_rope_map_kernel` with ``BM`` tokens a program as a tile: the map as two dot products (tf32x3:
     fp32-close; a token's bits depend on the launch setting, not on its step's other tokens)."""
     row = tl.program_id(1)  # q heads first, then k heads
