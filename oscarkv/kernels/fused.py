@@ -71,6 +71,17 @@ def _rms_norm_kernel(x_rows, y_rows, W, out_rows, res_rows, eps, N, BLOCK: tl.co
 
 
 @triton.jit
+def _rope(x1, x2, c1, c2, s1, s2):
+    """RoPE of a row's (or rows') two halves ``x1, x2`` (the row dtype) with fp32 ``cos, sin`` halves:
+    ``x·cos + rotate_half(x)·sin``, each product and the sum rounded to the row dtype as three tensor ops would be."""
+    DT: tl.constexpr = x1.dtype
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    o1 = (f1 * c1).to(DT).to(tl.float32) + (-f2 * s1).to(DT).to(tl.float32)
+    o2 = (f2 * c2).to(DT).to(tl.float32) + (f1 * s2).to(DT).to(tl.float32)
+    return o1.to(DT), o2.to(DT)
+
+
+@triton.jit
 def _norm_rope_inner(xp, W, Cos, Sin, eps, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
     """The head row at ``xp`` after the optional RMS norm (weights ``W``) and RoPE (``Cos, Sin``: this
     token's rows), as its two ``[d/2]`` halves in the row's dtype, rounded as transformers' ops are."""
@@ -83,12 +94,9 @@ def _norm_rope_inner(xp, W, Cos, Sin, eps, HALF: tl.constexpr, HAS_NORM: tl.cons
         r = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / (2 * HALF) + eps)
         x1 = (tl.load(W + i).to(tl.float32) * (f1 * r).to(DT).to(tl.float32)).to(DT)
         x2 = (tl.load(W + HALF + i).to(tl.float32) * (f2 * r).to(DT).to(tl.float32)).to(DT)
-    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
     c1, c2 = tl.load(Cos + i).to(tl.float32), tl.load(Cos + HALF + i).to(tl.float32)
     s1, s2 = tl.load(Sin + i).to(tl.float32), tl.load(Sin + HALF + i).to(tl.float32)
-    o1 = (f1 * c1).to(DT).to(tl.float32) + (-f2 * s1).to(DT).to(tl.float32)
-    o2 = (f2 * c2).to(DT).to(tl.float32) + (f1 * s2).to(DT).to(tl.float32)
-    return o1.to(DT), o2.to(DT)
+    return _rope(x1, x2, c1, c2, s1, s2)
 
 
 @triton.jit
@@ -191,6 +199,24 @@ def qk_map(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tenso
 
 
 @triton.jit
+def _map_row(row, Wq, Wk, MQ, MK, QO, KO, stride_qot, stride_kot, NQ: tl.constexpr, REP: tl.constexpr,
+             D: tl.constexpr):
+    """Head row ``row`` of a map launch (q heads first, then k heads): its norm weights, map, output row and the
+    output's token stride."""
+    if row < NQ:
+        W, m_ptr, out0, so = Wq, MQ + (row // REP) * D * D, QO + row * D, stride_qot
+    else:
+        W, m_ptr, out0, so = Wk, MK + (row - NQ) * D * D, KO + (row - NQ) * D, stride_kot
+    return W, m_ptr, out0, so
+
+
+@triton.jit
+def _key_mean(Mean, row, NQ: tl.constexpr, D: tl.constexpr, i):
+    """The key mean of head row ``row`` at channels ``i``; 0 on q rows."""
+    return tl.load(Mean + tl.maximum(row - NQ, 0) * D + i) * (row >= NQ).to(tl.float32)
+
+
+@triton.jit
 def _qk_norm_rope_map_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, T, stride_xt, stride_xh, stride_c,
                              stride_qot, stride_kot, NQ: tl.constexpr, REP: tl.constexpr, HALF: tl.constexpr,
                              BJ: tl.constexpr, HAS_NORM: tl.constexpr, HAS_MEAN: tl.constexpr, BLOCK_T: tl.constexpr):
@@ -198,18 +224,13 @@ def _qk_norm_rope_map_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, T, 
     j = tl.program_id(2) * BJ + tl.arange(0, BJ)  # this program's output channels
     D: tl.constexpr = 2 * HALF
     i = tl.arange(0, HALF)
-    if row < NQ:
-        W, m_ptr, out0, so = Wq, MQ + (row // REP) * D * D, QO + row * D, stride_qot
-    else:
-        W, m_ptr, out0, so = Wk, MK + (row - NQ) * D * D, KO + (row - NQ) * D, stride_kot
+    W, m_ptr, out0, so = _map_row(row, Wq, Wk, MQ, MK, QO, KO, stride_qot, stride_kot, NQ, REP, D)
     m = m_ptr + j[:, None] * D + i[None, :]  # [BJ, d/2] of the map's rows j, first half of the columns
     m1, m2 = tl.load(m), tl.load(m + HALF)  # NOTE: once for the program's BLOCK_T tokens (long extend chunks)
     mean1 = tl.zeros([HALF], tl.float32)
     mean2 = tl.zeros([HALF], tl.float32)
-    if HAS_MEAN:  # keys only: 0 on q rows
-        keep = (row >= NQ).to(tl.float32)
-        mean1 = tl.load(Mean + tl.maximum(row - NQ, 0) * D + i) * keep
-        mean2 = tl.load(Mean + tl.maximum(row - NQ, 0) * D + HALF + i) * keep
+    if HAS_MEAN:
+        mean1, mean2 = _key_mean(Mean, row, NQ, D, i), _key_mean(Mean, row, NQ, D, HALF + i)
     for tt in range(BLOCK_T):
         t = tl.program_id(0) * BLOCK_T + tt
         if t < T:
@@ -236,50 +257,46 @@ def _norm_rope_rows(X, W, Cos, Sin, eps, t, T, row, stride_xt, stride_xh, stride
         r = tl.rsqrt((tl.sum(f1 * f1, 1) + tl.sum(f2 * f2, 1)) / (2 * HALF) + eps)[:, None]
         x1 = (tl.load(W + i)[None, :].to(tl.float32) * (f1 * r).to(DT).to(tl.float32)).to(DT)
         x2 = (tl.load(W + HALF + i)[None, :].to(tl.float32) * (f2 * r).to(DT).to(tl.float32)).to(DT)
-    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
     c = Cos + t[:, None] * stride_c + i[None, :]
     sn = Sin + t[:, None] * stride_c + i[None, :]
     c1, c2 = tl.load(c, mask=ok, other=0.0).to(tl.float32), tl.load(c + HALF, mask=ok, other=0.0).to(tl.float32)
     s1, s2 = tl.load(sn, mask=ok, other=0.0).to(tl.float32), tl.load(sn + HALF, mask=ok, other=0.0).to(tl.float32)
-    o1 = (f1 * c1).to(DT).to(tl.float32) + (-f2 * s1).to(DT).to(tl.float32)
-    o2 = (f2 * c2).to(DT).to(tl.float32) + (f1 * s2).to(DT).to(tl.float32)
-    return o1.to(DT), o2.to(DT)
+    return _rope(x1, x2, c1, c2, s1, s2)
 
 
 @triton.jit
 def _qk_norm_rope_map_tile_kernel(X, Wq, Wk, Cos, Sin, eps, MQ, MK, Mean, QO, KO, T, stride_xt, stride_xh, stride_c,
                                   stride_qot, stride_kot, NQ: tl.constexpr, REP: tl.constexpr, HALF: tl.constexpr,
-                                  BJ: tl.constexpr, HAS_NORM: tl.constexpr, HAS_MEAN: tl.constexpr, BM: tl.constexpr):
-    """:func:`_qk_norm_rope_map_kernel` with ``BM`` tokens a program as a tile: the map as two dot products (tf32x3:
-    fp32-close; a token's bits depend on the launch setting, not on its step's other tokens)."""
+                                  BJ: tl.constexpr, HAS_NORM: tl.constexpr, HAS_MEAN: tl.constexpr, BM: tl.constexpr,
+                                  PREC: tl.constexpr):
+    """:func:`_qk_norm_rope_map_kernel` with ``BM`` tokens a program as a tile: the map as two dot products at input
+    precision ``PREC`` (``MAP_PRECISION``; a token's bits depend on the launch setting, not on its step's other
+    tokens)."""
     row = tl.program_id(1)  # q heads first, then k heads
     t = tl.program_id(0) * BM + tl.arange(0, BM)  # this program's tokens
     j = tl.program_id(2) * BJ + tl.arange(0, BJ)  # and output channels
     D: tl.constexpr = 2 * HALF
     i = tl.arange(0, HALF)
-    if row < NQ:
-        W, m_ptr, out0, so = Wq, MQ + (row // REP) * D * D, QO + row * D, stride_qot
-    else:
-        W, m_ptr, out0, so = Wk, MK + (row - NQ) * D * D, KO + (row - NQ) * D, stride_kot
+    W, m_ptr, out0, so = _map_row(row, Wq, Wk, MQ, MK, QO, KO, stride_qot, stride_kot, NQ, REP, D)
     m = m_ptr + i[:, None] + j[None, :] * D  # [d/2, BJ]: the map's rows j transposed, first half of the columns
     x1, x2 = _norm_rope_rows(X, W, Cos, Sin, eps, t, T, row, stride_xt, stride_xh, stride_c, HALF, HAS_NORM)
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-    if HAS_MEAN:  # keys only: 0 on q rows
-        keep = (row >= NQ).to(tl.float32)
-        f1 -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + i)[None, :] * keep
-        f2 -= tl.load(Mean + tl.maximum(row - NQ, 0) * D + HALF + i)[None, :] * keep
-    out = tl.dot(f1, tl.load(m), input_precision="tf32x3")  # NOTE: ieee (FMA) was as slow as one token at a time
-    out = tl.dot(f2, tl.load(m + HALF), out, input_precision="tf32x3")
+    if HAS_MEAN:
+        f1 -= _key_mean(Mean, row, NQ, D, i)[None, :]
+        f2 -= _key_mean(Mean, row, NQ, D, HALF + i)[None, :]
+    out = tl.dot(f1, tl.load(m), input_precision=PREC)
+    out = tl.dot(f2, tl.load(m + HALF), out, input_precision=PREC)
     tl.store(out0 + t[:, None] * so + j[None, :], out, mask=(t < T)[:, None])
 
 
-TILE_FROM, MAP_TILE = 16, (64, 64, 4)
+TILE_FROM, MAP_TILE, MAP_PRECISION = 16, (64, 64, 4), "tf32x3"
 """Steps of at least ``TILE_FROM`` tokens map them as tiles (``_qk_norm_rope_map_tile_kernel``: output channels, tokens,
 warps a program); fewer (decode batches, verify steps of K < 16: a plain step's and a verify step's tokens alike),
 one token at a time (64 output channels a program from 8 tokens, else 32: 8 tokens 5.0 -> 4.1 µs,
 ``lab/scripts/map_sweep.py``). One H200, Qwen3-4B heads, µs at 1 / 8 / 64 / 512 tokens (``lab/scripts/map_tile.py``,
 2026-11-28): one at a time 2.1 / 4.0 / 18.4 / 114 (a 32K follow-up of 512 tokens: 4 ms of its step); tiles
-5.8 at 64, 19.6 at 512."""
+5.8 at 64, 19.6 at 512 (``MAP_PRECISION`` tf32x3, 1.2e-6 off; fp32 FMA dot products, ``ieee``, were as slow as one
+token at a time: 109 at 512; tf32 4e-3 off)."""
 
 
 def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
@@ -320,7 +337,7 @@ def qk_norm_rope_map(x: torch.Tensor, num_q: int, q_weight: torch.Tensor | None,
         x, q_weight if norm else x, k_weight if norm else x, cos, sin, eps, w_q, w_k,
         k_mean if k_mean is not None else ko, qo, ko, T, x.stride(0), x.stride(1), cos.stride(0), qo.stride(0),
         ko.stride(0), NQ=num_q, REP=num_q // H, HALF=d // 2, BJ=bj, HAS_NORM=norm, HAS_MEAN=k_mean is not None,
-        **({"BM": bt} if tile else {"BLOCK_T": bt}), num_warps=warps)
+        **({"BM": bt, "PREC": MAP_PRECISION} if tile else {"BLOCK_T": bt}), num_warps=warps)
     return qo, ko
 
 
