@@ -175,5 +175,10 @@ pwbatch() { timeout 400 python3 -m lab.scripts.pieces_batch_check --prompts 2 --
   --out "$OUT/pwbatch" > "$OUT/pwbatch.log" 2>&1; echo "== pwbatch: exit $?"; grep -E "^\{|^==|Error" "$OUT/pwbatch.log"; }
 mtile() { timeout 300 python3 -m lab.scripts.map_tile --out "$OUT/mtile" > "$OUT/mtile.log" 2>&1; echo "== mtile: exit $?"
   cat "$OUT/mtile.log"; }
+#   (fifteenth session) tpprof (2 GPUs): lab.scripts.tp_prefill_profile, a cold 32K prompt at tp 1 and 2 (BF16, pieces
+#      on): ms per chunk, rank 0's kernels and host (tp 2 took 2-3x one GPU's TTFT)
+tpprof() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tpprof: one GPU, skipped"; return; }
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 300 python3 -m lab.scripts.tp_prefill_profile --tps 1,2 \
+  ${TPPROF_ARGS:-} --out "$OUT/tpprof" > "$OUT/tpprof.log" 2>&1; echo "== tpprof: exit $?"; grep -E "^==|^   |Error" "$OUT/tpprof.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done

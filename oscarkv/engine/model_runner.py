@@ -307,6 +307,13 @@ def extend_buckets(cfg: EngineConfig) -> tuple[int, ...]:
     return tuple(sorted(buckets))
 
 
+def mixed_bucket(cfg: EngineConfig) -> int:
+    """The piecewise bucket of a served mixed step (``EngineConfig.piecewise_batches``): a prompt chunk beside up to
+    ``max_num_seqs`` decoding tokens, rounded up to 64 rows (a 512-token chunk and 32 decoders: 576). Without it
+    every such step is one row over the 512 bucket and runs eagerly (one H200, 2026-11-28: 64 of 64 mixed steps)."""
+    return -(-(cfg.prefill_chunk + min(cfg.max_num_seqs, cfg.max_num_batched_tokens - cfg.prefill_chunk)) // 64) * 64
+
+
 def _attach_pieces(runner: ModelRunner, cfg: EngineConfig, graphs: bool, one: bool) -> None:
     """The runner's piecewise graphs (``EngineConfig.piecewise_graph_buckets``; unset: ``PIECEWISE_BUCKETS`` with the
     decode graphs (``graphs``) on ``one`` GPU and no L2 prefetch), captured now on one GPU. NOTE: without CUDA their
@@ -315,6 +322,8 @@ def _attach_pieces(runner: ModelRunner, cfg: EngineConfig, graphs: bool, one: bo
     cuda, pieces = runner.device.type == "cuda", cfg.piecewise_graph_buckets
     if pieces is None:
         pieces = PIECEWISE_BUCKETS if graphs and cuda and one and cfg.l2_prefetch == "off" else ()
+    if pieces and cfg.piecewise_batches:
+        pieces = tuple(sorted({*pieces, mixed_bucket(cfg)}))
     if pieces:
         runner.piecewise = PiecewiseGraphs(runner, pieces, cfg.piecewise_batches)
         if cuda and one:  # at start-up, not in a served step (as the decode graphs)

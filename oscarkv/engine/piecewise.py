@@ -28,7 +28,7 @@ the chunk is causal, so no real row sees them, and the runner keeps ``hidden[:k]
 Demotions: the eager step's (``model_runner._demotions``): prefix pages before the replay, pages the step writes
 after it.
 
-Several sequences (``EngineConfig.piecewise_batches``, off until measured on a GPU): their rows one after another,
+Several sequences (``EngineConfig.piecewise_batches``, on: a served mix's TTFT 2.5-3x lower on one H200): their rows one after another,
 padding after the last; each layer's attention gets the eager step's tables and chunk boundaries and reads only the
 real rows (``_Step``). Not served (eager, counted in ``PiecewiseGraphs.fallbacks`` by
 :meth:`PiecewiseGraphs.reason`): several sequences without it, sliding-window layers (their window view is per step). With tensor parallelism every rank holds the same buckets

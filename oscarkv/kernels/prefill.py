@@ -121,6 +121,76 @@ def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
                                                                            num_warps=4, **format_args(view))
 
 
+FLASH_ROWS = 512
+"""Stacked query rows (``rep · c``) up to which the prefix runs FlashAttention-2 instead of cuDNN: few rows over
+many keys, where FlashAttention splits the keys and cuDNN does not, and no graph to build (one H200, 2026-11-28,
+``python -m lab.scripts.sdpa_shapes``: 256 rows over 100K keys 0.42 ms against cuDNN's 1.21, 2048 rows 2.96
+against 1.26; ``lab/bench_gpu/2026-11-28/s15_call5_h200x2``)."""
+PAD_KEYS: bool | None = None
+"""Pad the prefix keys to :func:`_key_bucket`'s lengths: ``None`` where cuDNN runs (CUDA, more than ``FLASH_ROWS``
+rows); the tests force it on the CPU."""
+ROW_STEP = 256
+"""cuDNN's stacked query rows are padded to a multiple of this (padding rows are computed and dropped)."""
+CAUSAL_STEP = 64
+"""The chunk's own causal part is padded to a multiple of this many tokens (causal: no real row sees a padding key)."""
+KEY_BUCKETS_PER_OCTAVE = 8
+"""cuDNN builds a graph for every new shape (~40 ms on an H200, ``lab.scripts.sdpa_shapes``): a first cold 32K
+prompt took 5.5 s and the next 1.7 s, every follow-up at a new length paid one or two builds. Its prefix keys are
+padded to one of this many lengths per octave (at most 1/8 more keys) with zero keys and values, whose weight the
+log-sum-exp then sheds exactly (:func:`_shed_padding`)."""
+
+
+def _key_bucket(n: int) -> int:
+    """``n`` keys rounded up to a multiple of 512 below 4096, else of ``2^(⌊log2 n⌋ − 3)``."""
+    g = max(512, (1 << (n.bit_length() - 1)) // KEY_BUCKETS_PER_OCTAVE)
+    return -(-n // g) * g
+
+
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x [1, H, S, d]`` with zero rows after its ``S`` up to ``rows``."""
+    if x.shape[2] == rows:
+        return x
+    y = x.new_zeros(*x.shape[:2], rows, x.shape[3])
+    y[:, :, :x.shape[2]] = x
+    return y
+
+
+def _shed_padding(o: torch.Tensor, lse: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention without ``pad`` zero keys (value zero, score exactly 0: each adds 1 to ``Σ e^s``):
+    ``Σ_real = e^lse − pad``, ``o`` rescaled by ``e^lse / Σ_real`` (fp32). Exact but for fp32 rounding of ``lse``,
+    relative ``~1e-7 · (1 + pad / Σ_real)``: small while the real keys' ``Σ e^s`` is not far below ``pad`` (long
+    prefixes have many keys; a prefix attention whose every score is below ``−13`` would lose digits)."""
+    if not pad:
+        return o, lse
+    real = lse + torch.log1p(-pad * torch.exp(-lse)).nan_to_num(neginf=-80.0)
+    return o.float() * torch.exp(lse - real)[..., None], real
+
+
+def _prefix_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: int,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked queries ``q [1, H, R, d]`` over ``k/v [1, H, n, d]`` whose last ``pad`` keys are zero padding
+    (``n`` one of :func:`_key_bucket`'s lengths) → ``(o, lse)`` over the real keys, ``R`` rows. On CUDA: up to
+    ``FLASH_ROWS`` rows FlashAttention-2, else cuDNN over rows padded to ``ROW_STEP``."""
+    rows = q.shape[2]
+    if q.is_cuda and rows <= FLASH_ROWS:
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)[:2]
+        lse = lse.reshape(q.shape[:3])
+    else:
+        o, lse = _attend_lse(_padded(q, -(-rows // ROW_STEP) * ROW_STEP) if q.is_cuda else q, k, v, False, scale)
+        o, lse = o[:, :, :rows], lse[:, :, :rows]
+    return _shed_padding(o, lse, pad)
+
+
+def _causal_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk over itself, causal: on CUDA padded after its last token to ``CAUSAL_STEP`` (a few shapes)."""
+    c = q.shape[2]
+    if q.is_cuda and c % CAUSAL_STEP:
+        n = -(-c // CAUSAL_STEP) * CAUSAL_STEP
+        o, lse = _attend_lse(_padded(q, n), _padded(k, n), _padded(v, n), True, scale)
+        return o[:, :, :c], lse[:, :, :c]
+    return _attend_lse(q, k, v, True, scale)
+
+
 def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``q [1, Hx, S, d]`` over ``k/v [1, Hk, n, d]`` (``Hk`` divides ``Hx``) → ``(o [1, Hx, S, d], lse fp32 [1, Hx, S])``,
@@ -160,13 +230,18 @@ def _prefix(q: torch.Tensor, kv: LayerKV, tables: PageTables, b: int, lens: tupl
     rep, (nb, ni), parts = hq // h, lens, []
     qs = _bf16_layout(q.view(c, h, rep, d), (1, 2, 0, 3)).view(1, h, rep * c, d)  # [1, H, rep·c, d]
     dtype = torch.bfloat16 if q.is_cuda else torch.float32
+    pad_keys = PAD_KEYS if PAD_KEYS is not None else q.is_cuda and rep * c > FLASH_ROWS  # cuDNN: few shapes
     for s0 in range(0, nb + ni, seg):
         s1 = min(nb + ni, s0 + seg)
-        k = torch.empty(1, h, s1 - s0, d, dtype=dtype, device=q.device)
+        n = _key_bucket(s1 - s0) if pad_keys else s1 - s0
+        k = torch.empty(1, h, n, d, dtype=dtype, device=q.device)
         v = torch.empty_like(k)
+        if n > s1 - s0:
+            k[:, :, s1 - s0:] = 0
+            v[:, :, s1 - s0:] = 0
         _gather(kv, tables.bf16_table[b], False, s0, min(s1, nb) - s0, k, v, 0)
         _gather(kv, tables.int2_table[b], True, max(s0, nb) - nb, s1 - max(s0, nb), k, v, max(0, nb - s0))
-        parts.append(_stacked(*_attend_lse(qs, k, v, False, scale), rep, c))  # [1, H, rep·c, d], [1, H, rep·c]
+        parts.append(_stacked(*_prefix_lse(qs, k, v, n - (s1 - s0), scale), rep, c))  # [1, H, rep·c, d], [1, H, rep·c]
     return parts
 
 
@@ -255,6 +330,6 @@ def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     with record_function("prefill.chunk"):
         qc = _bf16_layout(q, (1, 0, 2))[None]  # [1, Hq, c, d]
         kc, vc = (_bf16_layout(x, (1, 0, 2))[None] for x in (k_new, v_new))  # [1, H, c, d]
-        parts.append(_headed(*_attend_lse(qc, kc, vc, True, scale), hq // h))
+        parts.append(_headed(*_causal_lse(qc, kc, vc, scale), hq // h))
     with record_function("prefill.merge"):
         return _merge(parts, c, hq, hq // h)

@@ -104,6 +104,18 @@ def test_what_the_pieces_leave_to_eager_steps(llama, artifact):
     assert PiecewiseGraphs(gemma.runner, BUCKETS).reason([plan(40)]) == "sliding"
 
 
+def test_a_served_mixed_step_has_a_bucket():
+    """A prompt chunk beside the other requests' decode tokens is one bucket's worth (the GPU's served mix: every
+    such step was 513 tokens, over the 512 bucket, and ran eagerly)."""
+    from oscarkv.engine.model_runner import mixed_bucket
+
+    assert mixed_bucket(EngineConfig()) == 576  # 512 + 32 decoders
+    assert mixed_bucket(EngineConfig(max_num_seqs=8, max_num_batched_tokens=520)) == 576
+    assert mixed_bucket(EngineConfig(max_num_seqs=64, max_num_batched_tokens=4096)) == 576
+    assert mixed_bucket(EngineConfig(max_num_seqs=256, max_num_batched_tokens=4096)) == 768
+    assert mixed_bucket(EngineConfig(max_num_seqs=1, max_num_batched_tokens=513)) == 576
+
+
 def test_capture_all_builds_every_bucket_and_says_so(llama, artifact, caplog):
     engine = _engine(llama, "oscar", artifact, True)
     with caplog.at_level("INFO", logger="oscarkv.engine.piecewise"):

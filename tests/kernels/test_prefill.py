@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from oscarkv.attention.backends import TritonAttention
+from oscarkv.kernels import prefill
 from oscarkv.kernels.prefill import MIN_CHUNK, prefill_attention
 from oscarkv.kernels.reference import extend_attention_ref
 from oscarkv.kernels.synthetic import random_cache
@@ -45,6 +46,34 @@ def test_prefill_matches_oracle(cached, chunk, hq, h, d, group, int2, segment):
     assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
 
 
+@pytest.mark.parametrize("cached,chunk,hq,h,d,group,int2,segment", CASES[:2] + CASES[3:])
+def test_prefix_keys_padded_to_few_lengths_match_oracle(monkeypatch, cached, chunk, hq, h, d, group, int2, segment):
+    """cuDNN builds a graph per shape, so on a GPU the prefix keys are padded (zero keys and values) to a few
+    lengths and the padding's weight shed from the log-sum-exp: forced here on the CPU, the oracle still holds."""
+    monkeypatch.setattr(prefill, "PAD_KEYS", True)
+    kv, tables, q, k_new, v_new, _, ref, tol = _inputs([cached], [chunk], hq, h, d, group=group, int2=int2, seed=cached)
+    out = prefill_attention(q, k_new, v_new, kv, tables, 0, tables.lens()[0][:1] + tables.lens()[1][:1], d**-0.5,
+                            segment=segment)
+    assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+
+
+def test_key_buckets_are_few_and_tight():
+    lengths = {prefill._key_bucket(n) for n in range(1, 131073)}
+    assert len(lengths) <= 8 + 8 * 5  # 512 apart below 4096, then 8 an octave up to 128K
+    for n in (1, 511, 513, 4097, 33280, 102912, 131072):
+        assert n <= prefill._key_bucket(n) < max(n + 512, n * 9 // 8 + 1)
+
+
+def test_shed_padding_is_the_attention_without_it():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 40, 8, generator=g), torch.randn(1, 2, 40, 8, generator=g)
+    want = prefill._attend_lse(q, k, v, False, 0.3)
+    zeros = torch.zeros(1, 2, 24, 8)
+    got = prefill._prefix_lse(q, torch.cat([k, zeros], 2), torch.cat([v, zeros], 2), 24, 0.3)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("bits", [(4, 2), (2, 4), (4, 4)], ids=["k4v2", "k2v4", "int4"])
 @pytest.mark.parametrize("group", [None, 16])
 def test_prefill_rungs_match_oracle(bits, group):
@@ -76,6 +105,17 @@ def test_triton_backend_one_long_chunk():
 def test_prefill_rungs_gpu(bits):
     kv, tables, q, k_new, v_new, cu, ref, tol = _inputs([20011, 9000, 0], [1000, 2048, 300], 32, 8, 128, group=128,
                                                         page=64, sink=64, recent=256, seed=6, bits=bits)
+    out = TritonAttention().extend(q, k_new, v_new, kv, tables, cu, 128**-0.5)
+    assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_prefill_few_rows_flash_gpu():
+    """Chunks of 64-128 tokens at GQA 4 (up to ``FLASH_ROWS`` stacked rows: FlashAttention-2) and one of 200 (cuDNN,
+    its keys padded to a bucket), causal parts padded to ``CAUSAL_STEP``."""
+    kv, tables, q, k_new, v_new, cu, ref, tol = _inputs([33001, 9000, 4097, 20011], [64, 100, 128, 200], 32, 8, 128,
+                                                        group=128, page=64, sink=64, recent=256, seed=7)
     out = TritonAttention().extend(q, k_new, v_new, kv, tables, cu, 128**-0.5)
     assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
 
