@@ -3,7 +3,8 @@ on, 3.8-4.6 s at tp 2 against 1.3-1.7 s on one H200). Per tensor-parallel size, 
 ``PIECEWISE_BUCKETS``, NCCL all-reduces): a warm-up prompt, then one cold prompt with every engine step timed
 (synchronized: ms per chunk against the chunk's prefix, so a constant cost and one that grows with the prefix read
 apart), then rank 0's kernels over one more cold prompt (``rank_profile.kernel_profile``: the GPU's busy time
-against the wall; NCCL kernels there include the waits for the slower rank) and rank 0's host functions. A second
+against the wall; NCCL kernels there include the waits for the slower rank) and every rank's host functions
+(the workers' as JSON lines of their own). A second
 cold prompt of the same length reads apart what the first long prompt of a process pays once (new shapes).
 
     python -m lab.scripts.tp_prefill_profile --tps 1,2 --cold 32768 --out DIR
@@ -48,7 +49,19 @@ def profiled(engine, a) -> dict:
                 step_ms_last_quarter=sum(steps[-q:]) / q, again_ms_last_quarter=sum(passes[1][-q:]) / q,
                 profiled_wall_ms=cold_prefill_ms(engine, a.profile_tokens, 4),
                 kernels=kernel_profile(lambda: cold_prefill_ms(engine, a.profile_tokens, next(seeds)), reps=1, top=16),
-                host=e2e.host_functions(lambda: cold_prefill_ms(engine, a.profile_tokens, 30)), step_ms=passes)
+                host=_ranks_host(engine, a.profile_tokens), step_ms=passes)
+
+
+def _ranks_host(engine, tokens: int) -> list[dict]:
+    """Rank 0's host functions over one cold prompt; with tensor parallelism every worker's too (each prints a
+    JSON line ``{"rank": r, "host": [...]}`` when its profile ends)."""
+    tp = engine.runner.tp.size > 1
+    if tp:
+        engine.runner.host_profile(True)
+    rows = e2e.host_functions(lambda: cold_prefill_ms(engine, tokens, 30))
+    if tp:
+        engine.runner.host_profile(False)
+    return rows
 
 
 def measure(tp: int, a) -> dict:

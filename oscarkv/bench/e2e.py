@@ -259,6 +259,9 @@ class BenchRunner:
     def profile(self, bucket: int, reps: int = 5) -> list[dict]:
         return self.inner.profile(bucket, reps)
 
+    def host_profile(self, on: bool) -> None:  # NOTE: a tensor-parallel inner runner's (ParallelRunner)
+        self.inner.host_profile(on)
+
 
 @dataclass
 class DriveStats:
@@ -306,9 +309,10 @@ def drive(engine: LLMEngine, max_steps: int | None = None) -> DriveStats:
 
 def host_functions(fn, calls: int = 1, top: int = 14) -> list[dict]:
     """cProfile of ``calls`` calls of ``fn`` (synchronized at the end): the functions with the most own time, µs per
-    call (cProfile roughly doubles Python's cost, so read the shares, not the sums). No CUPTI: later timings keep."""
+    call (``rank_profile.host_rows``). No CUPTI: later timings keep."""
     import cProfile
-    import pstats
+
+    from oscarkv.engine.rank_profile import host_rows
 
     prof = cProfile.Profile()
     prof.enable()
@@ -316,9 +320,7 @@ def host_functions(fn, calls: int = 1, top: int = 14) -> list[dict]:
         fn()
     sync()
     prof.disable()
-    st = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
-    rows = sorted(((v[2], k) for k, v in st.items()), reverse=True)[:top]
-    return [dict(name=f"{k[0].rsplit('/', 1)[-1]}:{k[1]}({k[2]})", us=1e6 * t / calls) for t, k in rows]
+    return [dict(r, us=r["us"] / calls) for r in host_rows(prof, top)]
 
 
 def sync() -> None:

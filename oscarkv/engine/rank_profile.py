@@ -10,6 +10,9 @@ the slowest peer — can be read side by side.
 
 from __future__ import annotations
 
+import cProfile
+import json
+import pstats
 from collections.abc import Callable
 
 import torch
@@ -32,3 +35,28 @@ def kernel_profile(step: Callable[[], object], reps: int = 5, top: int = 14) -> 
     rest = rows[top:]
     return rows[:top] + ([dict(name="(other kernels)", us=sum(r["us"] for r in rest),
                                count=sum(r["count"] for r in rest))] if rest else [])
+
+
+def host_rows(prof: cProfile.Profile, top: int = 14) -> list[dict]:
+    """The ``top`` functions of a finished cProfile by own time: name and µs (cProfile roughly doubles Python's
+    cost, so read the shares, not the sums)."""
+    st = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    rows = sorted(((v[2], k) for k, v in st.items()), reverse=True)[:top]
+    return [dict(name=f"{k[0].rsplit('/', 1)[-1]}:{k[1]}({k[2]})", us=1e6 * t) for t, k in rows]
+
+
+class HostProfile:
+    """A worker's host profile between ``HOST_PROFILE`` messages (:meth:`ParallelRunner.host_profile`): started
+    by ``on``, ended by ``off``, which prints its rows as one JSON line tagged with the rank."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.prof = rank, None
+
+    def switch(self, on: bool) -> None:
+        if on and self.prof is None:
+            self.prof = cProfile.Profile()
+            self.prof.enable()
+        elif not on and self.prof is not None:
+            self.prof.disable()
+            print(json.dumps(dict(rank=self.rank, host=host_rows(self.prof, 20))), flush=True)
+            self.prof = None

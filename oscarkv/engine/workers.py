@@ -62,11 +62,11 @@ import torch.multiprocessing as mp
 from oscarkv.attention.step import AttentionBackend
 from oscarkv.config import EngineConfig
 from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner, history_page_bytes
-from oscarkv.engine.rank_profile import kernel_profile
+from oscarkv.engine.rank_profile import HostProfile, kernel_profile
 from oscarkv.engine.rendezvous import Rendezvous, join
 from oscarkv.engine.scheduler import ScheduledChunk
-from oscarkv.engine.step_plan_codec import (HEADER, PROFILE, REPLAY, STEP, STOP, Channel, PlanDecoder, PlanEncoder,
-                                            control, header)
+from oscarkv.engine.step_plan_codec import (HEADER, HOST_PROFILE, PROFILE, REPLAY, STEP, STOP, Channel, PlanDecoder,
+                                            PlanEncoder, control, header)
 from oscarkv.models.allreduce import make_all_reduce, resolve
 from oscarkv.models.llama import PagedLM
 from oscarkv.models.parallel import TensorParallel, check_shardable, rank_tensors, shard_codecs, sharded_model
@@ -173,11 +173,13 @@ def _worker_main(rank: int, size: int, where: Rendezvous, device: torch.device) 
     tp = _with_all_reduce(tp, spec, device)
     runner = _receive_shard(spec, tp, device, group)
     _handshake(runner, group, size)
-    channel, plans = Channel(group), PlanDecoder()
+    channel, plans, host = Channel(group), PlanDecoder(), HostProfile(rank)
     with torch.inference_mode():
         while (kind := header(msg := channel.receive())[0]) != STOP:
             if kind == STEP:
                 runner.forward(plans.decode(msg), None)
+            elif kind == HOST_PROFILE:
+                host.switch(bool(msg[HEADER]))
             else:
                 _graph_work(runner, kind, msg[HEADER:].tolist(), rank)
     _leave(runner, device)
@@ -287,6 +289,12 @@ class ParallelRunner:
         self._check()
         self.channel.send(control(PROFILE, bucket, reps))
         return kernel_profile(self.local.graphs.graphs[bucket].graph.replay, reps)
+
+    def host_profile(self, on: bool) -> None:
+        """Start (``on``) or end a cProfile of every worker's host over the steps between; at the end each worker
+        prints its busiest functions as one JSON line tagged with its rank (rank 0's: the caller's to take)."""
+        self._check()
+        self.channel.send(control(HOST_PROFILE, int(on)))
 
     def failure(self) -> str | None:
         """Why the group can run no more steps (a rank died, or the ranks fell out of step); ``None`` while

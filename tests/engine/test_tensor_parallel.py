@@ -13,7 +13,9 @@ the artifact's rotation sliced to it) — that one's worker is then killed, and 
 fail with an error that says so, without a hang.
 """
 
+import json
 import multiprocessing.connection
+import time
 from dataclasses import replace
 
 import pytest
@@ -85,14 +87,30 @@ def same(a: dict, b: dict) -> None:
             assert p is None or max(abs(p[t] - q[t]) for t in p) < TOL
 
 
+def _worker_host_profile(engine: LLMEngine, capfd) -> list[dict]:
+    """Rank 1's host profile (``ParallelRunner.host_profile``) over one request: the JSON line it prints."""
+    engine.runner.host_profile(True)
+    run(engine, prompts(1, 20, seed=9), SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.runner.host_profile(False)
+    for _ in range(100):  # the worker prints after the message arrives: wait for its line
+        lines = [json.loads(x) for x in capfd.readouterr().out.splitlines() if x.startswith('{"rank"')]
+        if lines:
+            return lines
+        time.sleep(0.1)
+    return []
+
+
 @pytest.mark.parametrize("method", ["bf16", "oscar"])
-def test_tp2_equals_tp1(llama, method):
+def test_tp2_equals_tp1(llama, method, capfd):
     one, two = _pair(llama, method, 2, overlap=method == "oscar")
     try:
         ref, counters = scenario(one)
         assert counters[0] > 0 and counters[1] > 0, "meant to preempt and to hit the prefix cache"
         got, counters2 = scenario(two)
         same(got, ref)
+        if method == "bf16":  # a worker's host profile, for the per-rank view of a step's time
+            (line,) = _worker_host_profile(two, capfd)
+            assert line["rank"] == 1 and len(line["host"]) == 20 and all(r["us"] >= 0 for r in line["host"])
         assert counters2 == counters
         assert method == "bf16" or two.num_ahead_steps > 0  # pending ids went to rank 1 by broadcast
         assert two.describe()["pool_bytes"] == {k: 2 * v for k, v in two.runner.local.pools.nbytes().items()}
