@@ -137,7 +137,7 @@ KEY_BUCKETS_PER_OCTAVE = 8
 """cuDNN builds a graph for every new shape (~40 ms on an H200, ``lab.scripts.sdpa_shapes``): a first cold 32K
 prompt took 5.5 s and the next 1.7 s, every follow-up at a new length paid one or two builds. Its prefix keys are
 padded to one of this many lengths per octave (at most 1/8 more keys) with zero keys and values, whose weight the
-log-sum-exp then sheds exactly (:func:`_shed_padding`)."""
+merge then sheds from the log-sum-exp (``_Part.pad``, :func:`_merge_kernel`)."""
 
 
 def _key_bucket(n: int) -> int:
@@ -155,22 +155,10 @@ def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
     return y
 
 
-def _shed_padding(o: torch.Tensor, lse: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The attention without ``pad`` zero keys (value zero, score exactly 0: each adds 1 to ``Σ e^s``):
-    ``Σ_real = e^lse − pad``, ``o`` rescaled by ``e^lse / Σ_real`` (fp32). Exact but for fp32 rounding of ``lse``,
-    relative ``~1e-7 · (1 + pad / Σ_real)``: small while the real keys' ``Σ e^s`` is not far below ``pad`` (long
-    prefixes have many keys; a prefix attention whose every score is below ``−13`` would lose digits)."""
-    if not pad:
-        return o, lse
-    real = lse + torch.log1p(-pad * torch.exp(-lse)).nan_to_num(neginf=-80.0)
-    return o.float() * torch.exp(lse - real)[..., None], real
-
-
-def _prefix_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: int,
-                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stacked queries ``q [1, H, R, d]`` over ``k/v [1, H, n, d]`` whose last ``pad`` keys are zero padding
-    (``n`` one of :func:`_key_bucket`'s lengths) → ``(o, lse)`` over the real keys, ``R`` rows. On CUDA: up to
-    ``FLASH_ROWS`` rows FlashAttention-2, else cuDNN over rows padded to ``ROW_STEP``."""
+def _prefix_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked queries ``q [1, H, R, d]`` over ``k/v [1, H, n, d]`` → ``(o, lse)``, ``R`` rows (zero keys padding
+    ``k`` count in ``lse``: the merge sheds them, ``_Part.pad``). On CUDA: up to ``FLASH_ROWS`` rows
+    FlashAttention-2, else cuDNN over rows padded to ``ROW_STEP``."""
     rows = q.shape[2]
     if q.is_cuda and rows <= FLASH_ROWS:
         o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)[:2]
@@ -178,7 +166,7 @@ def _prefix_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: int,
     else:
         o, lse = _attend_lse(_padded(q, -(-rows // ROW_STEP) * ROW_STEP) if q.is_cuda else q, k, v, False, scale)
         o, lse = o[:, :, :rows], lse[:, :, :rows]
-    return _shed_padding(o, lse, pad)
+    return o, lse
 
 
 def _causal_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,7 +229,7 @@ def _prefix(q: torch.Tensor, kv: LayerKV, tables: PageTables, b: int, lens: tupl
             v[:, :, s1 - s0:] = 0
         _gather(kv, tables.bf16_table[b], False, s0, min(s1, nb) - s0, k, v, 0)
         _gather(kv, tables.int2_table[b], True, max(s0, nb) - nb, s1 - max(s0, nb), k, v, max(0, nb - s0))
-        parts.append(_stacked(*_prefix_lse(qs, k, v, n - (s1 - s0), scale), rep, c))  # [1, H, rep·c, d], [1, H, rep·c]
+        parts.append(_stacked(*_prefix_lse(qs, k, v, scale), rep, c, n - (s1 - s0)))  # [1, H, rep·c, d], [1, H, rep·c]
     return parts
 
 
@@ -254,11 +242,16 @@ class _Part:
     lse: torch.Tensor
     o_strides: tuple[int, int, int]
     lse_strides: tuple[int, int, int]
+    pad: int = 0
+    """Zero keys (value zero) among the keys: each scored exactly 0, so each added 1 to ``Σ e^s`` in ``lse`` and
+    nothing to ``o``'s numerator; the merge takes them out of the denominator. Exact but for the fp32 rounding of
+    ``lse``: relative ``~1e-7 · (1 + pad / Σ_real e^s)``, small unless every real score of a row is below ``−13``."""
 
 
-def _stacked(o: torch.Tensor, lse: torch.Tensor, rep: int, c: int) -> _Part:
-    """A part from stacked queries: ``o [1, H, rep·c, d]``, ``lse [1, H, rep·c]`` (row ``r·c + t``)."""
-    return _Part(o, lse, (o.stride(2), o.stride(1), c * o.stride(2)), (lse.stride(2), lse.stride(1), c * lse.stride(2)))
+def _stacked(o: torch.Tensor, lse: torch.Tensor, rep: int, c: int, pad: int = 0) -> _Part:
+    """A part from stacked queries: ``o [1, H, rep·c, d]``, ``lse [1, H, rep·c]`` (row ``r·c + t``); ``pad`` zero keys."""
+    return _Part(o, lse, (o.stride(2), o.stride(1), c * o.stride(2)), (lse.stride(2), lse.stride(1), c * lse.stride(2)),
+                 pad)
 
 
 def _headed(o: torch.Tensor, lse: torch.Tensor, rep: int) -> _Part:
@@ -267,11 +260,12 @@ def _headed(o: torch.Tensor, lse: torch.Tensor, rep: int) -> _Part:
 
 
 @triton.jit
-def _merge_kernel(Oa, La, Ob, Lb, Out, Lout, c,
+def _merge_kernel(Oa, La, Ob, Lb, Out, Lout, c, pad_a, pad_b,
                   sa_t, sa_h, sa_r, la_t, la_h, la_r, sb_t, sb_h, sb_r, lb_t, lb_h, lb_r, so_t, so_h, so_r,
                   REP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_LSE: tl.constexpr):
-    """``out = (e^(la − m) oa + e^(lb − m) ob) / (e^(la − m) + e^(lb − m))`` for BLOCK_T tokens of query head
-    ``program_id(1)``, fp32, and the merged ``lse`` (``WRITE_LSE``: more parts follow)."""
+    """``out = (e^(la − m) oa + e^(lb − m) ob) / (e^(la − m) − pad_a e^(−m) + e^(lb − m) − pad_b e^(−m))`` for
+    BLOCK_T tokens of query head ``program_id(1)``, fp32, and the merged ``lse`` (``WRITE_LSE``: more parts
+    follow): a part's ``pad`` zero keys (``_Part.pad``) leave its numerator and its real keys' weight."""
     hq = tl.program_id(1)
     h, r = hq // REP, hq % REP
     t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -282,12 +276,13 @@ def _merge_kernel(Oa, La, Ob, Lb, Out, Lout, c,
     m = tl.maximum(la, lb)
     m = tl.where(m == float("-inf"), 0.0, m)
     wa, wb = tl.exp(la - m), tl.exp(lb - m)
+    den = tl.where(ok, wa + wb - (pad_a + pad_b) * tl.exp(-m), 1.0)  # rows past c: nothing to shed
     oa = tl.load(Oa + (h * sa_h + r * sa_r + t * sa_t)[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
     ob = tl.load(Ob + (h * sb_h + r * sb_r + t * sb_t)[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
-    o = (oa.to(tl.float32) * wa[:, None] + ob.to(tl.float32) * wb[:, None]) / (wa + wb)[:, None]
+    o = (oa.to(tl.float32) * wa[:, None] + ob.to(tl.float32) * wb[:, None]) / den[:, None]
     tl.store(Out + (h * so_h + r * so_r + t * so_t)[:, None] + cols[None, :], o, mask=ok[:, None])
     if WRITE_LSE:
-        tl.store(Lout + hq * c + t, m + tl.log(wa + wb), mask=ok)
+        tl.store(Lout + hq * c + t, m + tl.log(den), mask=ok)
 
 
 def _merge(parts: list[_Part], c: int, hq: int, rep: int) -> torch.Tensor:
@@ -304,7 +299,7 @@ def _merge(parts: list[_Part], c: int, hq: int, rep: int) -> torch.Tensor:
         last = i == len(parts) - 2
         lse = None if last else torch.empty(hq, c, dtype=torch.float32, device=out.device)
         _merge_kernel[(triton.cdiv(c, 32), hq)](
-            acc.o, acc.lse, p.o, p.lse, out, lse if lse is not None else out, c,
+            acc.o, acc.lse, p.o, p.lse, out, lse if lse is not None else out, c, float(acc.pad), float(p.pad),
             *acc.o_strides, *acc.lse_strides, *p.o_strides, *p.lse_strides, *o_strides,
             REP=rep, D=d, BLOCK_T=32, WRITE_LSE=not last)
         if not last:

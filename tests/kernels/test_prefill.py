@@ -64,14 +64,18 @@ def test_key_buckets_are_few_and_tight():
         assert n <= prefill._key_bucket(n) < max(n + 512, n * 9 // 8 + 1)
 
 
-def test_shed_padding_is_the_attention_without_it():
+def test_the_merge_sheds_zero_key_padding():
+    """Two parts (one over keys padded with 24 zero keys and values, ``_Part.pad``) merge into the attention over the
+    real keys alone."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 40, 8, generator=g), torch.randn(1, 2, 40, 8, generator=g)
-    want = prefill._attend_lse(q, k, v, False, 0.3)
+    q = torch.randn(1, 2, 5, 8, generator=g)
+    k1, v1, k2, v2 = (torch.randn(1, 2, n, 8, generator=g) for n in (40, 40, 7, 7))
     zeros = torch.zeros(1, 2, 24, 8)
-    got = prefill._prefix_lse(q, torch.cat([k, zeros], 2), torch.cat([v, zeros], 2), 24, 0.3)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    a = prefill._headed(*prefill._attend_lse(q, torch.cat([k1, zeros], 2), torch.cat([v1, zeros], 2), False, 0.3), 1)
+    b = prefill._headed(*prefill._attend_lse(q, k2, v2, False, 0.3), 1)
+    got = prefill._merge([prefill._Part(a.o, a.lse, a.o_strides, a.lse_strides, 24), b], 5, 2, 1)
+    want, _ = prefill._attend_lse(q, torch.cat([k1, k2], 2), torch.cat([v1, v2], 2), False, 0.3)
+    torch.testing.assert_close(got, want[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("bits", [(4, 2), (2, 4), (4, 4)], ids=["k4v2", "k2v4", "int4"])
