@@ -32,6 +32,8 @@ plans rank 0 sends, and receive its token ids by a device broadcast; only rank 0
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,6 +55,8 @@ from oscarkv.models.parallel import TensorParallel
 from oscarkv.models.prefetch import attach
 from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import LayerCodec, TensorCodec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -330,6 +334,24 @@ def _attach_pieces(runner: ModelRunner, cfg: EngineConfig, graphs: bool, one: bo
             runner.piecewise.capture_all()
 
 
+def _warm_prefill(runner: ModelRunner, cfg: EngineConfig) -> None:
+    """Build the prefill attention's cuDNN graphs for cold prompts up to the model's length at start-up
+    (:func:`oscarkv.kernels.prefill.warm_cudnn`), logging the count and the seconds. A failure is logged and
+    left to the served steps (which build what they meet)."""
+    from oscarkv.kernels.prefill import warm_cudnn
+
+    attn, t = runner.model.model.layers[0].self_attn, time.perf_counter()
+    longest = getattr(runner.model.config, "max_position_embeddings", None) or cfg.prefill_chunk
+    shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim, runner.pools.geo.page_size)
+    try:
+        n = warm_cudnn(shape, cfg.prefill_chunk, longest, runner.model.attention_scale, runner.device)
+    except Exception:  # NOTE: a speed-up only; nothing served depends on it
+        log.warning("oscarkv prefill attention: building cuDNN graphs at start-up failed", exc_info=True)
+        return
+    log.info("oscarkv prefill attention: %d cuDNN shapes built in %.1f s (prompts up to %d tokens)", n,
+             time.perf_counter() - t, longest)
+
+
 def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, backend: AttentionBackend,
                  graph_buckets: tuple[int, ...] = (), tp: TensorParallel | None = None,
                  page_bytes: int = 0) -> ModelRunner:
@@ -356,6 +378,8 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     if graph_buckets and cfg.extend_graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
         runner.extend_graphs = ExtendGraphs(runner, extend_buckets(cfg))
     _attach_pieces(runner, cfg, bool(graph_buckets), tp is None or tp.size == 1)
+    if graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
+        _warm_prefill(runner, cfg)
     if cfg.speculative.enabled and (tp is None or tp.size == 1):
         # NOTE: verify steps take many bucket sizes (drafts shorter than K, draft_end near a demotion): captured
         # lazily, each would cost a served step a capture. Tensor-parallel ranks capture lazily, in step.

@@ -126,9 +126,10 @@ FLASH_ROWS = 512
 many keys, where FlashAttention splits the keys and cuDNN does not, and no graph to build (one H200, 2026-11-28,
 ``python -m lab.scripts.sdpa_shapes``: 256 rows over 100K keys 0.42 ms against cuDNN's 1.21, 2048 rows 2.96
 against 1.26; ``lab/bench_gpu/2026-11-28/s15_call5_h200x2``)."""
-PAD_KEYS: bool | None = None
-"""Pad the prefix keys to :func:`_key_bucket`'s lengths: ``None`` where cuDNN runs (CUDA, more than ``FLASH_ROWS``
-rows); the tests force it on the CPU."""
+CUDA_SHAPES: bool | None = None
+"""The shape policy of CUDA (keys, rows and causal parts padded to few shapes; ``FLASH_ROWS`` rows through
+FlashAttention-2's entry): ``None``, on CUDA tensors only; the tests force it on the CPU, where each call is the
+fp32 softmax of its padded shapes."""
 ROW_STEP = 256
 """cuDNN's stacked query rows are padded to a multiple of this (padding rows are computed and dropped)."""
 CAUSAL_STEP = 64
@@ -155,24 +156,62 @@ def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
     return y
 
 
+def _cuda_shapes(q: torch.Tensor) -> bool:
+    return CUDA_SHAPES if CUDA_SHAPES is not None else q.is_cuda
+
+
 def _prefix_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Stacked queries ``q [1, H, R, d]`` over ``k/v [1, H, n, d]`` → ``(o, lse)``, ``R`` rows (zero keys padding
     ``k`` count in ``lse``: the merge sheds them, ``_Part.pad``). On CUDA: up to ``FLASH_ROWS`` rows
     FlashAttention-2, else cuDNN over rows padded to ``ROW_STEP``."""
     rows = q.shape[2]
-    if q.is_cuda and rows <= FLASH_ROWS:
+    if _cuda_shapes(q) and rows <= FLASH_ROWS:
+        if not q.is_cuda:
+            return _attend_lse(q, k, v, False, scale)
         o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)[:2]
-        lse = lse.reshape(q.shape[:3])
-    else:
-        o, lse = _attend_lse(_padded(q, -(-rows // ROW_STEP) * ROW_STEP) if q.is_cuda else q, k, v, False, scale)
-        o, lse = o[:, :, :rows], lse[:, :, :rows]
-    return o, lse
+        return o, lse.reshape(q.shape[:3])
+    o, lse = _attend_lse(_padded(q, _cudnn_rows(rows)) if _cuda_shapes(q) else q, k, v, False, scale)
+    return o[:, :, :rows], lse[:, :, :rows]
+
+
+def _cudnn_rows(rows: int) -> int:
+    """Stacked query rows as cuDNN runs them: up to a multiple of ``ROW_STEP``."""
+    return -(-rows // ROW_STEP) * ROW_STEP
+
+
+def cold_prompt_shapes(rep: int, chunk: int, max_tokens: int, seg: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """The cuDNN shapes a cold prompt in ``chunk``-token chunks of up to ``max_tokens`` meets on CUDA: (stacked rows,
+    keys) of each full chunk's prefix parts (none if its ``rep · chunk`` rows run FlashAttention-2; ``seg``: tokens
+    a segment) and the lengths its causal parts are padded to (every ``CAUSAL_STEP`` multiple up to ``chunk``: a
+    last chunk of any length). Not here: a last chunk's prefix (other rows), follow-ups (built when first met)."""
+    prefix = set()
+    if rep * chunk > FLASH_ROWS:
+        for start in range(chunk, max_tokens, chunk):
+            prefix.update((_cudnn_rows(rep * chunk), _key_bucket(min(seg, start - s0))) for s0 in range(0, start, seg))
+    return sorted(prefix), list(range(CAUSAL_STEP, -(-chunk // CAUSAL_STEP) * CAUSAL_STEP + 1, CAUSAL_STEP))
+
+
+def warm_cudnn(shape: tuple[int, int, int, int], chunk: int, max_tokens: int, scale: float,
+               device: torch.device) -> int:
+    """Build cuDNN's graphs for :func:`cold_prompt_shapes` now, at start-up, over zeros (nothing kept): a first
+    long prompt otherwise pays ~40 ms a new shape (one H200, 2026-11-28: a process's first cold 32K prompt 3.0 s,
+    the next 1.4). ``shape``: query heads, KV heads, head dim, page size. The number of shapes."""
+    hq, h, d, page = shape
+    prefix, causal = cold_prompt_shapes(hq // h, chunk, max_tokens, _segment_tokens(h, d, page))
+    kv = torch.zeros(2, h * max([chunk] + [n for _, n in prefix]) * d, dtype=torch.bfloat16, device=device)
+    for rows, n in prefix:  # NOTE: contiguous views of a flat buffer: the strides of the staged workspace
+        _attend_lse(torch.zeros(1, h, rows, d, dtype=kv.dtype, device=device),
+                    *(x[:h * n * d].view(1, h, n, d) for x in kv), False, scale)
+    for c in causal:
+        _attend_lse(torch.zeros(1, hq, c, d, dtype=kv.dtype, device=device),
+                    *(x[:h * c * d].view(1, h, c, d) for x in kv), True, scale)
+    return len(prefix) + len(causal)
 
 
 def _causal_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk over itself, causal: on CUDA padded after its last token to ``CAUSAL_STEP`` (a few shapes)."""
     c = q.shape[2]
-    if q.is_cuda and c % CAUSAL_STEP:
+    if _cuda_shapes(q) and c % CAUSAL_STEP:
         n = -(-c // CAUSAL_STEP) * CAUSAL_STEP
         o, lse = _attend_lse(_padded(q, n), _padded(k, n), _padded(v, n), True, scale)
         return o[:, :, :c], lse[:, :, :c]
@@ -218,7 +257,7 @@ def _prefix(q: torch.Tensor, kv: LayerKV, tables: PageTables, b: int, lens: tupl
     rep, (nb, ni), parts = hq // h, lens, []
     qs = _bf16_layout(q.view(c, h, rep, d), (1, 2, 0, 3)).view(1, h, rep * c, d)  # [1, H, rep·c, d]
     dtype = torch.bfloat16 if q.is_cuda else torch.float32
-    pad_keys = PAD_KEYS if PAD_KEYS is not None else q.is_cuda and rep * c > FLASH_ROWS  # cuDNN: few shapes
+    pad_keys = _cuda_shapes(q) and rep * c > FLASH_ROWS  # cuDNN: few shapes
     for s0 in range(0, nb + ni, seg):
         s1 = min(nb + ni, s0 + seg)
         n = _key_bucket(s1 - s0) if pad_keys else s1 - s0

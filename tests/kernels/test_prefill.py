@@ -46,15 +46,33 @@ def test_prefill_matches_oracle(cached, chunk, hq, h, d, group, int2, segment):
     assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
 
 
-@pytest.mark.parametrize("cached,chunk,hq,h,d,group,int2,segment", CASES[:2] + CASES[3:])
-def test_prefix_keys_padded_to_few_lengths_match_oracle(monkeypatch, cached, chunk, hq, h, d, group, int2, segment):
+@pytest.mark.parametrize("cached,chunk,hq,h,d,group,int2,segment", CASES[:2] + CASES[3:] + [(300, 150, 8, 2, 32, None, True, 96)])
+def test_cuda_shapes_match_oracle(monkeypatch, cached, chunk, hq, h, d, group, int2, segment):
     """cuDNN builds a graph per shape, so on a GPU the prefix keys are padded (zero keys and values) to a few
-    lengths and the padding's weight shed from the log-sum-exp: forced here on the CPU, the oracle still holds."""
-    monkeypatch.setattr(prefill, "PAD_KEYS", True)
+    lengths and the merge sheds their weight, cuDNN's rows and the causal part are padded, few rows take
+    FlashAttention's entry: forced on the CPU (the last case's 600 stacked rows take cuDNN's), the oracle holds."""
+    monkeypatch.setattr(prefill, "CUDA_SHAPES", True)
     kv, tables, q, k_new, v_new, _, ref, tol = _inputs([cached], [chunk], hq, h, d, group=group, int2=int2, seed=cached)
     out = prefill_attention(q, k_new, v_new, kv, tables, 0, tables.lens()[0][:1] + tables.lens()[1][:1], d**-0.5,
                             segment=segment)
     assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+
+
+def test_a_cold_prompt_meets_only_warmed_shapes(monkeypatch):
+    """``warm_cudnn`` builds at start-up what a cold prompt's full chunks then meet: every attention call of a
+    4-chunk prompt (600 stacked rows each: cuDNN's side of ``FLASH_ROWS``; segments of 256 keys) is a listed shape."""
+    monkeypatch.setattr(prefill, "CUDA_SHAPES", True)
+    seen, attend = [], prefill._attend_lse
+    monkeypatch.setattr(prefill, "_attend_lse", lambda q, k, v, causal, scale: seen.append(
+        (causal, q.shape[2], k.shape[2])) or attend(q, k, v, causal, scale))
+    chunk, seg = 150, 256
+    for i in range(4):
+        kv, tables, q, k_new, v_new, _, _, _ = _inputs([i * chunk], [chunk], 8, 2, 32, seed=i)
+        prefill_attention(q, k_new, v_new, kv, tables, 0, tables.lens()[0][:1] + tables.lens()[1][:1], 32**-0.5,
+                          segment=seg)
+    prefix, causal = prefill.cold_prompt_shapes(4, chunk, 4 * chunk, seg)
+    assert {(rows, n) for c, rows, n in seen if not c} == set(prefix)
+    assert {rows for c, rows, _ in seen if c} <= set(causal) and len(causal) == 3
 
 
 def test_key_buckets_are_few_and_tight():
