@@ -65,11 +65,12 @@ def test_tp2_equals_tp1_gpu(method):
 
 
 @pytest.mark.parametrize("method", ["bf16", "oscar"])
-def test_tp2_pieces_equal_tp1_gpu(method):
+def test_tp2_pieces_equal_tp1_gpu(method, all_reduce="nccl"):
     """Piecewise graphs at tp 2 (``piecewise_graph_buckets``, opt-in there: captured in step on both ranks, the NCCL
     all-reduces inside the pieces): a document in chunks of 40 and follow-ups of 9, 30 and 55 tokens through buckets
     16 and 48 give tp 1's eager tokens up to a near-tie (random weights at Qwen3-4B's shape could not tell: flat
-    logits, ``lab.scripts.pieces_tp_check``, 2026-11-28)."""
+    logits, ``lab.scripts.pieces_tp_check``, 2026-11-28). ``all_reduce``: ``tests.engine.tp_gpu_symm pieces`` runs it
+    with the symmetric-memory kind of ``auto`` (one per process)."""
     from tests.engine.test_piecewise import _session
 
     model = tiny_model().to("cuda:0", torch.bfloat16)
@@ -77,13 +78,21 @@ def test_tp2_pieces_equal_tp1_gpu(method):
     cfg = engine_config(method, prefill_chunk=40, piecewise_graph_buckets=())
     one = LLMEngine.from_hf(model, cfg, art)
     two = LLM(LoadedModel(model, None, "tiny"), method, artifact=art, tensor_parallel_size=2,
-              config=replace(cfg, piecewise_graph_buckets=(16, 48), tensor_parallel_all_reduce="nccl")).engine
+              config=replace(cfg, piecewise_graph_buckets=(16, 48), tensor_parallel_all_reduce=all_reduce)).engine
     try:
         ref, got = _session(one), _session(two)
         assert two.runner.local.piecewise.replays >= 4, two.runner.local.piecewise.fallbacks
     finally:
         two.close()
     _compare_prefix(got, ref, NEAR_TIE)
+
+
+def test_tp2_pieces_with_symm_mem_gpu():
+    """The pieces at tp 2 with ``auto``'s all-reduce on two GPUs (``one_shot_norm``: the sums fused into the norms,
+    inside the pieces' graphs), as pieces on by default under tp would run: tp 1's tokens up to a near-tie."""
+    if not hasattr(torch.ops.symm_mem, SYMM_MEM_OPS["one_shot_norm"]):
+        pytest.skip(f"torch {torch.__version__} has no torch.ops.symm_mem.{SYMM_MEM_OPS['one_shot_norm']}")
+    _subprocess("tests.engine.tp_gpu_symm", "pieces")
 
 
 @pytest.mark.parametrize("kind", ["one_shot", "two_shot", "one_shot_norm"])

@@ -4,7 +4,7 @@
 (``one_shot``, ``two_shot`` or ``one_shot_norm``; decode messages through it inside the graphs, prefill chunks through NCCL)
 must give tp = 1's tokens up to a near-tie. Then a second engine in the same process must be refused
 with a clear error, not hang (``oscarkv.models.allreduce``: torch numbers its rendezvous per process).
-Prints ``ok KIND`` on success.
+Prints ``ok KIND`` on success. ``pieces``: the piecewise graphs at tp 2 under ``auto``'s kind.
 """
 
 import sys
@@ -36,5 +36,13 @@ def main(kind: str) -> None:
     print(f"ok {kind}", flush=True)
 
 
+def pieces() -> None:
+    """``test_tp2_pieces_equal_tp1_gpu`` (OSCAR) with ``auto``'s kind of two GPUs in the pieces."""
+    from tests.engine.test_tensor_parallel_gpu import test_tp2_pieces_equal_tp1_gpu
+
+    test_tp2_pieces_equal_tp1_gpu("oscar", "auto")
+    print("ok pieces", flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    pieces() if sys.argv[1] == "pieces" else main(sys.argv[1])

@@ -154,3 +154,13 @@ def test_prefill_real_shape_gpu(int2):
     out = prefill_attention(q[:1000], k_new[:1000], v_new[:1000], kv, tables, 0,
                             (tables.lens()[0][0], tables.lens()[1][0]), 128**-0.5, segment=8192)
     assert _rel(out, ref[:1000]) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_warm_cudnn_gpu():
+    """The start-up builds run on a GPU at the Qwen3-8B attention shape (prompts up to 16K: 24 prefix and 8 causal
+    shapes)."""
+    prefix, causal = prefill.cold_prompt_shapes(4, 512, 16384, prefill._segment_tokens(8, 128, 64))
+    assert prefill.warm_cudnn((32, 8, 128, 64), 512, 16384, 128**-0.5, torch.device("cuda")) == len(prefix) + len(causal)
+
