@@ -180,5 +180,8 @@ mtile() { timeout 300 python3 -m lab.scripts.map_tile --out "$OUT/mtile" > "$OUT
 tpprof() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tpprof: one GPU, skipped"; return; }
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 300 python3 -m lab.scripts.tp_prefill_profile --tps 1,2 \
   ${TPPROF_ARGS:-} --out "$OUT/tpprof" > "$OUT/tpprof.log" 2>&1; echo "== tpprof: exit $?"; grep -E "^==|^   |Error" "$OUT/tpprof.log"; }
+#      ptests: the prefill kernel's GPU tests (padded shapes, the merge shedding the padding, warm_cudnn)
+ptests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/kernels/test_prefill.py > "$OUT/ptests.log" 2>&1
+  echo "== ptests: exit $?"; tail -n 4 "$OUT/ptests.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done
