@@ -23,7 +23,8 @@ output into the static buffer piece ``i + 1`` starts from::
     for each layer i: eager extend(q_i, k_i, v_i) -> out; replay piece i + 1 (o_proj, MLP, layer i + 1 ...)
 
 Padding rows (``k < kb``): as the extend graphs' — after the real rows, token 0 at position 0, the scratch slot 0;
-the chunk is causal, so no real row sees them, and the runner keeps ``hidden[:k]``.
+each layer's attention reads and writes the real rows alone (the padding's keep what they held: every other op is
+row by row), and the runner keeps ``hidden[:k]``.
 
 Demotions: the eager step's (``model_runner._demotions``): prefix pages before the replay, pages the step writes
 after it.
@@ -157,6 +158,7 @@ class _Graph:
         self.inputs = x = _Inputs(runner, kb)
         self.kb, self.cut = kb, _Cut(runner.backend)
         self.cu = torch.tensor([0, kb], dtype=torch.int32, device=runner.device)
+        self.cus: dict[int, torch.Tensor] = {}  # [0, k]: a step's real rows (:meth:`one`)
         step = StepContext(self.cut, runner.pools, runner.storage, x.tables, self.cu, x.slots, runner.scale,
                            cu_host=(0, kb))
         self.forward = lambda: runner.model(x.ids, x.positions, step)
@@ -177,11 +179,15 @@ class _Graph:
         return self.hidden
 
     def one(self, plan: WritePlan, page_size: int) -> _Step:
-        """The step of one sequence staged by ``inputs.stage``: its one-row tables, the whole bucket as its chunk
-        (padding rows after the real ones, causal: no real row sees them)."""
+        """The step of one sequence staged by ``inputs.stage``: its one-row tables and its real rows as the chunk
+        (the padding rows after them are never attended: a follow-up of 300 tokens in the 512 bucket attends 300
+        query rows over the prefix, not 512)."""
         lens = ((plan.view_bf16_len,), (len(plan.view_int2) * page_size,))
         tables = replace(self.inputs.tables, host_lens=lens)  # NOTE: the prefix lengths of this step, for the route
-        return _Step(tables, self.cu, (0, self.kb))
+        k = plan.t1 - plan.t0
+        if k not in self.cus:  # NOTE: one small device tensor per row count, not a copy per step
+            self.cus[k] = torch.tensor([0, k], dtype=torch.int32, device=self.cu.device)
+        return _Step(tables, self.cus[k], (0, k))
 
 
 def _capture(graph: _Graph, runner, pool) -> tuple[_Pieces, torch.Tensor]:
