@@ -19,6 +19,7 @@ from oscarkv.engine.model_runner import build_runner
 from oscarkv.engine.runner import Runner
 from oscarkv.engine.workers import ParallelRunner
 from oscarkv.models.llama import PagedLM
+from oscarkv.models.moe import SparseMoE
 from oscarkv.quant.artifact import ModelFingerprint
 from oscarkv.quant.bpe import SlidingLayers
 from oscarkv.quant.codec import KVCodec, build_codec
@@ -40,13 +41,27 @@ def build_runner_and_codec(model: PagedLM, cfg: EngineConfig, artifact=None, bac
     backend = backend or default_backend(torch.device(device) if device is not None else here)
     if codec.sliding and cfg.tensor_parallel_size > 1:
         raise ValueError(f"{config.architectures[0]} has sliding-window layers: tensor parallelism is not supported")
-    # NOTE: a sliding layer's band runs eagerly (oscarkv.attention.step), so such a model decodes without graphs
-    buckets = DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps and not codec.sliding else ()
+    buckets = graph_buckets(model, codec, backend, cuda_graphs)
+    if not buckets and cfg.piecewise_graph_buckets and here.type == "cuda" and _sparse(model):
+        raise ValueError("--piecewise-graph-buckets (EngineConfig.piecewise_graph_buckets): a mixture-of-experts "
+                         "model sizes its expert buffers on the host each step, which a CUDA graph cannot capture; "
+                         "leave it unset")
     if cfg.tensor_parallel_size > 1:
         runner = ParallelRunner(model, codec, cfg, backend, buckets, device)
     else:
         runner = build_runner(model, list(codec.layers), cfg, backend, buckets)
     return runner, codec
+
+
+def graph_buckets(model: PagedLM, codec: KVCodec, backend: AttentionBackend, cuda_graphs: bool) -> tuple[int, ...]:
+    """The decode graphs' batch buckets (the extend graphs, the pieces and the start-up builds follow them), or none:
+    a sliding layer's band runs eagerly (``oscarkv.attention.step``) and a mixture-of-experts layer sizes its
+    buffers from the step's routing on the host (``oscarkv.models.moe``): such models run without graphs."""
+    return DEFAULT_BUCKETS if cuda_graphs and backend.decode_steps and not codec.sliding and not _sparse(model) else ()
+
+
+def _sparse(model: PagedLM) -> bool:
+    return any(isinstance(layer.mlp, SparseMoE) for layer in model.model.layers)
 
 
 def eos_ids(config, tokenizer) -> tuple[int, ...]:

@@ -74,3 +74,18 @@ def test_engine_oscar_with_a_calibrated_artifact(arch):
 def test_windowed_mistral_is_refused():
     with pytest.raises(ModelLoadError, match="sliding_window=64"):
         check_config(tiny_config("MistralForCausalLM", sliding_window=64, max_position_embeddings=4096), "test")
+
+
+def test_a_mixture_of_experts_runs_without_cuda_graphs():
+    """Qwen3-MoE's expert buffers are sized from the step's routing on the host (``int(counts.max())``), which a
+    CUDA graph cannot capture: no decode graphs (and so no extend graphs, pieces or start-up builds) for it, while
+    a dense model of the same backend gets them."""
+    from types import SimpleNamespace
+
+    from oscarkv.attention.backends import TritonAttention
+    from oscarkv.engine.assembly import graph_buckets
+    from oscarkv.engine.cuda_graphs import DEFAULT_BUCKETS
+
+    dense = SimpleNamespace(sliding=None)
+    assert graph_buckets(PagedLM.from_hf(tiny_model("Qwen3MoeForCausalLM")), dense, TritonAttention(), True) == ()
+    assert graph_buckets(PagedLM.from_hf(tiny_model()), dense, TritonAttention(), True) == DEFAULT_BUCKETS
