@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from lab.benchmarks.chunk_attention import _eager_ms  # CUDA events, median
 
 OPS = {
     "cudnn": lambda q, k, v, s: torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False,
@@ -26,18 +27,6 @@ OPS = {
     "efficient": lambda q, k, v, s: torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0,
                                                                                            False, scale=s)[:2],
 }
-
-
-def timed(fn, reps: int = 5) -> float:
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
 
 
 def one(name: str, rows: int, n: int, heads: int = 8, d: int = 128) -> dict:
@@ -50,7 +39,7 @@ def one(name: str, rows: int, n: int, heads: int = 8, d: int = 128) -> dict:
     torch.cuda.synchronize()
     first = 1e3 * (time.perf_counter() - t)
     ref_o, _ = OPS["cudnn"](q, k, v, scale)
-    return dict(backend=name, rows=rows, n=n, first_ms=first, kernel_ms=timed(lambda: op(q, k, v, scale)),
+    return dict(backend=name, rows=rows, n=n, first_ms=first, kernel_ms=_eager_ms(lambda: op(q, k, v, scale), 5),
                 diff=float((o.float() - ref_o.float()).abs().max()))
 
 
