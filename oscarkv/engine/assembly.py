@@ -42,7 +42,7 @@ def build_runner_and_codec(model: PagedLM, cfg: EngineConfig, artifact=None, bac
     if codec.sliding and cfg.tensor_parallel_size > 1:
         raise ValueError(f"{config.architectures[0]} has sliding-window layers: tensor parallelism is not supported")
     buckets = graph_buckets(model, codec, backend, cuda_graphs)
-    if not buckets and cfg.piecewise_graph_buckets and here.type == "cuda" and _sparse(model):
+    if cfg.piecewise_graph_buckets and here.type == "cuda" and _sparse(model):
         raise ValueError("--piecewise-graph-buckets (EngineConfig.piecewise_graph_buckets): a mixture-of-experts "
                          "model sizes its expert buffers on the host each step, which a CUDA graph cannot capture; "
                          "leave it unset")

@@ -142,10 +142,13 @@ padded to one of this many lengths per octave (at most 1/8 more keys) with zero 
 merge then sheds from the log-sum-exp (``_Part.pad``, :func:`_merge_kernel`)."""
 
 
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
 def _key_bucket(n: int) -> int:
     """``n`` keys rounded up to a multiple of 512 below 4096, else of ``2^(⌊log2 n⌋ − 3)``."""
-    g = max(512, (1 << (n.bit_length() - 1)) // KEY_BUCKETS_PER_OCTAVE)
-    return -(-n // g) * g
+    return _round_up(n, max(512, (1 << (n.bit_length() - 1)) // KEY_BUCKETS_PER_OCTAVE))
 
 
 def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -165,19 +168,19 @@ def _prefix_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
     """Stacked queries ``q [1, H, R, d]`` over ``k/v [1, H, n, d]`` → ``(o, lse)``, ``R`` rows (zero keys padding
     ``k`` count in ``lse``: the merge sheds them, ``_Part.pad``). On CUDA: up to ``FLASH_ROWS`` rows
     FlashAttention-2, else cuDNN over rows padded to ``ROW_STEP``."""
-    rows = q.shape[2]
-    if _cuda_shapes(q) and rows <= FLASH_ROWS:
-        if not q.is_cuda:
-            return _attend_lse(q, k, v, False, scale)
+    rows, cuda = q.shape[2], _cuda_shapes(q)
+    if cuda and rows <= FLASH_ROWS and q.is_cuda:
         o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)[:2]
         return o, lse.reshape(q.shape[:3])
-    o, lse = _attend_lse(_padded(q, _cudnn_rows(rows)) if _cuda_shapes(q) else q, k, v, False, scale)
+    if not cuda or rows <= FLASH_ROWS:  # NOTE: on the CPU, FlashAttention's rows as the fp32 softmax
+        return _attend_lse(q, k, v, False, scale)
+    o, lse = _attend_lse(_padded(q, _cudnn_rows(rows)), k, v, False, scale)
     return o[:, :, :rows], lse[:, :, :rows]
 
 
 def _cudnn_rows(rows: int) -> int:
     """Stacked query rows as cuDNN runs them: up to a multiple of ``ROW_STEP``."""
-    return -(-rows // ROW_STEP) * ROW_STEP
+    return _round_up(rows, ROW_STEP)
 
 
 def cold_prompt_shapes(rep: int, chunk: int, max_tokens: int, seg: int) -> tuple[list[tuple[int, int]], list[int]]:
@@ -189,7 +192,7 @@ def cold_prompt_shapes(rep: int, chunk: int, max_tokens: int, seg: int) -> tuple
     if rep * chunk > FLASH_ROWS:
         for start in range(chunk, max_tokens, chunk):
             prefix.update((_cudnn_rows(rep * chunk), _key_bucket(min(seg, start - s0))) for s0 in range(0, start, seg))
-    return sorted(prefix), list(range(CAUSAL_STEP, -(-chunk // CAUSAL_STEP) * CAUSAL_STEP + 1, CAUSAL_STEP))
+    return sorted(prefix), list(range(CAUSAL_STEP, _round_up(chunk, CAUSAL_STEP) + 1, CAUSAL_STEP))
 
 
 def warm_cudnn(shape: tuple[int, int, int, int], chunk: int, max_tokens: int, scale: float,
@@ -213,7 +216,7 @@ def _causal_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
     """The chunk over itself, causal: on CUDA padded after its last token to ``CAUSAL_STEP`` (a few shapes)."""
     c = q.shape[2]
     if _cuda_shapes(q) and c % CAUSAL_STEP:
-        n = -(-c // CAUSAL_STEP) * CAUSAL_STEP
+        n = _round_up(c, CAUSAL_STEP)
         o, lse = _attend_lse(_padded(q, n), _padded(k, n), _padded(v, n), True, scale)
         return o[:, :, :c], lse[:, :, :c]
     return _attend_lse(q, k, v, True, scale)
