@@ -202,7 +202,7 @@ def warm_cudnn(shape: tuple[int, int, int, int], chunk: int, max_tokens: int, sc
     the next 1.4). ``shape``: query heads, KV heads, head dim, page size. The number of shapes."""
     hq, h, d, page = shape
     prefix, causal = cold_prompt_shapes(hq // h, chunk, max_tokens, _segment_tokens(h, d, page))
-    kv = torch.zeros(2, h * max([chunk] + [n for _, n in prefix]) * d, dtype=torch.bfloat16, device=device)
+    kv = torch.zeros(2, h * max(causal + [n for _, n in prefix]) * d, dtype=torch.bfloat16, device=device)
     for rows, n in prefix:  # NOTE: contiguous views of a flat buffer: the strides of the staged workspace
         _attend_lse(torch.zeros(1, h, rows, d, dtype=kv.dtype, device=device),
                     *(x[:h * n * d].view(1, h, n, d) for x in kv), False, scale)

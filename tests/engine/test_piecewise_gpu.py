@@ -10,6 +10,7 @@ import torch
 from oscarkv.config import KVConfig
 from oscarkv.bench.e2e import random_artifact
 from oscarkv.engine.engine import LLMEngine
+from oscarkv.engine.model_runner import mixed_bucket
 from oscarkv.engine.request import SamplingParams
 from tests.engine.conftest import engine_config, prompts, run
 from tests.engine.test_extend_graphs_gpu import DOC, model  # noqa: F401 (a fixture)
@@ -40,7 +41,8 @@ def test_chunks_and_followups_through_pieces_match_eager_gpu(model, method):  # 
     pw = engine.runner.piecewise
     assert pw is not None and pw.replays >= DOC // 48 + 2, (pw.replays, pw.fallbacks)
     layers = len(engine.runner.model.model.layers)
-    assert {kb: len(g.pieces.graphs) for kb, g in pw.graphs.items()} == {32: layers + 1, 48: layers + 1}
+    buckets = (32, 48, mixed_bucket(engine.cfg))  # the last: a chunk beside decoders (piecewise_batches)
+    assert {kb: len(g.pieces.graphs) for kb, g in pw.graphs.items()} == {kb: layers + 1 for kb in buckets}
     _compare_prefix(eager, got, 0.1)
 
 

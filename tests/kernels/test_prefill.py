@@ -75,6 +75,21 @@ def test_a_cold_prompt_meets_only_warmed_shapes(monkeypatch):
     assert {rows for c, rows, _ in seen if c} <= set(causal) and len(causal) == 3
 
 
+def test_warm_cudnn_builds_every_listed_shape_for_any_chunk(monkeypatch):
+    """``warm_cudnn`` runs every shape :func:`cold_prompt_shapes` lists, for a chunk that is no multiple of
+    ``CAUSAL_STEP`` too (48 tokens: causal parts padded to 64; its buffer once held only 48 keys and failed)."""
+    monkeypatch.setattr(prefill, "CUDA_SHAPES", True)
+    seen, attend = [], prefill._attend_lse
+    monkeypatch.setattr(prefill, "_attend_lse", lambda q, k, v, causal, scale: seen.append(
+        (causal, q.shape[2], k.shape[2])) or attend(q, k, v, causal, scale))
+    for chunk in (48, 300):
+        seen.clear()
+        n = prefill.warm_cudnn((8, 2, 32, 16), chunk, 2000, 32**-0.5, torch.device("cpu"))
+        prefix, causal = prefill.cold_prompt_shapes(4, chunk, 2000, prefill._segment_tokens(2, 32, 16))
+        assert n == len(seen) == len(prefix) + len(causal)
+        assert {(r, k) for c, r, k in seen if not c} == set(prefix) and [r for c, r, _ in seen if c] == causal
+
+
 def test_key_buckets_are_few_and_tight():
     lengths = {prefill._key_bucket(n) for n in range(1, 131073)}
     assert len(lengths) <= 8 + 8 * 5  # 512 apart below 4096, then 8 an octave up to 128K
