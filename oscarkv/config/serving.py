@@ -201,7 +201,7 @@ SPECULATIVE_METHODS = ("none", "ngram")
 TP_ALL_REDUCES = ("auto", "nccl", "one_shot", "two_shot", "one_shot_norm")
 
 PIECEWISE_BUCKETS = (64, 128, 256, 512)
-"""``EngineConfig.piecewise_graph_buckets`` by default on one GPU: the prompt chunks of ``serve`` and follow-ups
+"""``EngineConfig.piecewise_graph_buckets`` by default: the prompt chunks of ``serve`` and follow-ups
 up to 512 tokens. A cold 32K prompt in 512-token chunks (Qwen3-4B shape, one H200, 2026-11-28): BF16 2.7 s eager,
 1.33 s in pieces; OSCAR 3.6 / 1.66 s (``lab.scripts.pieces_check``)."""
 
@@ -350,8 +350,8 @@ class EngineConfig:
     """Token buckets of the piecewise CUDA graphs of one sequence's longer extend steps (a 512-token prompt chunk,
     a long follow-up; ``oscarkv.engine.piecewise``): every layer's work but its attention replayed, attention run
     eagerly between the pieces (without CUDA: the same steps eagerly over the padded buffers); empty: such steps
-    run eagerly; unset (``None``): 64, 128, 256, 512 (``PIECEWISE_BUCKETS``) with CUDA graphs on one GPU and
-    ``l2_prefetch`` off, else empty."""
+    run eagerly; unset (``None``): 64, 128, 256, 512 (``PIECEWISE_BUCKETS``) with CUDA graphs (under tensor
+    parallelism too) and ``l2_prefetch`` off, else empty."""
     piecewise_batches: bool = True
     """The piecewise graphs also serve steps of several sequences (a prompt chunk beside other requests' decode
     tokens, up to the largest bucket, with one more bucket for a chunk beside ``max_num_seqs`` decoding tokens:

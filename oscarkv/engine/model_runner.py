@@ -320,12 +320,12 @@ def mixed_bucket(cfg: EngineConfig) -> int:
 
 def _attach_pieces(runner: ModelRunner, cfg: EngineConfig, graphs: bool, one: bool) -> None:
     """The runner's piecewise graphs (``EngineConfig.piecewise_graph_buckets``; unset: ``PIECEWISE_BUCKETS`` with the
-    decode graphs (``graphs``) on ``one`` GPU and no L2 prefetch), captured now on one GPU. NOTE: without CUDA their
-    steps run eagerly over the padded buffers (the tests); tensor-parallel ranks capture lazily, in step, and take
-    them only when asked (not yet checked on GPUs)."""
+    decode graphs (``graphs``) and no L2 prefetch), captured now on ``one`` GPU. NOTE: without CUDA their steps run
+    eagerly over the padded buffers (the tests); tensor-parallel ranks capture lazily, in step (their all-reduces
+    pair up only in step; tokens ≡ tp 1 on two H200s, NCCL and ``one_shot_norm``, 2026-11-28)."""
     cuda, pieces = runner.device.type == "cuda", cfg.piecewise_graph_buckets
     if pieces is None:
-        pieces = PIECEWISE_BUCKETS if graphs and cuda and one and cfg.l2_prefetch == "off" else ()
+        pieces = PIECEWISE_BUCKETS if graphs and cuda and cfg.l2_prefetch == "off" else ()
     if pieces and cfg.piecewise_batches:
         pieces = tuple(sorted({*pieces, mixed_bucket(cfg)}))
     if pieces:
