@@ -12,7 +12,9 @@ what a user waits for. Its wall time is timed, synchronized, from ``add_request`
 shape builds kernels and plans). Each timed request is checked: the prefix-cache hit is exactly ``context``
 tokens and one model launch computed exactly k tokens. Last, a request of the prefix plus one token decodes
 ``steps`` timed steps at the same context (``oscarkv.bench.decode.timed_steps``): the decode step beside it. On a
-GPU each row also carries its target, two decode steps plus the k tokens' GEMMs (``prefill.linear_seconds``).
+GPU each row also carries its target, two decode steps plus the k tokens' GEMMs (``prefill.linear_seconds``), and
+its bound: the target plus the computed tokens' own attention FLOPs at the GPU's best attention rate
+(``prefill.attention_rate``; at k = 512 over 100K they take longer than the target itself).
 
 With ``--prefill-chunk N`` the engine chunks as a server does (N tokens, e.g. the default 512) and the cached
 prompt is ``context + N // 2`` tokens: page keys hash the chunk ends that computed each page
@@ -120,6 +122,7 @@ def gemm_seconds(model: PagedLM, ks) -> dict[int, float]:
 def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[dict]:
     """Every (method, context, k) row for one model: the follow-up steps and the decode step beside them."""
     rows, gemm = [], gemm_seconds(model, cfg.new_tokens)
+    rate = _attention_rate(model, max(cfg.contexts)) if gemm else 0.0
     for method in cfg.methods:
         engine = followup_engine(model, method, int(cfg.kv_gib * 2**30), max(cfg.new_tokens), cfg.prefill_chunk,
                                  cfg.piecewise_graph_buckets)
@@ -141,12 +144,29 @@ def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[d
                                      prefill_chunk=cfg.prefill_chunk, resume=cfg.resume_turns, cached_tokens=len(prefix),
                                      **got[-1],
                                      all_step_s=[g["step_s"] for g in got], **bound))
+                    if rate:
+                        rows[-1] |= _bound(model, rows[-1], rate)
                     print(json.dumps(rows[-1]), flush=True)
         finally:
             engine.close()
             del engine
             e2e.release()
     return rows
+
+
+def _attention_rate(model: PagedLM, keys: int) -> float:
+    from oscarkv.bench.prefill import attention_rate
+
+    return attention_rate(model, keys)
+
+
+def _bound(model: PagedLM, row: dict, rate: float) -> dict:
+    """A row's bound: its target plus its computed tokens' attention FLOPs at ``rate`` (FLOP/s)."""
+    from oscarkv.bench.prefill import chunk_attention_flops
+
+    computed = row.get("computed_tokens", row["new_tokens"])
+    attention_s = chunk_attention_flops(model, computed, row.get("hit_tokens", row["cached_tokens"])) / rate
+    return dict(attention_s=attention_s, attention_tflops=rate / 1e12, bound_s=row["target_s"] + attention_s)
 
 
 def run(cfg: FollowupBench, out: Path | None) -> str:
@@ -164,22 +184,31 @@ def run(cfg: FollowupBench, out: Path | None) -> str:
 
 def format_table(rows: list[dict]) -> str:
     """ms per (shape, context, method): the decode step, then the first step of each k; step / target (two
-    decode steps plus the k tokens' GEMMs) where the target was measured, else step / decode; the longest
-    admission (validation and page hashing, inside each step's time) of the row."""
+    decode steps plus the k tokens' GEMMs) where the target was measured, else step / decode, and step / bound
+    (the target plus the tokens' attention FLOPs) in brackets where measured; the longest admission (validation
+    and page hashing, inside each step's time) of the row."""
     ks = list(dict.fromkeys(r["new_tokens"] for r in rows))
     by = {(r["shape"], r["context"], r["method"], r["new_tokens"]): r for r in rows}
     bound = "target" if all("target_s" in r for r in rows) else "decode"
+    brackets = " (bound)" if all("bound_s" in r for r in rows) else ""
     lines = ["| shape | context | kv | decode step ms | " + " | ".join(f"k = {k} ms" for k in ks)
-             + " | " + " | ".join(f"k = {k} / {bound}" for k in ks) + " | admission ms |",
+             + " | " + " | ".join(f"k = {k} / {bound}{brackets}" for k in ks) + " | admission ms |",
              "|---|---:|---|---:|" + "---:|" * (2 * len(ks) + 1)]
     for s, n, m in dict.fromkeys((r["shape"], r["context"], r["method"]) for r in rows):
         got = [by.get((s, n, m, k)) for k in ks]
         dec = next(g for g in got if g)["decode_s"]
         lines.append(f"| {s} | {n} | {m} | {1e3 * dec:.2f} | "
                      + " | ".join(_step_cell(g) for g in got) + " | "
-                     + " | ".join(f"{g['step_s'] / g.get(bound + '_s', dec):.1f}x" if g else "-" for g in got)
+                     + " | ".join(_ratio_cell(g, bound, dec) for g in got)
                      + f" | {1e3 * max(g.get('admit_s', 0.0) for g in got if g):.1f} |")
     return "\n".join(lines)
+
+
+def _ratio_cell(row: dict | None, bound: str, decode_s: float) -> str:
+    if row is None:
+        return "-"
+    cell = f"{row['step_s'] / row.get(bound + '_s', decode_s):.1f}x"
+    return cell + (f" ({row['step_s'] / row['bound_s']:.1f}x)" if "bound_s" in row else "")
 
 
 def _step_cell(row: dict | None) -> str:

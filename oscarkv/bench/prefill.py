@@ -64,6 +64,25 @@ def floor(model, context: int, chunk: int) -> dict:
 
 
 @torch.inference_mode()
+@torch.inference_mode()
+def attention_rate(model, keys: int, rows: int = 2048) -> float:
+    """FLOP/s of the best attention the GPU runs (cuDNN through SDPA, one KV head's query heads stacked: ``rows``
+    query rows of every KV head over ``keys`` keys): the rate a chunk's own attention FLOPs are held to in a
+    follow-up's bound (one H200, 2026-11-28: 2048 rows over 100K keys, 1.26 ms a layer, ~680 TFLOP/s)."""
+    h, d = model.config.num_key_value_heads, model.head_dim
+    q = torch.randn(1, h, rows, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, h, keys, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return 4 * h * rows * keys * d / e2e.event_seconds(lambda: sdpa(q, k, v), reps=5)
+
+
+def chunk_attention_flops(model, tokens: int, prefix: int) -> float:
+    """FLOPs of ``tokens`` new tokens' attention over ``prefix`` cached tokens and (causally) over themselves,
+    every layer: QKᵀ and PV, two FLOPs a multiply-add."""
+    cfg = model.config
+    return 4 * cfg.num_attention_heads * model.head_dim * tokens * (prefix + tokens / 2) * cfg.num_hidden_layers
+
+
 def linear_seconds(model, tokens: int) -> float:
     """Seconds of every decoder layer's linear layers (qkv, o, gate-up, down) on ``tokens`` rows, timed on layer
     0's weights (CUDA events) times the layer count: the GEMM term of the prefill floor and of a follow-up's bound."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import types
+
 import pytest
 from transformers import Qwen3Config
 
@@ -53,6 +55,20 @@ def test_table_holds_each_step_to_its_target_where_measured():
                  gemm_s=gemm, target_s=0.01 + gemm) for k, step, gemm in ((1, 0.015, 0.0), (8, 0.024, 0.002))]
     table = followup.format_table(rows)
     assert "k = 8 / target" in table and "| 1.5x | 2.0x |" in table
+
+
+def test_the_bound_adds_the_tokens_attention_flops():
+    """The bound: the target plus the computed tokens' attention over the hit prefix and themselves, at the measured
+    rate; the table shows step / target, then step / bound in brackets."""
+    model = types.SimpleNamespace(head_dim=128, config=types.SimpleNamespace(num_attention_heads=32,
+                                                                             num_hidden_layers=36))
+    row = dict(shape="s", context=102400, method="oscar", new_tokens=512, decode_s=0.005, step_s=0.07,
+               gemm_s=0.005, target_s=0.015, cached_tokens=102400, hit_tokens=102400, computed_tokens=512)
+    row |= followup._bound(model, row, 680e12)
+    flops = 4 * 32 * 128 * 512 * (102400 + 256) * 36
+    assert row["attention_s"] == pytest.approx(flops / 680e12) and 0.04 < row["attention_s"] < 0.05
+    assert "k = 512 / target (bound)" in followup.format_table([row])
+    assert f"| 4.7x ({0.07 / (0.015 + flops / 680e12):.1f}x) |" in followup.format_table([row])
 
 
 def test_the_servers_chunking_recomputes_the_cached_prompts_last_partial_chunk():
