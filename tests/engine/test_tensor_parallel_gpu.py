@@ -36,14 +36,14 @@ NEAR_TIE = 0.25
 logit near 10, as ``test_gpu_engine``)."""
 
 
-def _engines(method: str, all_reduce: str = "auto"):
+def _engines(method: str, all_reduce: str = "auto", tp: int = 2):
     model = tiny_model().to("cuda:0", torch.bfloat16)
     art = make_artifact(model.config) if method == "oscar" else None
     cfg = engine_config(method, **{**TIGHT, **MEMORY[method]}, overlap=True)
     one = LLMEngine.from_hf(model, cfg, art)
     two = LLM(LoadedModel(model, None, "tiny"), method, artifact=art,
-              tensor_parallel_size=2, config=replace(cfg, kv_memory_bytes=cfg.kv_memory_bytes // 2,
-                                                     tensor_parallel_all_reduce=all_reduce)).engine
+              tensor_parallel_size=tp, config=replace(cfg, kv_memory_bytes=cfg.kv_memory_bytes // 2,
+                                                      tensor_parallel_all_reduce=all_reduce)).engine
     return one, two
 
 
@@ -103,6 +103,15 @@ def test_tp2_symm_mem_all_reduce_gpu(kind):
     if not hasattr(torch.ops.symm_mem, SYMM_MEM_OPS[kind]):
         pytest.skip(f"torch {torch.__version__} has no torch.ops.symm_mem.{SYMM_MEM_OPS[kind]}")
     _subprocess("tests.engine.tp_gpu_symm", kind)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four CUDA devices")
+def test_tp4_one_shot_norm_gpu():
+    """The fused kind on four ranks (one query head each, the two KV heads replicated in pairs): tp 1's tokens up to
+    a near-tie, as on two; what ``allreduce.SYMM_MEM_WINS`` needs before ``auto`` picks it at 4 GPUs."""
+    if not hasattr(torch.ops.symm_mem, SYMM_MEM_OPS["one_shot_norm"]):
+        pytest.skip(f"torch {torch.__version__} has no torch.ops.symm_mem.{SYMM_MEM_OPS['one_shot_norm']}")
+    _subprocess("tests.engine.tp_gpu_symm", "one_shot_norm@4", deadline=180.0)
 
 
 def test_host_model_ranks_on_gpus():

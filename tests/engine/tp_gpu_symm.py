@@ -1,6 +1,6 @@
 """Run by ``test_tensor_parallel_gpu`` in a subprocess: one symmetric-memory all-reduce kind per process.
 
-``python -m tests.engine.tp_gpu_symm KIND``: the tensor-parallel scenario on two GPUs with ``KIND``
+``python -m tests.engine.tp_gpu_symm KIND[@RANKS]``: the tensor-parallel scenario on two GPUs (or RANKS) with ``KIND``
 (``one_shot``, ``two_shot`` or ``one_shot_norm``; decode messages through it inside the graphs, prefill chunks through NCCL)
 must give tp = 1's tokens up to a near-tie. Then a second engine in the same process must be refused
 with a clear error, not hang (``oscarkv.models.allreduce``: torch numbers its rendezvous per process).
@@ -14,8 +14,9 @@ from tests.engine.test_tensor_parallel import scenario
 from tests.engine.test_tensor_parallel_gpu import NEAR_TIE, _engines
 
 
-def main(kind: str) -> None:
-    one, two = _engines("oscar", kind)
+def main(case: str) -> None:
+    kind, _, tp = case.partition("@")  # KIND or KIND@RANKS
+    one, two = _engines("oscar", kind, int(tp or 2))
     try:
         assert two.runner.tp.reduce.kind == kind
         if kind == "one_shot_norm":  # the sums fused into the norms (oscarkv.models.parallel.ReducingRMSNorm)
@@ -33,7 +34,7 @@ def main(kind: str) -> None:
         assert "its own process" in str(e), e
     else:
         raise AssertionError("a second symmetric-memory engine in one process was not refused")
-    print(f"ok {kind}", flush=True)
+    print(f"ok {case}", flush=True)
 
 
 def pieces() -> None:
