@@ -135,6 +135,10 @@ ROW_STEP = 256
 """cuDNN's stacked query rows are padded to a multiple of this (padding rows are computed and dropped)."""
 CAUSAL_STEP = 64
 """The chunk's own causal part is padded to a multiple of this many tokens (causal: no real row sees a padding key)."""
+WARM_LAST_CHUNKS = 512
+""":func:`warm_cudnn` builds the causal shapes of last chunks up to this many tokens and the full chunk's: all 8 of a
+512-token chunk, where an 8192-token chunk has 128 (~46 ms each on an H200: 6 s of start-up, 2026-11-28); a longer
+last chunk builds its shape when first met."""
 KEY_BUCKETS_PER_OCTAVE = 8
 """cuDNN builds a graph for every new shape (~40 ms on an H200, ``lab.scripts.sdpa_shapes``): a first cold 32K
 prompt took 5.5 s and the next 1.7 s, every follow-up at a new length paid one or two builds. Its prefix keys are
@@ -186,13 +190,15 @@ def _cudnn_rows(rows: int) -> int:
 def cold_prompt_shapes(rep: int, chunk: int, max_tokens: int, seg: int) -> tuple[list[tuple[int, int]], list[int]]:
     """The cuDNN shapes a cold prompt in ``chunk``-token chunks of up to ``max_tokens`` meets on CUDA: (stacked rows,
     keys) of each full chunk's prefix parts (none if its ``rep · chunk`` rows run FlashAttention-2; ``seg``: tokens
-    a segment) and the lengths its causal parts are padded to (every ``CAUSAL_STEP`` multiple up to ``chunk``: a
-    last chunk of any length). Not here: a last chunk's prefix (other rows), follow-ups (built when first met)."""
+    a segment) and the lengths its causal parts are padded to (``CAUSAL_STEP`` multiples up to ``WARM_LAST_CHUNKS``
+    and the full chunk's). Not here: a last chunk's prefix (other rows), longer last chunks, follow-ups (built when
+    first met)."""
     prefix = set()
     if rep * chunk > FLASH_ROWS:
         for start in range(chunk, max_tokens, chunk):
             prefix.update((_cudnn_rows(rep * chunk), _key_bucket(min(seg, start - s0))) for s0 in range(0, start, seg))
-    return sorted(prefix), list(range(CAUSAL_STEP, _round_up(chunk, CAUSAL_STEP) + 1, CAUSAL_STEP))
+    last = range(CAUSAL_STEP, _round_up(min(chunk, WARM_LAST_CHUNKS), CAUSAL_STEP) + 1, CAUSAL_STEP)
+    return sorted(prefix), sorted({*last, _round_up(chunk, CAUSAL_STEP)})
 
 
 def warm_cudnn(shape: tuple[int, int, int, int], chunk: int, max_tokens: int, scale: float,

@@ -73,6 +73,8 @@ def test_a_cold_prompt_meets_only_warmed_shapes(monkeypatch):
     prefix, causal = prefill.cold_prompt_shapes(4, chunk, 4 * chunk, seg)
     assert {(rows, n) for c, rows, n in seen if not c} == set(prefix)
     assert {rows for c, rows, _ in seen if c} <= set(causal) and len(causal) == 3
+    # a long chunk: last chunks up to WARM_LAST_CHUNKS and the full one (its 128 lengths took 6 s of start-up)
+    assert prefill.cold_prompt_shapes(4, 8192, 8192, seg)[1] == [*range(64, 513, 64), 8192]
 
 
 def test_warm_cudnn_builds_every_listed_shape_for_any_chunk(monkeypatch):
