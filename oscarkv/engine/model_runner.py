@@ -318,16 +318,26 @@ def mixed_bucket(cfg: EngineConfig) -> int:
     return -(-(cfg.prefill_chunk + min(cfg.max_num_seqs, cfg.max_num_batched_tokens - cfg.prefill_chunk)) // 64) * 64
 
 
+def piece_buckets(cfg: EngineConfig, graphs: bool) -> tuple[int, ...]:
+    """The piecewise buckets: ``EngineConfig.piecewise_graph_buckets``, unset: ``PIECEWISE_BUCKETS`` with CUDA
+    ``graphs`` and no L2 prefetch; with ``piecewise_batches`` and chunks no longer than the largest bucket, the
+    :func:`mixed_bucket` too (longer chunks run eagerly: an 8192-token chunk's bucket of 8256 held 2.8 GiB of
+    buffers at Qwen3-8B's shape for steps whose GEMMs dwarf their launches)."""
+    pieces = cfg.piecewise_graph_buckets
+    if pieces is None:
+        pieces = PIECEWISE_BUCKETS if graphs and cfg.l2_prefetch == "off" else ()
+    if pieces and cfg.piecewise_batches and cfg.prefill_chunk <= max(pieces):
+        pieces = tuple(sorted({*pieces, mixed_bucket(cfg)}))
+    return tuple(pieces)
+
+
 def _attach_pieces(runner: ModelRunner, cfg: EngineConfig, graphs: bool, one: bool) -> None:
     """The runner's piecewise graphs (``EngineConfig.piecewise_graph_buckets``; unset: ``PIECEWISE_BUCKETS`` with the
     decode graphs (``graphs``) and no L2 prefetch), captured now on ``one`` GPU. NOTE: without CUDA their steps run
     eagerly over the padded buffers (the tests); tensor-parallel ranks capture lazily, in step (their all-reduces
     pair up only in step; tokens ≡ tp 1 on two H200s, NCCL and ``one_shot_norm``, 2026-11-28)."""
-    cuda, pieces = runner.device.type == "cuda", cfg.piecewise_graph_buckets
-    if pieces is None:
-        pieces = PIECEWISE_BUCKETS if graphs and cuda and cfg.l2_prefetch == "off" else ()
-    if pieces and cfg.piecewise_batches:
-        pieces = tuple(sorted({*pieces, mixed_bucket(cfg)}))
+    cuda = runner.device.type == "cuda"
+    pieces = piece_buckets(cfg, graphs and cuda)
     if pieces:
         runner.piecewise = PiecewiseGraphs(runner, pieces, cfg.piecewise_batches)
         if cuda and one:  # at start-up, not in a served step (as the decode graphs)

@@ -116,6 +116,18 @@ def test_a_served_mixed_step_has_a_bucket():
     assert mixed_bucket(EngineConfig(max_num_seqs=1, max_num_batched_tokens=513)) == 576
 
 
+def test_the_mixed_bucket_only_for_chunks_the_buckets_hold():
+    """``piece_buckets``: the defaults with CUDA graphs, plus the mixed bucket; chunks longer than every bucket add
+    none (an 8192-token chunk's would hold GiBs of buffers); explicit buckets keep theirs; no graphs, none."""
+    from oscarkv.engine.model_runner import piece_buckets
+
+    assert piece_buckets(EngineConfig(), True) == (64, 128, 256, 512, 576)
+    assert piece_buckets(EngineConfig(prefill_chunk=8192, max_num_batched_tokens=8224), True) == (64, 128, 256, 512)
+    assert piece_buckets(EngineConfig(prefill_chunk=64, piecewise_graph_buckets=(32, 64)), False) == (32, 64, 128)
+    assert piece_buckets(EngineConfig(piecewise_batches=False), True) == (64, 128, 256, 512)
+    assert piece_buckets(EngineConfig(), False) == ()
+
+
 def test_capture_all_builds_every_bucket_and_says_so(llama, artifact, caplog):
     engine = _engine(llama, "oscar", artifact, True)
     with caplog.at_level("INFO", logger="oscarkv.engine.piecewise"):
