@@ -334,8 +334,8 @@ def piece_buckets(cfg: EngineConfig, graphs: bool) -> tuple[int, ...]:
 def _attach_pieces(runner: ModelRunner, cfg: EngineConfig, graphs: bool, one: bool) -> None:
     """The runner's piecewise graphs (``EngineConfig.piecewise_graph_buckets``; unset: ``PIECEWISE_BUCKETS`` with the
     decode graphs (``graphs``) and no L2 prefetch), captured now on ``one`` GPU. NOTE: without CUDA their steps run
-    eagerly over the padded buffers (the tests); tensor-parallel ranks capture lazily, in step (their all-reduces
-    pair up only in step; tokens ≡ tp 1 on two H200s, NCCL and ``one_shot_norm``, 2026-11-28)."""
+    eagerly over the padded buffers (the tests); tensor-parallel ranks capture when rank 0 says, all at once (their
+    all-reduces pair up: ``workers.ParallelRunner``; tokens ≡ tp 1 on two H200s, NCCL and ``one_shot_norm``)."""
     cuda = runner.device.type == "cuda"
     pieces = piece_buckets(cfg, graphs and cuda)
     if pieces:

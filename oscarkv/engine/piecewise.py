@@ -7,11 +7,11 @@ step in which one sequence computes ``k`` tokens over its cached prefix, more th
 layer at tens of µs of Python each (a 32K follow-up of 512 tokens: OSCAR 48.6 ms from 30.4 ms of kernels, BF16 30.8
 from 25.6, one H200, 2026-11-28, ``lab/record/benchmarks-log.md``). Here a layer's work outside attention is one
 graph replay: that follow-up 57.8 -> 35.0 ms, a cold 32K prompt in 512-token chunks 3.5 -> 1.7 s (OSCAR; BF16 42.9 ->
-31.6 ms, 2.7 -> 1.3 s; ``lab.scripts.pieces_check``). On by default on one GPU (``config.PIECEWISE_BUCKETS``);
-opt-in with tensor parallelism (``lab.scripts.pieces_tp_check``: faster at tp 2, not yet checked on a GPU there).
+31.6 ms, 2.7 -> 1.3 s; ``lab.scripts.pieces_check``). On by default (``config.PIECEWISE_BUCKETS``), with tensor
+parallelism too (tokens ≡ tp 1 on two H200s; ``lab.scripts.pieces_tp_check``).
 
-What is captured, per bucket ``kb`` (at start-up on one GPU; with tensor parallelism lazily, at the first step
-that needs it, on every rank alike): the model forward
+What is captured, per bucket ``kb`` (at start-up; with tensor parallelism on every rank at once, rank 0's ``CAPTURE``
+message, else at the first step that needs it): the model forward
 ``ids, positions [kb] -> hidden [kb, D]`` cut at every layer's attention core, ``AttentionBackend.extend`` (the
 staged prefix, the chunk and their merge: its work and launches depend on the prefix length, so it is not
 captured): ``L + 1`` graphs in one memory pool. Piece ``i`` ends with copies of layer ``i``'s mapped ``q, k, v``
@@ -34,7 +34,7 @@ padding after the last; each layer's attention gets the eager step's tables and 
 real rows (``_Step``). Not served (eager, counted in ``PiecewiseGraphs.fallbacks`` by
 :meth:`PiecewiseGraphs.reason`): several sequences without it, sliding-window layers (their window view is per step). With tensor parallelism every rank holds the same buckets
 and decides alike from the step's plans; each captures its shard's pieces (the all-reduces inside them) at the same
-step, and rank 0's ids reach the others by the runner's device broadcast after the staging, as in an extend graph.
+time, and rank 0's ids reach the others by the runner's device broadcast after the staging, as in an extend graph.
 
 Numerics: GEMMs of ``kb`` rows instead of ``k`` (other tiles), else the eager step's kernels: ≡ eager up to
 rounding, as an extend graph. On a device without CUDA (the tests) nothing is captured: a replay runs the

@@ -37,18 +37,20 @@ HEADER = 4
 """Header elements: kind, plan count, total length, reserved."""
 RECORD = 13
 """Record elements per plan (see the module docstring)."""
-STEP, STOP, REPLAY, PROFILE, HOST_PROFILE = 1, 2, 3, 4, 5
+STEP, STOP, REPLAY, PROFILE, HOST_PROFILE, CAPTURE = 1, 2, 3, 4, 5, 6
 """Message kinds: a step's plans; leave the worker loop; replay the decode graph of a bucket (arguments: the
 bucket); profile replays of it (the bucket, the replays). Those two time every rank's graph together
 (a rank's graph holds all-reduces and replays only with the others'). ``HOST_PROFILE``: start (argument 1) or
-end and print (0) a cProfile of the worker's host over the steps between."""
+end and print (0) a cProfile of the worker's host over the steps between. ``CAPTURE``: capture every piecewise
+bucket now, every rank at once (start-up)."""
 FRAME = 2048
 """Elements of the first broadcast of every message (8 KB: a decode step of 32 sequences whose INT2
 views grew by a page, or a batch-1 step of up to ~1,900 new pages); the rest, if any, follows in a second."""
 
 
 def control(kind: int, *args: int) -> np.ndarray:
-    """A message without plans (``STOP``, ``REPLAY``, ``PROFILE``, ``HOST_PROFILE``): the header, then ``args``."""
+    """A message without plans (``STOP``, ``REPLAY``, ``PROFILE``, ``HOST_PROFILE``, ``CAPTURE``): the header, then
+    ``args``."""
     return np.array([kind, 0, HEADER + len(args), 0, *args], dtype=np.int32)
 
 

@@ -65,7 +65,7 @@ from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, b
 from oscarkv.engine.rank_profile import HostProfile, kernel_profile
 from oscarkv.engine.rendezvous import Rendezvous, join
 from oscarkv.engine.scheduler import ScheduledChunk
-from oscarkv.engine.step_plan_codec import (HEADER, HOST_PROFILE, PROFILE, REPLAY, STEP, STOP, Channel, PlanDecoder,
+from oscarkv.engine.step_plan_codec import (CAPTURE, HEADER, HOST_PROFILE, PROFILE, REPLAY, STEP, STOP, Channel, PlanDecoder,
                                             PlanEncoder, control, header)
 from oscarkv.models.allreduce import make_all_reduce, resolve
 from oscarkv.models.llama import PagedLM
@@ -180,6 +180,8 @@ def _worker_main(rank: int, size: int, where: Rendezvous, device: torch.device) 
                 runner.forward(plans.decode(msg), None)
             elif kind == HOST_PROFILE:
                 host.switch(bool(msg[HEADER]))
+            elif kind == CAPTURE:
+                runner.piecewise.capture_all()
             else:
                 _graph_work(runner, kind, msg[HEADER:].tolist(), rank)
     _leave(runner, device)
@@ -258,6 +260,9 @@ class ParallelRunner:
                     _send_shard(model, codec, TensorParallel(r, size), self.control, device)
                 self.local = _local_shard(model, codec, spec, self.tp, device)
             _handshake(self.local, self.control, size)
+            if self.local.piecewise is not None:  # NOTE: at start-up as on one GPU, not in a served step (its
+                self.channel.send(control(CAPTURE))  # warm-ups and captures hold all-reduces: every rank at once)
+                self.local.piecewise.capture_all()
         except BaseException:  # a rank that failed to start (its traceback on stderr): leave nothing behind
             self._closed = True
             self._teardown()

@@ -153,14 +153,16 @@ def test_each_of_q_k_v_has_its_own_static_buffer():
 def test_buckets_are_token_counts():
     with pytest.raises(ValueError, match="piecewise_graph_buckets"):
         EngineConfig(piecewise_graph_buckets=(1, 512))
-    assert EngineConfig().piecewise_graph_buckets is None  # PIECEWISE_BUCKETS with CUDA graphs on one GPU, else off
+    assert EngineConfig().piecewise_graph_buckets is None  # PIECEWISE_BUCKETS with CUDA graphs, else off
     with pytest.raises(ValueError, match="l2_prefetch"):
         EngineConfig(piecewise_graph_buckets=(512,), l2_prefetch="all")
 
 
 def test_tensor_parallel_ranks_run_the_pieces_alike(llama, artifact):
-    """Two gloo ranks, each with the buckets (``build_runner`` on every rank), against one eager process: the
-    session's tokens equal, log-probs within the ranks' partial-sum order and the padding's rounding."""
+    """Two gloo ranks, each with the buckets (``build_runner`` on every rank, captured at start-up: the ``CAPTURE``
+    message), against one eager process: the session's tokens equal, log-probs within the ranks' partial-sum order
+    and the padding's rounding."""
+    from oscarkv.engine.model_runner import piece_buckets
     from oscarkv.llm import LLM
     from oscarkv.models.loader import LoadedModel
 
@@ -169,6 +171,7 @@ def test_tensor_parallel_ranks_run_the_pieces_alike(llama, artifact):
     two = LLM(LoadedModel(llama, None, "tiny"), "oscar", artifact=artifact, tensor_parallel_size=2,
               config=replace(cfg, piecewise_graph_buckets=BUCKETS)).engine
     try:
+        assert tuple(two.runner.local.piecewise.graphs) == piece_buckets(two.cfg, False)  # at start-up (all ranks)
         got = _session(two)
         assert two.runner.local.piecewise.replays >= 5  # rank 0's (workers.ParallelRunner)
     finally:

@@ -66,7 +66,7 @@ def test_tp2_equals_tp1_gpu(method):
 
 @pytest.mark.parametrize("method", ["bf16", "oscar"])
 def test_tp2_pieces_equal_tp1_gpu(method, all_reduce="nccl"):
-    """Piecewise graphs at tp 2 (``piecewise_graph_buckets``, opt-in there: captured in step on both ranks, the NCCL
+    """Piecewise graphs at tp 2 (``piecewise_graph_buckets``: captured at start-up on both ranks at once, the NCCL
     all-reduces inside the pieces): a document in chunks of 40 and follow-ups of 9, 30 and 55 tokens through buckets
     16 and 48 give tp 1's eager tokens up to a near-tie (random weights at Qwen3-4B's shape could not tell: flat
     logits, ``lab.scripts.pieces_tp_check``, 2026-11-28). ``all_reduce``: ``tests.engine.tp_gpu_symm pieces`` runs it
