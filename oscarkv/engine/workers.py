@@ -260,9 +260,6 @@ class ParallelRunner:
                     _send_shard(model, codec, TensorParallel(r, size), self.control, device)
                 self.local = _local_shard(model, codec, spec, self.tp, device)
             _handshake(self.local, self.control, size)
-            if self.local.piecewise is not None:  # NOTE: at start-up as on one GPU, not in a served step (its
-                self.channel.send(control(CAPTURE))  # warm-ups and captures hold all-reduces: every rank at once)
-                self.local.piecewise.capture_all()
         except BaseException:  # a rank that failed to start (its traceback on stderr): leave nothing behind
             self._closed = True
             self._teardown()
@@ -272,6 +269,21 @@ class ParallelRunner:
         self.extend_graphs = self.local.extend_graphs
         if device.type == "cuda":
             threading.Thread(target=self._watch, name="oscarkv-tp-watch", daemon=True).start()
+        if self.local.piecewise is not None:
+            self._capture_pieces()
+
+    def _capture_pieces(self) -> None:
+        """Every rank captures its piecewise graphs now, all at once (their warm-ups and captures hold all-reduces),
+        as one GPU does at start-up, not in the first served steps (~1.4 s a bucket at Qwen3-8B's shape). After the
+        watcher starts: a rank dying meanwhile aborts the group. A failure stops the workers and raises."""
+        try:
+            self.channel.send(control(CAPTURE))
+            self.local.piecewise.capture_all()
+        except BaseException as e:
+            failed = self._fail(e) if isinstance(e, Exception) else e
+            self._closed = True
+            self._teardown()
+            raise failed from e
 
     def run(self, chunks: list[ScheduledChunk], pending: PendingIds | None = None) -> RunnerOutput:
         """Send the step's plans to every rank, then run rank 0's shard; raises :class:`WorkerDied` once the group is gone."""

@@ -179,3 +179,24 @@ def test_tensor_parallel_ranks_run_the_pieces_alike(llama, artifact):
     for a, b in zip(eager, got):
         assert a.token_ids == b.token_ids
         assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < 1e-3
+
+
+def test_a_tensor_parallel_capture_that_fails_stops_the_workers(llama, artifact, monkeypatch):
+    """Rank 0's start-up capture raising (``ParallelRunner._capture_pieces``): the engine is not built, its error
+    says so, and no worker is left running."""
+    from oscarkv.engine.workers import ParallelRunner
+    from oscarkv.llm import LLM
+    from oscarkv.models.loader import LoadedModel
+
+    def broken(self) -> None:
+        raise RuntimeError("capture failed")
+
+    started = []
+    monkeypatch.setattr(PiecewiseGraphs, "capture_all", broken)
+    monkeypatch.setattr(ParallelRunner, "_teardown", lambda self, t=ParallelRunner._teardown: started.extend(
+        self.procs) or t(self))
+    cfg = replace(engine_config("oscar", prefill_chunk=40), piecewise_graph_buckets=BUCKETS)
+    with pytest.raises(RuntimeError, match="capture failed"):
+        LLM(LoadedModel(llama, None, "tiny"), "oscar", artifact=artifact, tensor_parallel_size=2, config=cfg)
+    assert started and not any(p.is_alive() for p in started)
+
