@@ -64,7 +64,6 @@ def floor(model, context: int, chunk: int) -> dict:
 
 
 @torch.inference_mode()
-@torch.inference_mode()
 def attention_rate(model, keys: int, rows: int = 2048) -> float:
     """FLOP/s of the best attention the GPU runs (cuDNN through SDPA, one KV head's query heads stacked: ``rows``
     query rows of every KV head over ``keys`` keys): the rate a chunk's own attention FLOPs are held to in a
@@ -83,6 +82,7 @@ def chunk_attention_flops(model, tokens: int, prefix: int) -> float:
     return 4 * cfg.num_attention_heads * model.head_dim * tokens * (prefix + tokens / 2) * cfg.num_hidden_layers
 
 
+@torch.inference_mode()
 def linear_seconds(model, tokens: int) -> float:
     """Seconds of every decoder layer's linear layers (qkv, o, gate-up, down) on ``tokens`` rows, timed on layer
     0's weights (CUDA events) times the layer count: the GEMM term of the prefill floor and of a follow-up's bound."""
