@@ -40,6 +40,7 @@ import torch
 
 from oscarkv.bench import e2e
 from oscarkv.bench.configs import FollowupBench
+from oscarkv.bench.prefill import attention_rate, chunk_attention_flops, linear_seconds
 from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
@@ -114,15 +115,13 @@ def gemm_seconds(model: PagedLM, ks) -> dict[int, float]:
     the bound a follow-up step is held to (two decode steps plus these); on a CUDA model only (``{}`` elsewhere)."""
     if not next(model.parameters()).is_cuda:
         return {}
-    from oscarkv.bench.prefill import linear_seconds
-
     return {k: linear_seconds(model, k) for k in ks}
 
 
 def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[dict]:
     """Every (method, context, k) row for one model: the follow-up steps and the decode step beside them."""
     rows, gemm = [], gemm_seconds(model, cfg.new_tokens)
-    rate = _attention_rate(model, max(cfg.contexts)) if gemm else 0.0
+    rate = attention_rate(model, max(cfg.contexts)) if gemm else 0.0
     for method in cfg.methods:
         engine = followup_engine(model, method, int(cfg.kv_gib * 2**30), max(cfg.new_tokens), cfg.prefill_chunk,
                                  cfg.piecewise_graph_buckets)
@@ -154,16 +153,8 @@ def followup_rows(model: PagedLM, cfg: FollowupBench, shape: str = "") -> list[d
     return rows
 
 
-def _attention_rate(model: PagedLM, keys: int) -> float:
-    from oscarkv.bench.prefill import attention_rate
-
-    return attention_rate(model, keys)
-
-
 def _bound(model: PagedLM, row: dict, rate: float) -> dict:
     """A row's bound: its target plus its computed tokens' attention FLOPs at ``rate`` (FLOP/s)."""
-    from oscarkv.bench.prefill import chunk_attention_flops
-
     computed = row.get("computed_tokens", row["new_tokens"])
     attention_s = chunk_attention_flops(model, computed, row.get("hit_tokens", row["cached_tokens"])) / rate
     return dict(attention_s=attention_s, attention_tflops=rate / 1e12, bound_s=row["target_s"] + attention_s)

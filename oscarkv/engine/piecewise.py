@@ -29,12 +29,13 @@ row by row), and the runner keeps ``hidden[:k]``.
 Demotions: the eager step's (``model_runner._demotions``): prefix pages before the replay, pages the step writes
 after it.
 
-Several sequences (``EngineConfig.piecewise_batches``, on: a served mix's TTFT 2.5-3x lower on one H200): their rows one after another,
-padding after the last; each layer's attention gets the eager step's tables and chunk boundaries and reads only the
-real rows (``_Step``). Not served (eager, counted in ``PiecewiseGraphs.fallbacks`` by
-:meth:`PiecewiseGraphs.reason`): several sequences without it, sliding-window layers (their window view is per step). With tensor parallelism every rank holds the same buckets
-and decides alike from the step's plans; each captures its shard's pieces (the all-reduces inside them) at the same
-time, and rank 0's ids reach the others by the runner's device broadcast after the staging, as in an extend graph.
+Several sequences (``EngineConfig.piecewise_batches``, on: a served mix's TTFT 2.5-3x lower on one H200): their
+rows one after another, padding after the last; each layer's attention gets the eager step's tables and chunk
+boundaries and reads only the real rows (``_Step``). Not served (eager, counted in ``PiecewiseGraphs.fallbacks`` by
+:meth:`PiecewiseGraphs.reason`): several sequences without it, sliding-window layers (their window view is per
+step). With tensor parallelism every rank holds the same buckets and decides alike from the step's plans; each
+captures its shard's pieces (the all-reduces inside them) at the same time, and rank 0's ids reach the others by
+the runner's device broadcast after the staging, as in an extend graph.
 
 Numerics: GEMMs of ``kb`` rows instead of ``k`` (other tiles), else the eager step's kernels: ≡ eager up to
 rounding, as an extend graph. On a device without CUDA (the tests) nothing is captured: a replay runs the
@@ -240,8 +241,8 @@ class PiecewiseGraphs:
 
     def reason(self, plans: list[WritePlan]) -> str | None:
         """Why an extend step of ``plans`` runs eagerly, or ``None``: the pieces run it. ``sequences``: not one
-        sequence (unless :attr:`batches`); ``tokens``: one token, or more than the largest bucket; ``sliding``: the model has sliding-window
-        layers. NOTE: a function of the plans and the model alone: every tensor-parallel rank decides alike."""
+        sequence (unless :attr:`batches`); ``tokens``: one token, or more than the largest bucket; ``sliding``: the
+        model has sliding-window layers. NOTE: a function of the plans and the model alone: every tensor-parallel rank decides alike."""
         if len(plans) != 1 and not self.batches:
             return "sequences"
         k = sum(p.t1 - p.t0 for p in plans)
