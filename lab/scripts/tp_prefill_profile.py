@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 from lab.scripts.fused_maps_check import cold_prefill_ms
@@ -49,16 +50,19 @@ def profiled(engine, a) -> dict:
                 step_ms_last_quarter=sum(steps[-q:]) / q, again_ms_last_quarter=sum(passes[1][-q:]) / q,
                 profiled_wall_ms=cold_prefill_ms(engine, a.profile_tokens, 4),
                 kernels=kernel_profile(lambda: cold_prefill_ms(engine, a.profile_tokens, next(seeds)), reps=1, top=16),
-                host=_ranks_host(engine, a.profile_tokens), step_ms=passes)
+                host=_ranks_host(engine, a.profile_tokens, 30), runtime=_ranks_host(engine, a.profile_tokens, 31, True),
+                step_ms=passes)
 
 
-def _ranks_host(engine, tokens: int) -> list[dict]:
-    """Rank 0's host functions over one cold prompt; with tensor parallelism every worker's too (each prints a
-    JSON line ``{"rank": r, "host": [...]}`` when its profile ends)."""
+def _ranks_host(engine, tokens: int, seed: int, runtime: bool = False) -> list[dict]:
+    """Rank 0's host functions (``runtime``: host operators, where a blocking call shows) over one cold prompt;
+    with tensor parallelism every worker's too (each prints a JSON line ``{"rank": r, "host" or "runtime": [...]}``
+    when its profile ends)."""
     tp = engine.runner.tp.size > 1
     if tp:
-        engine.runner.host_profile(True)
-    rows = e2e.host_functions(lambda: cold_prefill_ms(engine, tokens, 30))
+        engine.runner.host_profile(True, runtime)
+    prompt = partial(cold_prefill_ms, engine, tokens, seed)
+    rows = e2e.runtime_functions(prompt) if runtime else e2e.host_functions(prompt)
     if tp:
         engine.runner.host_profile(False)
     return rows
@@ -102,6 +106,8 @@ def main() -> None:
             print(f"   kernel {k['us'] / 1e3:8.2f} ms {k['count']:7.0f}x {k['name']}", flush=True)
         for h in r["host"][:10]:
             print(f"   host {h['us'] / 1e3:8.2f} ms {h['name']}", flush=True)
+        for h in r["runtime"]:
+            print(f"   runtime {h['us'] / 1e3:8.2f} ms {h['count']:7.0f}x {h['name']}", flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "tp_prefill_profile.json").write_text(json.dumps(dict(cold=a.cold, rows=rows), indent=1))
 

@@ -259,8 +259,8 @@ class BenchRunner:
     def profile(self, bucket: int, reps: int = 5) -> list[dict]:
         return self.inner.profile(bucket, reps)
 
-    def host_profile(self, on: bool) -> None:  # NOTE: a tensor-parallel inner runner's (ParallelRunner)
-        self.inner.host_profile(on)
+    def host_profile(self, on: bool, runtime: bool = False) -> None:  # NOTE: a tensor-parallel inner runner's
+        self.inner.host_profile(on, runtime)
 
 
 @dataclass
@@ -321,6 +321,17 @@ def host_functions(fn, calls: int = 1, top: int = 14) -> list[dict]:
     sync()
     prof.disable()
     return [dict(r, us=r["us"] / calls) for r in host_rows(prof, top)]
+
+
+def runtime_functions(fn, top: int = 16) -> list[dict]:
+    """The host operators of one call of ``fn`` (synchronized at the end) with the most own time
+    (``rank_profile.runtime_rows``: aten ops, CUDA runtime calls, collectives)."""
+    from oscarkv.engine.rank_profile import runtime_profiler, runtime_rows
+
+    prof = runtime_profiler()
+    fn()
+    sync()
+    return runtime_rows(prof, top)
 
 
 def sync() -> None:

@@ -45,18 +45,42 @@ def host_rows(prof: cProfile.Profile, top: int = 14) -> list[dict]:
     return [dict(name=f"{k[0].rsplit('/', 1)[-1]}:{k[1]}({k[2]})", us=1e6 * t) for t, k in rows]
 
 
+def runtime_profiler():
+    """A started ``torch.profiler`` of host operators only (aten ops, CUDA runtime calls, collectives; no CUPTI):
+    where a host waits shows as the own time of a blocking call (``cudaStreamSynchronize``, a gloo broadcast)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    prof.__enter__()
+    return prof
+
+
+def runtime_rows(prof, top: int = 14) -> list[dict]:
+    """The ``top`` host operators of a ``runtime_profiler`` (stopped here) by own time: name, µs and calls."""
+    prof.__exit__(None, None, None)
+    rows = [dict(name=e.key[:90], us=e.self_cpu_time_total, count=e.count) for e in prof.key_averages()]
+    return sorted(rows, key=lambda r: -r["us"])[:top]
+
+
 class HostProfile:
     """A worker's host profile between ``HOST_PROFILE`` messages (:meth:`ParallelRunner.host_profile`): started
-    by ``on``, ended by ``off``, which prints its rows as one JSON line tagged with the rank."""
+    by ``on`` (1: cProfile of Python functions, 2: ``runtime_profiler``'s host operators), ended by ``off``,
+    which prints its rows as one JSON line tagged with the rank (``host`` or ``runtime``)."""
 
     def __init__(self, rank: int) -> None:
-        self.rank, self.prof = rank, None
+        self.rank, self.prof, self.mode = rank, None, 0
 
-    def switch(self, on: bool) -> None:
+    def switch(self, on: int) -> None:
         if on and self.prof is None:
-            self.prof = cProfile.Profile()
-            self.prof.enable()
+            self.mode = on
+            self.prof = runtime_profiler() if on == 2 else cProfile.Profile()
+            if on == 1:
+                self.prof.enable()
         elif not on and self.prof is not None:
-            self.prof.disable()
-            print(json.dumps(dict(rank=self.rank, host=host_rows(self.prof, 20))), flush=True)
+            if self.mode == 2:
+                rows = dict(runtime=runtime_rows(self.prof, 20))
+            else:
+                self.prof.disable()
+                rows = dict(host=host_rows(self.prof, 20))
+            print(json.dumps(dict(rank=self.rank, **rows)), flush=True)
             self.prof = None

@@ -179,7 +179,7 @@ def _worker_main(rank: int, size: int, where: Rendezvous, device: torch.device) 
             if kind == STEP:
                 runner.forward(plans.decode(msg), None)
             elif kind == HOST_PROFILE:
-                host.switch(bool(msg[HEADER]))
+                host.switch(int(msg[HEADER]))
             elif kind == CAPTURE:
                 runner.piecewise.capture_all()
             else:
@@ -307,11 +307,12 @@ class ParallelRunner:
         self.channel.send(control(PROFILE, bucket, reps))
         return kernel_profile(self.local.graphs.graphs[bucket].graph.replay, reps)
 
-    def host_profile(self, on: bool) -> None:
-        """Start (``on``) or end a cProfile of every worker's host over the steps between; at the end each worker
-        prints its busiest functions as one JSON line tagged with its rank (rank 0's: the caller's to take)."""
+    def host_profile(self, on: bool, runtime: bool = False) -> None:
+        """Start (``on``) or end a cProfile (``runtime``: a host-operator profile, ``rank_profile.runtime_profiler``)
+        of every worker's host over the steps between; at the end each worker prints its busiest functions as one
+        JSON line tagged with its rank (rank 0's: the caller's to take)."""
         self._check()
-        self.channel.send(control(HOST_PROFILE, int(on)))
+        self.channel.send(control(HOST_PROFILE, (2 if runtime else 1) if on else 0))
 
     def failure(self) -> str | None:
         """Why the group can run no more steps (a rank died, or the ranks fell out of step); ``None`` while

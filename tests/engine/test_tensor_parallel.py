@@ -87,9 +87,9 @@ def same(a: dict, b: dict) -> None:
             assert p is None or max(abs(p[t] - q[t]) for t in p) < TOL
 
 
-def _worker_host_profile(engine: LLMEngine, capfd) -> list[dict]:
+def _worker_host_profile(engine: LLMEngine, capfd, runtime: bool = False) -> list[dict]:
     """Rank 1's host profile (``ParallelRunner.host_profile``) over one request: the JSON line it prints."""
-    engine.runner.host_profile(True)
+    engine.runner.host_profile(True, runtime)
     run(engine, prompts(1, 20, seed=9), SamplingParams(max_tokens=4, ignore_eos=True))
     engine.runner.host_profile(False)
     for _ in range(100):  # the worker prints after the message arrives: wait for its line
@@ -111,6 +111,9 @@ def test_tp2_equals_tp1(llama, method, capfd):
         if method == "bf16":  # a worker's host profile, for the per-rank view of a step's time
             (line,) = _worker_host_profile(two, capfd)
             assert line["rank"] == 1 and len(line["host"]) == 20 and all(r["us"] >= 0 for r in line["host"])
+            (line,) = _worker_host_profile(two, capfd, runtime=True)  # its host operators: the plan's broadcast
+            names = [r["name"] for r in line["runtime"]]
+            assert line["rank"] == 1 and "aten::mm" in names and any("broadcast" in n for n in names), names
         assert counters2 == counters
         assert method == "bf16" or two.num_ahead_steps > 0  # pending ids went to rank 1 by broadcast
         assert two.describe()["pool_bytes"] == {k: 2 * v for k, v in two.runner.local.pools.nbytes().items()}
