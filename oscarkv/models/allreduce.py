@@ -47,11 +47,12 @@ ALL_REDUCE_KINDS = TP_ALL_REDUCES
 ``one_shot`` / ``two_shot``: symmetric memory for messages up to the buffer (CUDA only); ``one_shot_norm``:
 ``one_shot``, each sum fused with the next residual add and RMSNorm where the model allows
 (``oscarkv.models.parallel.ReducingRMSNorm``)."""
-SYMM_MEM_WINS: dict[int, str] = {2: "one_shot_norm"}
+SYMM_MEM_WINS: dict[int, str] = {2: "one_shot_norm", 4: "one_shot_norm"}
 """Ranks -> the symmetric-memory kind measured fastest in whole decode steps. Two H200s, Qwen3-8B at 100K, batch 1
 (``lab/scripts/gpu_untimed.sh tp2n``, 2026-11-28): OSCAR 4.14 ms a step with ``one_shot_norm`` against 4.35 with
-``one_shot`` (NCCL 4.83 and ``one_shot`` 4.69 on 4 H200s, 2026-11-27), BF16 5.30 against 5.49. Other counts: NCCL
-until measured."""
+``one_shot`` (NCCL 4.83 and ``one_shot`` 4.69 on 4 H200s, 2026-11-27), BF16 5.30 against 5.49. Four H200s
+(``lab/scripts/gpu_tp_table.sh c e``, 2026-11-28): OSCAR 3.41-3.43 against NCCL's 3.59, BF16 3.95 against 4.13; its
+4-rank GPU test (``test_tp4_one_shot_norm_gpu``) passed. Other counts: NCCL until measured."""
 SYMM_MEM_OPS = {"one_shot": "one_shot_all_reduce_copy_out", "two_shot": "two_shot_all_reduce_out",
                 "one_shot_norm": "one_shot_all_reduce_copy_out"}
 """The ``torch.ops.symm_mem`` operator of each kind (checked at start-up: torch >= 2.7 has both)."""

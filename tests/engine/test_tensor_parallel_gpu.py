@@ -108,7 +108,7 @@ def test_tp2_symm_mem_all_reduce_gpu(kind):
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four CUDA devices")
 def test_tp4_one_shot_norm_gpu():
     """The fused kind on four ranks (one query head each, the two KV heads replicated in pairs): tp 1's tokens up to
-    a near-tie, as on two; what ``allreduce.SYMM_MEM_WINS`` needs before ``auto`` picks it at 4 GPUs."""
+    a near-tie, as on two; why ``allreduce.SYMM_MEM_WINS`` lets ``auto`` pick it at 4 GPUs."""
     if not hasattr(torch.ops.symm_mem, SYMM_MEM_OPS["one_shot_norm"]):
         pytest.skip(f"torch {torch.__version__} has no torch.ops.symm_mem.{SYMM_MEM_OPS['one_shot_norm']}")
     _subprocess("tests.engine.tp_gpu_symm", "one_shot_norm@4", deadline=180.0)
