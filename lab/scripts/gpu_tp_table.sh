@@ -8,6 +8,7 @@
 #   c  8B tp 4, then 32B tp 4 (bf16, oscar)
 #   d  pieces GPU tests; 8B tp 2 oscar; 8B and 32B tp 4; 8B tp 1 (one at a time)
 #   e  the 4-rank one_shot_norm test; 8B tp 4 under the per-rank profile
+#   f  whole jobs (bench jobs: 8B, 4 x 100K prompts, 256 new tokens) at tp 1, 2, 4, one method a process (`auto`)
 # Out ($OUT): summary.txt (steps and the table), tp_table.json, tp_table.tgz (every JSON and log).
 export OMP_NUM_THREADS=8 PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/tp_table}; W=$(mktemp -d "${TMPDIR:-/tmp}/tp_table_work.XXXX"); mkdir -p "$OUT"
@@ -31,9 +32,14 @@ d() { step pwtests 90 0 python3 -m pytest -q -p no:cacheprovider -m gpu -rA test
 # e: the fused kind's 4-rank GPU test (then SYMM_MEM_WINS[4]); 8B tp 4 oscar and bf16 under the per-rank profile
 e() { step tp4test 200 0,1,2,3 python3 -m pytest -q -p no:cacheprovider -m gpu -rA -k tp4 tests/engine/test_tensor_parallel_gpu.py
       for m in oscar bf16; do dec "8b_tp4_prof_$m" 120 0,1,2,3 qwen3-8b 4 "$AR4" $m --profile; done; }
+# f: as users run them; one method a process, so `auto` takes the symmetric-memory kind (one such engine a process)
+jobs() { step "jobs_tp$1_$2" "$3" "$4" $OSC bench jobs --shape qwen3-8b --kv-gib 24 --requests 4 --new-tokens 256 \
+           --methods "$2" --tensor-parallel-size "$1" --out "$W/jobs_tp$1_$2.json"; }
+f() { for m in bf16 oscar; do jobs 1 $m 150 0; jobs 2 $m 120 0,1; jobs 4 $m 120 0,1,2,3; done; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader > "$W/machine.txt" 2>&1
 for p in "$@"; do $p; done
 { cat "$W/machine.txt"; cat "$W/steps.txt"; tail -n 8 "$W/pwtests.log" "$W/tp4test.log" 2>/dev/null; echo
-  python3 -m lab.scripts.tp_speed_table "$OUT/tp_table.json" "$W"/decode_*.json; } > "$OUT/summary.txt" 2>&1
+  python3 -m lab.scripts.tp_speed_table "$OUT/tp_table.json" "$W"/decode_*.json
+  python3 -m lab.scripts.tp_jobs_table "$W"/jobs_*.json; } > "$OUT/summary.txt" 2>&1
 tar -czf "$OUT/tp_table.tgz" -C "$(dirname "$W")" "$(basename "$W")"
 cat "$OUT/summary.txt"; echo "== done in $(( $(date +%s) - START ))s"
