@@ -9,7 +9,7 @@
 #   d  pieces GPU tests; 8B tp 2 oscar; 8B and 32B tp 4; 8B tp 1 (one at a time)
 #   e  the 4-rank one_shot_norm test; 8B tp 4 under the per-rank profile
 #   f  whole jobs (bench jobs: 8B, 4 x 100K prompts, 256 new tokens) at tp 1, 2, 4, one method a process (`auto`)
-#   g  f's OSCAR rows with 8192-token chunks, as BF16's (lab.scripts.jobs_chunk)
+#   g  f's OSCAR rows with 8192-token chunks, as BF16's (--chunk; s17_call4 ran it as lab.scripts.jobs_chunk)
 # Out ($OUT): summary.txt (steps and the table), tp_table.json, tp_table.tgz (every JSON and log).
 export OMP_NUM_THREADS=8 PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/tp_table}; W=$(mktemp -d "${TMPDIR:-/tmp}/tp_table_work.XXXX"); mkdir -p "$OUT"
@@ -34,11 +34,11 @@ d() { step pwtests 90 0 python3 -m pytest -q -p no:cacheprovider -m gpu -rA test
 e() { step tp4test 200 0,1,2,3 python3 -m pytest -q -p no:cacheprovider -m gpu -rA -k tp4 tests/engine/test_tensor_parallel_gpu.py
       for m in oscar bf16; do dec "8b_tp4_prof_$m" 120 0,1,2,3 qwen3-8b 4 "$AR4" $m --profile; done; }
 # f: as users run them; one method a process, so `auto` takes the symmetric-memory kind (one such engine a process)
-jobs() { step "jobs_tp$1_$2" "$3" "$4" $OSC bench jobs --shape qwen3-8b --kv-gib 24 --requests 4 --new-tokens 256 \
-           --methods "$2" --tensor-parallel-size "$1" --out "$W/jobs_tp$1_$2.json"; }
+jobs() { local tp=$1 m=$2 cap=$3 gpus=$4; shift 4
+         step "jobs_tp${tp}_$m${1:+_chunk}" "$cap" "$gpus" $OSC bench jobs --shape qwen3-8b --kv-gib 24 --requests 4 \
+           --new-tokens 256 --methods "$m" --tensor-parallel-size "$tp" --out "$W/jobs_tp${tp}_$m${1:+_chunk}.json" "$@"; }
 f() { for m in bf16 oscar; do jobs 1 $m 150 0; jobs 2 $m 120 0,1; jobs 4 $m 120 0,1,2,3; done; }
-g() { for tp in 1 2 4; do step "jobs_tp${tp}_oscar8k" 120 "$(seq -s, 0 $((tp - 1)))" python3 -m lab.scripts.jobs_chunk \
-        --tp "$tp" --out "$W/jobs_tp${tp}_oscar8k.json"; done; }
+g() { for tp in 1 2 4; do jobs "$tp" oscar 120 "$(seq -s, 0 $((tp - 1)))" --chunk 8192; done; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader > "$W/machine.txt" 2>&1
 for p in "$@"; do $p; done
 { cat "$W/machine.txt"; cat "$W/steps.txt"; tail -n 8 "$W/pwtests.log" "$W/tp4test.log" 2>/dev/null; echo

@@ -4,7 +4,7 @@
 Here every prompt chunk runs the model (``LLMEngine.step``, the path users run). Per method: an engine
 with ``max_num_seqs`` = the sequences of ``context + max(new_tokens)`` that fit the budget
 (:func:`oscarkv.bench.capacity.fits`: BF16 3, OSCAR 26 at 56 GiB and 100K + 8K on the Qwen3-4B shape),
-prefill chunk per :attr:`JobsBench.chunks`, step budget ``chunk × seqs + seqs``, so requests run in
+prefill chunk per :meth:`JobsBench.chunk_of`, step budget ``chunk × seqs + seqs``, so requests run in
 waves: a wave prefills together, then decodes together.
 
 1. One ``context``-token request alone (``max_tokens = 1``, after an untimed warm-up): its TTFT is the
@@ -72,7 +72,7 @@ def run_job(engine, cfg: JobsBench) -> dict:
 
 def method_row(cfg: JobsBench, model, method: str) -> dict:
     """Steps 1–3 of the module docstring for one KV method."""
-    chunk = dict(cfg.chunks)[method]
+    chunk = cfg.chunk_of(method)
     cap = CapacityBench(shape=cfg.shape, kv_gib=cfg.kv_gib, context=cfg.context, requests=cfg.requests,
                         new_tokens=max(cfg.new_tokens), methods=("bf16", method) if method != "bf16" else ("bf16",),
                         chunks=cfg.chunks, tensor_parallel_size=cfg.tensor_parallel_size)

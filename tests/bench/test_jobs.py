@@ -44,6 +44,19 @@ def test_a_method_alone_has_no_ratio():
         JobsBench(methods=("bf16", "kivi"))
 
 
+def test_one_chunk_for_every_method():
+    """``--chunk``: every method prefills in that chunk (few sequences at once, where the per-method chunks sized
+    for 26 only add steps); without it each its own; a chunk below 1 is refused, naming the field."""
+    from oscarkv.bench.configs import JobsBench
+    from oscarkv.cli.main import build_parser
+
+    assert [JobsBench().chunk_of(m) for m in ("bf16", "oscar")] == [8192, 2048]
+    args = build_parser().parse_args(["bench", "jobs", "--chunk", "8192", "--methods", "oscar"])
+    assert args.chunk == 8192 and JobsBench(chunk=args.chunk).chunk_of("oscar") == 8192
+    with pytest.raises(ValueError, match="JobsBench.chunk"):
+        JobsBench(chunk=0)
+
+
 def test_job_through_two_ranks():
     """``run_job`` on an engine whose BenchRunner wraps a tensor-parallel runner (two gloo ranks): the step kinds
     come from the launches the runner records (they once were asked of the runner, and the two-GPU job failed);
