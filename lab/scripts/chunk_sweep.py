@@ -26,7 +26,8 @@ HQ, H, D, CTX = 32, 8, 128, 102400
 
 
 def sweep(kv, tables, k: int, warps_: tuple[int, ...] = (2, 4, 8), mults: tuple[int, ...] = (1, 2, 4, 8),
-          regs: tuple[int | None, ...] = (None,), rows_: tuple[int, ...] = (8, 16, 32, 64)) -> dict:
+          regs: tuple[int | None, ...] = (None,), rows_: tuple[int, ...] = (8, 16, 32, 64),
+          tiles: tuple[tuple[int, ...], tuple[int, ...]] = ((2, 3), (32, 64))) -> dict:
     from oscarkv.kernels import chunk_splitk
     from oscarkv.kernels.decode import _num_sms
     from oscarkv.kernels.prefill import prefill_attention
@@ -39,7 +40,7 @@ def sweep(kv, tables, k: int, warps_: tuple[int, ...] = (2, 4, 8), mults: tuple[
     row = dict(k=k, staged=ms(staged, 5), default=ms(lambda: chunk_splitk.chunk_attention(q, kn, vn, kv, tables, cu,
                                                                                              scale, k)))
     sms, rep_pad, best = _num_sms(q.device), 4, []
-    for rows, warps, stages, bn, reg in itertools.product(rows_, warps_, (2, 3), (32, 64), regs):
+    for rows, warps, stages, bn, reg in itertools.product(rows_, warps_, *tiles, regs):
         if rows < rep_pad or rows > max(8, 4 * rep_pad * k) or (rows == 8 and k > 2):
             continue
         grid_t = -(-k // (rows // rep_pad))
@@ -77,9 +78,12 @@ def main() -> None:
     ap.add_argument("--maxnreg", default="", help="register caps to try beside none (e.g. 168)")
     ap.add_argument("--rows", default="8,16,32,64", help="query rows per program (chunk tokens x the padded GQA group)")
     ap.add_argument("--context", type=int, default=CTX, help="cached tokens")
+    ap.add_argument("--stages", default="2,3")
+    ap.add_argument("--block-n", default="32,64", help="key tiles")
     args = ap.parse_args()
     grid = (tuple(map(int, args.warps.split(","))), tuple(map(int, args.mults.split(","))),
-            (None, *(int(x) for x in args.maxnreg.split(",") if x)), tuple(map(int, args.rows.split(","))))
+            (None, *(int(x) for x in args.maxnreg.split(",") if x)), tuple(map(int, args.rows.split(","))),
+            (tuple(map(int, args.stages.split(","))), tuple(map(int, args.block_n.split(",")))))
     args.out.mkdir(parents=True, exist_ok=True)
     res = dict(device=torch.cuda.get_device_name(), ctx=args.context, rows=[])
     print(f"{'kv':>5} {'k':>4} {'staged':>8} {'default':>8} {'best':>8}  best config (ms/layer)")
