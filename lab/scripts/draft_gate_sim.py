@@ -9,7 +9,8 @@ H200, ~2.3 / 1.6, and Qwen3-4B at 100K, ~1.45 / 1.05). A closed gate decides one
 planned before its input token reaches the host).
 
 Usage (repository root): python lab/scripts/draft_gate_sim.py lab/results/draft_gate/dev_*.json
-(``lab/scripts/draft_gate_dev.py`` writes those: the default model on the CPU over our own docs)."""
+(``lab/scripts/draft_gate_dev.py`` writes those: the default model on the CPU over our own docs); a ``bench
+speculative`` JSON also replays, each method's K = 0 outputs (as the GPU served them) under its name."""
 
 import importlib.machinery
 import importlib.util
@@ -63,13 +64,22 @@ def replay(mod, prompt: list[int], out: list[int], k: int, cost: tuple[float, fl
     return dict(steps=steps, verify=verify, speedup=(len(out) - 1) / spent)
 
 
+def tasks(path: str) -> dict:
+    """``{task: {"prompt", "output"}}`` of a development file, or of a ``bench speculative`` JSON (its K = 0 rows)."""
+    d = json.load(open(path))
+    if "rows" not in d:
+        return d
+    return {f"{r['method']}-{r['task']}": dict(prompt=d["prompts"][r["task"]], output=r["output"])
+            for r in d["rows"] if r.get("part") == "model" and r["k"] == 0 and "output" in r}
+
+
 def main(files: list[str]) -> None:
     for cost in ((2.3, 1.6), (1.45, 1.05)):
         print(f"== verify step {cost[0]}, plain step not run ahead {cost[1]} (plain steps run ahead: 1)")
         logs = defaultdict(lambda: [[], []])
         for k in (2, 4, 8):
             for f in files:
-                for task, d in json.load(open(f)).items():
+                for task, d in tasks(f).items():
                     r0 = replay(before, d["prompt"], d["output"], k, cost, False)
                     r1 = replay(current, d["prompt"], d["output"], k, cost, True)
                     logs[k][0].append(r0["speedup"]), logs[k][1].append(r1["speedup"])

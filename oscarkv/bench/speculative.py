@@ -110,7 +110,8 @@ def task_rows(make_engine, prompts: dict[str, list[int]], method: str, ks: tuple
               max_tokens: int, repeats: int = 1) -> list[dict]:
     """Rows of one KV method: each task at K = 0 and each K (``make_engine(method, K)``: K = 0 without
     speculation), with ``tokens_equal`` against K = 0; a task served ``repeats`` times reports its median run by
-    ms per token and every run's ms per token (``all_ms``)."""
+    ms per token and every run's ms per token (``all_ms``); each row keeps its token ids (``output``, in the JSON
+    only: ``lab/scripts/draft_gate_sim.py`` replays them)."""
     rows, ref = [], {}
     for k in (0, *ks):
         engine = make_engine(method, k)
@@ -125,6 +126,7 @@ def task_rows(make_engine, prompts: dict[str, list[int]], method: str, ks: tuple
                 rows.append(dict(part="model", method=method, task=task, k=k, prompt_tokens=len(ids),
                                  tokens_equal=got[0] == ref[task][0], **divergence(ref[task], got), **r))
                 print(json.dumps(rows[-1]), flush=True)
+                rows[-1]["output"] = got[0]  # NOTE: the JSON keeps the text, so draft gates replay offline
         finally:
             engine.close()
     return rows
@@ -270,7 +272,7 @@ def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None) -> str:
         del model
         e2e.release()
     proj = projection([r for r in rows if r["part"] == "model"], [r for r in rows if r["part"] == "shape"])
-    e2e.write_json(out, cfg, rows, projection=proj)
+    e2e.write_json(out, cfg, rows, projection=proj, prompts=prompts)
     return format_tables(rows, proj)
 
 

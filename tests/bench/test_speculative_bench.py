@@ -42,9 +42,34 @@ def test_model_rows_count_what_was_generated(rows):
         assert st["decode_steps"] + st["accepted"] == 19 and r["decode_steps"] == st["decode_steps"]
         assert st["accepted"] <= st["drafted"] <= r["k"] * st["verify_steps"]
         assert r["tokens_per_step"] == pytest.approx(19 / st["decode_steps"])
+    assert all(len(r["output"]) == 20 and r["output"] == rows[r["task"] == "no-copy"]["output"] for r in rows)
     copy4 = next(r for r in rows if r["task"] == "copy" and r["k"] == 4)
     assert copy4["acceptance_rate"] > 0 and copy4["tokens_per_step"] > 1
     assert "| oscar | copy | 4 |" in sb.model_table(rows)
+
+
+def test_a_bench_json_replays_through_the_draft_gate_sim(rows, tmp_path, monkeypatch):
+    """The JSON keeps the prompts and every row's tokens: ``draft_gate_sim`` replays the K = 0 outputs (as served)
+    of each method and task (on the copy task, drafts are accepted: fewer steps than tokens)."""
+    import importlib.util
+    import json
+
+    from pathlib import Path
+
+    from oscarkv.bench import e2e
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # NOTE: the sim reads its gate before from a path of the repository
+    spec = importlib.util.spec_from_file_location("draft_gate_sim", root / "lab/scripts/draft_gate_sim.py")
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    a, b = prompts(2, 10, seed=5)
+    out = tmp_path / "spec.json"
+    e2e.write_json(out, SpeculativeBench(), rows, prompts={"copy": a * 4 + b[:3], "no-copy": prompts(1, 45, seed=6)[0]})
+    got = sim.tasks(str(out))
+    assert sorted(got) == ["oscar-copy", "oscar-no-copy"] and len(got["oscar-copy"]["output"]) == 20
+    r = sim.replay(sim.current, got["oscar-copy"]["prompt"], got["oscar-copy"]["output"], 4, (1.45, 1.05), True)
+    assert r["verify"] >= 1 and r["steps"] < 19 and json.loads(out.read_text())["prompts"]["copy"][:3] == a[:3]
 
 
 def test_verify_cost_steps_verify_k_drafts():
