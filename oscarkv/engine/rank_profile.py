@@ -51,13 +51,13 @@ def runtime_profiler():
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU])
-    prof.__enter__()
+    prof.start()
     return prof
 
 
 def runtime_rows(prof, top: int = 14) -> list[dict]:
     """The ``top`` host operators of a ``runtime_profiler`` (stopped here) by own time: name, µs and calls."""
-    prof.__exit__(None, None, None)
+    prof.stop()
     rows = [dict(name=e.key[:90], us=e.self_cpu_time_total, count=e.count) for e in prof.key_averages()]
     return sorted(rows, key=lambda r: -r["us"])[:top]
 
@@ -68,19 +68,18 @@ class HostProfile:
     which prints its rows as one JSON line tagged with the rank (``host`` or ``runtime``)."""
 
     def __init__(self, rank: int) -> None:
-        self.rank, self.prof, self.mode = rank, None, 0
+        self.rank, self.prof = rank, None
 
     def switch(self, on: int) -> None:
         if on and self.prof is None:
-            self.mode = on
             self.prof = runtime_profiler() if on == 2 else cProfile.Profile()
             if on == 1:
                 self.prof.enable()
         elif not on and self.prof is not None:
-            if self.mode == 2:
-                rows = dict(runtime=runtime_rows(self.prof, 20))
-            else:
+            if isinstance(self.prof, cProfile.Profile):
                 self.prof.disable()
                 rows = dict(host=host_rows(self.prof, 20))
+            else:
+                rows = dict(runtime=runtime_rows(self.prof, 20))
             print(json.dumps(dict(rank=self.rank, **rows)), flush=True)
             self.prof = None
