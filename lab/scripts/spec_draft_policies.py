@@ -76,7 +76,6 @@ class Follow(S.NgramIndex):
     src: tuple[int, int] | None = None
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
-        self._update(tokens)
         L = len(tokens)
         if self.src is not None:
             e = self.src[0] + L - self.src[1]
@@ -84,13 +83,9 @@ class Follow(S.NgramIndex):
             if m <= e < L and tokens[e - m:e] == tokens[L - m:]:
                 self.src = (e, L)
                 return tokens[e:e + k]
-        for n in range(min(self.hi, L - 1), self.lo - 1, -1):
-            e = self.last[n].get(tuple(tokens[L - n:]))
-            if e is not None:
-                self.src = (e, L)
-                return tokens[e:e + k]
-        self.src = None
-        return []
+        e = self.match(tokens)
+        self.src = None if e is None else (e, L)
+        return [] if e is None else tokens[e:e + k]
 
 
 POLICIES = {"last": (S.NgramIndex, 1, 4), "follow": (Follow, 1, 4), "min2": (S.NgramIndex, 2, 4),

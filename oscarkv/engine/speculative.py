@@ -44,6 +44,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from oscarkv.cache.manager import WritePlan
@@ -54,30 +55,49 @@ from oscarkv.engine.scheduler import ScheduledChunk
 
 
 class NgramIndex:
-    """Where each n-gram of one sequence's tokens last occurred with a token after it (incremental:
-    each call indexes only the tokens added since the last one, O(n_max) dictionary updates per token)."""
+    """Prompt lookup over one sequence's tokens: the longest suffix of ``lo..hi`` tokens that occurred earlier with a
+    token after it, at its last such occurrence. The tokens are mirrored into a growing array (each call copies only
+    those added since the last) and a lookup scans it in C: the positions holding the last token, narrowed one token
+    further back at a time. ~20 µs a lookup at 100K tokens on a slow CPU and no Python work per token, where a
+    dictionary of every n-gram spent 0.19 s (and ~40 MB) indexing a 100K-token prompt at its first decode step."""
 
     def __init__(self, lo: int, hi: int) -> None:
         self.lo, self.hi = lo, hi
-        self.last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(lo, hi + 1)}
-        self.indexed = 1  # n-grams ending before this position (and followed by a token) are indexed
+        self.buf, self.size = np.empty(1024, np.int64), 0
 
-    def _update(self, tokens: list[int]) -> None:
-        for e in range(self.indexed, len(tokens)):  # e: position of the token after the n-gram
-            for n, last in self.last.items():
-                if e >= n:
-                    last[tuple(tokens[e - n:e])] = e
-        self.indexed = max(self.indexed, len(tokens))
+    def _sync(self, tokens: list[int]) -> np.ndarray:
+        """``tokens`` as an array view (the prefix mirrored earlier is assumed unchanged: sequences only grow)."""
+        L = len(tokens)
+        if L > self.buf.size:
+            grown = np.empty(max(L, 2 * self.buf.size), np.int64)
+            grown[:self.size] = self.buf[:self.size]
+            self.buf = grown
+        if L > self.size:
+            self.buf[self.size:L] = tokens[self.size:L]
+        self.size = L
+        return self.buf[:L]
+
+    def match(self, tokens: list[int]) -> int | None:
+        """The position after the last earlier occurrence of the longest matching suffix (``lo..hi`` tokens), or
+        ``None``: the drafts are the tokens from there."""
+        a = self._sync(tokens)
+        L, n, found = a.size, 1, None
+        ends = np.flatnonzero(a[:L - 1] == a[L - 1]) if L > 1 else a[:0]  # where earlier copies of the suffix end
+        while ends.size:
+            found = (n, ends)
+            if n == self.hi:
+                break
+            ends = ends[ends >= n]
+            ends = ends[a[ends - n] == a[L - 1 - n]]
+            n += 1
+        if found is None or found[0] < self.lo:
+            return None
+        return int(found[1][-1]) + 1
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the last earlier occurrence of the longest matching suffix."""
-        self._update(tokens)
-        L = len(tokens)
-        for n in range(min(self.hi, L - 1), self.lo - 1, -1):
-            e = self.last[n].get(tuple(tokens[L - n:]))
-            if e is not None:
-                return tokens[e:e + k]
-        return []
+        e = self.match(tokens)
+        return [] if e is None else tokens[e:e + k]
 
 
 @dataclass

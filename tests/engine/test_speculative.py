@@ -28,13 +28,16 @@ def copy_prompts() -> list[list[int]]:
     return [a * 4, (b[:7] + a[:5]) * 3, prompts(1, 33, seed=6)[0]]
 
 
-def test_ngram_index_matches_a_scan():
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 5, (300,), generator=g).tolist()
-    index = NgramIndex(1, 3)
-    for L in range(2, 300, 7):
+@pytest.mark.parametrize("lo,hi", [(1, 3), (2, 5), (1, 1)])
+def test_ngram_index_matches_a_scan(lo, hi):
+    """The longest suffix of lo..hi tokens with an earlier occurrence followed by a token, its last such occurrence;
+    the index grows with the sequence (its mirror copies only new tokens), tested at every length."""
+    g = torch.Generator().manual_seed(lo * 10 + hi)
+    tokens = torch.randint(0, 5, (1500,), generator=g).tolist()
+    index = NgramIndex(lo, hi)
+    for L in list(range(1, 60)) + list(range(60, 1500, 37)):
         seq, want = tokens[:L], []
-        for n in range(min(3, L - 1), 0, -1):
+        for n in range(min(hi, L - 1), lo - 1, -1):
             ends = [e for e in range(n, L) if seq[e - n:e] == seq[L - n:]]
             if ends:
                 want = seq[ends[-1]:ends[-1] + 4]
