@@ -185,13 +185,15 @@ class KVCacheManager:
         from the free list (none evicts a cached page)."""
         if self.window is not None:
             return t1
-        base, t, h = self._bf16_new(seq, t1), t1, self.hist_end(t1)
-        while t < limit and self.hist_end(t + 1) == h:
-            need = self._bf16_new(seq, t + 1)
-            if need > base and need > self.bf16.num_free:
-                break
-            t += 1
-        return t
+        h, room = self.hist_end(t1), max(self._bf16_new(seq, t1), self.bf16.num_free)
+        lo, hi = t1, max(t1, limit)
+        while lo < hi:  # NOTE: a bisection: both conditions hold up to a length, then never (tiers and pages only
+            mid = (lo + hi + 1) // 2  # grow with it); the scheduler's limit is the step's token budget, not K
+            if self.hist_end(mid) == h and self._bf16_new(seq, mid) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _bf16_new(self, seq: CachedSequence, t1: int) -> int:
         return sum(self._new_pages(seq.kv, t1)[:2])

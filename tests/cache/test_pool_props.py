@@ -192,6 +192,26 @@ def test_pages_needed_is_the_peak_of_a_run_alone(method, sink_pages, recent, pag
     assert mgr.pages_needed(seq.schedule, prompt + gen) == (peak_b, peak_i, 0)
 
 
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(1, 12), st.sampled_from([1, 2, 4]), st.integers(1, 60), st.integers(0, 70), st.integers(3, 40))
+def test_draft_end_is_the_step_by_step_rule(recent, page, prompt, limit, pages):
+    """``draft_end`` (a bisection) is the longest extension the step-by-step rule reaches: no demotion, and new BF16
+    pages beyond those of the step itself only from the free list."""
+    kv = KVConfig("oscar", sink=page, recent=recent, page_size=page)
+    mgr = KVCacheManager(kv, PagePool(pages), PagePool(64), prefix_caching=False)
+    seq = FakeSeq(list(range(prompt + 1)), ChunkSchedule(prompt, 4 * page))
+    while seq.kv.num_tokens < prompt and (plan := mgr.plan(seq, seq.schedule.end(seq.kv.num_tokens))):
+        mgr.commit(seq, plan)
+    t1 = seq.kv.num_tokens + 1
+    base, t, h = mgr._bf16_new(seq, t1), t1, mgr.hist_end(t1)
+    while t < t1 + limit and mgr.hist_end(t + 1) == h:
+        need = mgr._bf16_new(seq, t + 1)
+        if need > base and need > mgr.bf16.num_free:
+            break
+        t += 1
+    assert mgr.draft_end(seq, t1, t1 + limit) == t
+
+
 def test_release_all_is_release_in_order():
     pools = [PagePool(12), PagePool(12)]
     for pool in pools:
