@@ -169,8 +169,8 @@ def _config(device: torch.device, rows: int, int2: bool) -> dict:
     over INT2 history, k = 1 (R = 8): 2 warps, 8 per SM, 0.21 ms per layer (the register-count table before it:
     0.29); k = 8 (R = 32): 2 warps, 3 stages, 4 per SM, 0.26 (0.31); k = 32 and 64 (R = 64): 4 warps, 3 stages,
     32-key tiles, 2 per SM, 0.44 and 0.76 (1.09 and 1.76; the staged path 1.8). NOTE: those were eager calls, host
-    time included (~0.2 ms: an eager decode call timed 0.23 there); ``chunk_sweep`` now times CUDA-graph replays. Over BF16 only R = 8 and 32 were
-    timed (0.30 and 0.36 ms against 0.39 and 0.44, the same settings win); R = 16, and R = 64 over BF16, keep the
+    time included (~0.2 ms: an eager decode call timed 0.23 there); ``chunk_sweep`` now times CUDA-graph replays. Over BF16 R = 8, 32 and 64 were
+    timed (R = 64 below; 0.30 and 0.36 ms against 0.39 and 0.44, the same settings win); R = 16 keeps the
     register-count table (``lab.benchmarks.compile_sm90 --table OUT.json SASS_DIR chunk``)."""
     if device.type != "cuda":
         return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0, CHUNK=4, PER_SM=2)
@@ -181,8 +181,12 @@ def _config(device: torch.device, rows: int, int2: bool) -> dict:
         # of 16 rows (s11_call*_h200x2/csweep17, 33): k = 17 0.354 -> 0.191 (24 splits: ~7 programs per SM), k = 33
         # 0.504 -> 0.444 (16 splits, ~9; 2 stages 0.444, 3 stages 0.450); k = 64 extrapolated, timed by cs64
         return dict(BLOCK_N=64, num_warps=1, num_stages=3, CONV=2, CHUNK=32, PER_SM=8, SPAN_PAGES=False)
+    # NOTE: BF16 at R = 64 (9-16 tokens: verify chunks of K = 8-15), CUDA graphs, H200, 2026-11-28 (chunk_sweep --chunks
+    # 9,16 --kinds bf16 --rows 16,32,64 --warps 1,2,4 --stages 3 --block-n 64 --mults 1,2,4, lab/bench_gpu/2026-11-28/
+    # s18_call8_h200/): 2 warps, 3 stages, 64 splits 0.281 / 0.285 ms a layer against 0.656 / 0.658 with the register
+    # table's 8 warps, 16 splits (the staged path 0.36); the Qwen3-4B 100K verify step at K = 8 read 28.1 ms
     warps, per_sm, stages, block_n = {8: (2, 8, 2, 64), 16: (2, 4, 3, 64), 32: (2, 4, 3, 64)}.get(
-        rows, (4, 2, 3, 32) if int2 else (8, 1, 2, 64))
+        rows, (4, 2, 3, 32) if int2 else (2, 4, 3, 64))
     return dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, CONV=2, CHUNK=32, PER_SM=per_sm,
                 SPAN_PAGES=False)  # pages smaller than BLOCK_N in tiles of several (decode._config), off until timed
 
