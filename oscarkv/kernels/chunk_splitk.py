@@ -184,8 +184,10 @@ def _config(device: torch.device, rows: int, int2: bool) -> dict:
     # NOTE: BF16 at R = 64 (9-16 tokens: verify chunks of K = 8-15), CUDA graphs, H200, 2026-11-28 (chunk_sweep --chunks
     # 9,16 --kinds bf16 --rows 16,32,64 --warps 1,2,4 --stages 3 --block-n 64 --mults 1,2,4, lab/bench_gpu/2026-11-28/
     # s18_call8_h200/): 2 warps, 3 stages, 64 splits 0.281 / 0.285 ms a layer against 0.656 / 0.658 with the register
-    # table's 8 warps, 16 splits (the staged path 0.36); the Qwen3-4B 100K verify step at K = 8 read 28.1 ms
-    warps, per_sm, stages, block_n = {8: (2, 8, 2, 64), 16: (2, 4, 3, 64), 32: (2, 4, 3, 64)}.get(
+    # table's 8 warps, 16 splits (the staged path 0.36); the Qwen3-4B 100K verify step at K = 8 read 28.1 ms. At 16
+    # and 32 rows (K = 2, 4; s18_call13_h200/, 1-2 warps, 16-128 splits): 1 warp, 128 splits 0.193 against 0.219 at 3
+    # tokens (the K = 2 step 12.1 -> 10.9 ms), 2 warps, 128 splits 0.216 against 0.232 at 5 (one warp: 13.9 ms)
+    warps, per_sm, stages, block_n = {8: (2, 8, 2, 64), 16: (1, 8, 3, 64), 32: (2, 8, 3, 64)}.get(
         rows, (4, 2, 3, 32) if int2 else (2, 4, 3, 64))
     return dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, CONV=2, CHUNK=32, PER_SM=per_sm,
                 SPAN_PAGES=False)  # pages smaller than BLOCK_N in tiles of several (decode._config), off until timed
