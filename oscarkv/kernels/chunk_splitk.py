@@ -61,9 +61,10 @@ chunk at most the first over a prefix at least the second takes this kernel. Mea
 Triton 3.6, ``python -m lab.benchmarks.chunk_attention OUT.json``, Qwen3-4B/8B attention shape, ms per layer):
 split-K beats the staged path at k <= 8 tokens for both kinds (100K INT2: 0.27 against 1.82 ms at k = 1), and at
 k = 64 only over INT2 history (100K: 1.84 against 2.24; BF16: 3.41 against 1.67); at k = 512 staged wins
-(100K INT2: 2.0 against 13.3). The 16-token bound covers speculative verify chunks (``1 + K`` rows, K <= 15) and
-is interpolated, not timed: over BF16 split-K grows linearly from k = 8 to 64 (100K: 0.50 to 3.41 ms; 32K: 0.26 to
-0.96) and crosses the staged path (1.65; 0.63) near k = 30 at both contexts. Prefixes under 32K were not timed:
+(100K INT2: 2.0 against 13.3). The 16-token bound covers speculative verify chunks (``1 + K`` rows, K <= 15);
+over BF16 at 100K it was timed on an H200 (2026-11-28, 9 and 16 tokens: 0.28 against the staged 0.36 ms,
+:func:`_config`). Before that: over BF16 split-K grew linearly from k = 8 to 64 (100K: 0.50 to 3.41 ms; 32K:
+0.26 to 0.96) and crossed the staged path (1.65; 0.63) near k = 30 at both contexts. Prefixes under 32K were not timed:
 the 1024 bound is the decode kernel's habit. Re-timed on an H200 (2026-11-28, CUDA-graph replays, the staged path
 with FlashAttention-2 for its few stacked rows, ``lab/bench_gpu/2026-11-28/s16_call1_h200x4/``): the table holds
 (100K INT2, k = 64: 0.54 against 0.65 ms; BF16, k = 8: 0.23 against 0.36; k = 64: 2.33 against 0.61)."""
