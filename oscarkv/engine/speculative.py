@@ -63,13 +63,13 @@ class NgramIndex:
 
     def __init__(self, lo: int, hi: int) -> None:
         self.lo, self.hi = lo, hi
-        self.buf, self.size = np.empty(1024, np.int64), 0
+        self.buf, self.size = np.empty(1024, np.int32), 0
 
     def _sync(self, tokens: list[int]) -> np.ndarray:
         """``tokens`` as an array view (the prefix mirrored earlier is assumed unchanged: sequences only grow)."""
         L = len(tokens)
         if L > self.buf.size:
-            grown = np.empty(max(L, 2 * self.buf.size), np.int64)
+            grown = np.empty(max(L, 2 * self.buf.size), np.int32)
             grown[:self.size] = self.buf[:self.size]
             self.buf = grown
         if L > self.size:
