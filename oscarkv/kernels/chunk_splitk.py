@@ -170,9 +170,9 @@ def _config(device: torch.device, rows: int, int2: bool) -> dict:
     over INT2 history, k = 1 (R = 8): 2 warps, 8 per SM, 0.21 ms per layer (the register-count table before it:
     0.29); k = 8 (R = 32): 2 warps, 3 stages, 4 per SM, 0.26 (0.31); k = 32 and 64 (R = 64): 4 warps, 3 stages,
     32-key tiles, 2 per SM, 0.44 and 0.76 (1.09 and 1.76; the staged path 1.8). NOTE: those were eager calls, host
-    time included (~0.2 ms: an eager decode call timed 0.23 there); ``chunk_sweep`` now times CUDA-graph replays. Over BF16 R = 8, 32 and 64 were
-    timed (R = 64 below; 0.30 and 0.36 ms against 0.39 and 0.44, the same settings win); R = 16 keeps the
-    register-count table (``lab.benchmarks.compile_sm90 --table OUT.json SASS_DIR chunk``)."""
+    time included (~0.2 ms: an eager decode call timed 0.23 there); ``chunk_sweep`` now times CUDA-graph replays. Over BF16 R = 8 and 32 were
+    timed there (0.30 and 0.36 ms against 0.39 and 0.44, the same settings win), R = 16, 32 and 64 on an H200 (the
+    NOTE below); the register-count table (``lab.benchmarks.compile_sm90 --table OUT.json SASS_DIR chunk``) set the rest."""
     if device.type != "cuda":
         return dict(BLOCK_N=16, num_warps=4, num_stages=1, CONV=0, CHUNK=4, PER_SM=2)
     if int2 and rows <= 16:  # NOTE: CUDA-graph timings, H200, 2026-11-28 (``chunk_sweep --warps 1,2,4 --mults
