@@ -62,20 +62,25 @@ def runtime_rows(prof, top: int = 14) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us"])[:top]
 
 
+OFF, FUNCTIONS, OPERATORS = 0, 1, 2
+"""A worker's host-profile modes (the ``HOST_PROFILE`` message's argument): end and print; cProfile of Python
+functions; ``runtime_profiler``'s host operators."""
+
+
 class HostProfile:
     """A worker's host profile between ``HOST_PROFILE`` messages (:meth:`ParallelRunner.host_profile`): started
-    by ``on`` (1: cProfile of Python functions, 2: ``runtime_profiler``'s host operators), ended by ``off``,
-    which prints its rows as one JSON line tagged with the rank (``host`` or ``runtime``)."""
+    by ``FUNCTIONS`` or ``OPERATORS``, ended by ``OFF``, which prints its rows as one JSON line tagged with the rank
+    (``host`` or ``runtime``)."""
 
     def __init__(self, rank: int) -> None:
         self.rank, self.prof = rank, None
 
-    def switch(self, on: int) -> None:
-        if on and self.prof is None:
-            self.prof = runtime_profiler() if on == 2 else cProfile.Profile()
-            if on == 1:
+    def switch(self, mode: int) -> None:
+        if mode != OFF and self.prof is None:
+            self.prof = runtime_profiler() if mode == OPERATORS else cProfile.Profile()
+            if mode == FUNCTIONS:
                 self.prof.enable()
-        elif not on and self.prof is not None:
+        elif mode == OFF and self.prof is not None:
             if isinstance(self.prof, cProfile.Profile):
                 self.prof.disable()
                 rows = dict(host=host_rows(self.prof, 20))

@@ -81,18 +81,15 @@ class NgramIndex:
         """The position after the last earlier occurrence of the longest matching suffix (``lo..hi`` tokens), or
         ``None``: the drafts are the tokens from there."""
         a = self._sync(tokens)
-        L, n, found = a.size, 1, None
+        L, n, last = a.size, 0, -1
         ends = np.flatnonzero(a[:L - 1] == a[L - 1]) if L > 1 else a[:0]  # where earlier copies of the suffix end
-        while ends.size:
-            found = (n, ends)
+        while ends.size:  # n: the suffix length matched so far, last: its latest earlier end
+            n, last = n + 1, int(ends[-1])
             if n == self.hi:
                 break
             ends = ends[ends >= n]
             ends = ends[a[ends - n] == a[L - 1 - n]]
-            n += 1
-        if found is None or found[0] < self.lo:
-            return None
-        return int(found[1][-1]) + 1
+        return last + 1 if n >= max(self.lo, 1) else None
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the last earlier occurrence of the longest matching suffix."""

@@ -40,8 +40,8 @@ RECORD = 13
 STEP, STOP, REPLAY, PROFILE, HOST_PROFILE, CAPTURE = 1, 2, 3, 4, 5, 6
 """Message kinds: a step's plans; leave the worker loop; replay the decode graph of a bucket (arguments: the
 bucket); profile replays of it (the bucket, the replays). Those two time every rank's graph together
-(a rank's graph holds all-reduces and replays only with the others'). ``HOST_PROFILE``: start (argument 1: cProfile, 2:
-host operators) or end and print (0) a profile of the worker's host over the steps between. ``CAPTURE``: capture every piecewise
+(a rank's graph holds all-reduces and replays only with the others'). ``HOST_PROFILE``: start (argument ``rank_profile.FUNCTIONS`` or
+``OPERATORS``) or end and print (``OFF``) a profile of the worker's host over the steps between. ``CAPTURE``: capture every piecewise
 bucket now, every rank at once (start-up)."""
 FRAME = 2048
 """Elements of the first broadcast of every message (8 KB: a decode step of 32 sequences whose INT2

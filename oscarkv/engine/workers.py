@@ -62,7 +62,7 @@ import torch.multiprocessing as mp
 from oscarkv.attention.step import AttentionBackend
 from oscarkv.config import EngineConfig
 from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner, history_page_bytes
-from oscarkv.engine.rank_profile import HostProfile, kernel_profile
+from oscarkv.engine.rank_profile import FUNCTIONS, OFF, OPERATORS, HostProfile, kernel_profile
 from oscarkv.engine.rendezvous import Rendezvous, join
 from oscarkv.engine.scheduler import ScheduledChunk
 from oscarkv.engine.step_plan_codec import (CAPTURE, HEADER, HOST_PROFILE, PROFILE, REPLAY, STEP, STOP, Channel, PlanDecoder,
@@ -312,7 +312,7 @@ class ParallelRunner:
         of every worker's host over the steps between; at the end each worker prints its busiest functions as one
         JSON line tagged with its rank (rank 0's: the caller's to take)."""
         self._check()
-        self.channel.send(control(HOST_PROFILE, (2 if runtime else 1) if on else 0))
+        self.channel.send(control(HOST_PROFILE, (OPERATORS if runtime else FUNCTIONS) if on else OFF))
 
     def failure(self) -> str | None:
         """Why the group can run no more steps (a rank died, or the ranks fell out of step); ``None`` while
