@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import types
+from dataclasses import replace
 
 import pytest
 from transformers import Qwen3Config

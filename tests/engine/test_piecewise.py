@@ -199,4 +199,3 @@ def test_a_tensor_parallel_capture_that_fails_stops_the_workers(llama, artifact,
     with pytest.raises(RuntimeError, match="capture failed"):
         LLM(LoadedModel(llama, None, "tiny"), "oscar", artifact=artifact, tensor_parallel_size=2, config=cfg)
     assert started and not any(p.is_alive() for p in started)
-
