@@ -14,7 +14,6 @@ import torch
 from oscarkv.kernels.decode import _decode_kernel
 from oscarkv.kernels.chunk_splitk import _chunk_kernel
 from oscarkv.kernels.chunk_splitk import _config as chunk_config
-from oscarkv.kernels.chunk_wide import _wide_kernel
 from oscarkv.kernels.decode_int2 import _int2_decode_kernel
 from oscarkv.kernels.extend import _extend_kernel
 from oscarkv.kernels.prefill import _gather_bf16_kernel, _gather_int2_kernel
@@ -62,7 +61,7 @@ def _history(c: dict, pairs: dict, int2: bool = True) -> tuple:
     if not int2:
         stand_in = (BF, BF, BF, BF_STRIDES, (0.0, 0.0))
         return stand_in, stand_in, BF_STRIDES
-    return ((U8, F16, F16, _pool_strides(c.get("KBITS", 2)), pairs["K"]), (U8, F16, F16, _pool_strides(c.get("VBITS", 2)), pairs["V"]),
+    return ((U8, F16, F16, _pool_strides(c["KBITS"]), pairs["K"]), (U8, F16, F16, _pool_strides(c["VBITS"]), pairs["V"]),
             _scale_strides(c["G"]))
 
 
@@ -114,20 +113,6 @@ def chunk(o: dict):
     return _chunk_kernel, args, c | flags, {k: cfg[k] for k in ("num_warps", "num_stages", "maxnreg") if k in cfg}
 
 
-def chunk_wide(o: dict):
-    """The rows-on-M chunk kernel (``chunk_wide``) at 64 rows (16 tokens of a GQA group of 4), 4 warps unless
-    overridden."""
-    c = _const(dict(H=H, REP=4, REP_PAD=4, D=D, G=128, P=P, BLOCK_T=16, BLOCK_N=64, CONV=2, CHUNK=32, HAS_INT2=True,
-                    INTERPRET=False), o)
-    c["HAS_INT2"] = bool(c["HAS_INT2"])
-    if not c["HAS_INT2"]:
-        c["G"] = D
-    pairs, _ = _levels({})
-    args = [(BF, HQ * D, D), (BF, BF, (H * D, D)), WINDOW, _history(c, pairs, c["HAS_INT2"]), TABLES, I32,
-            _decode_args(c, pairs, True)[4], QK_SCALE, SPLITS]
-    return _wide_kernel, args, c, dict(num_warps=4, num_stages=3)
-
-
 SPAN = (4096, 8192, 64)  # t0, count, out0
 OUT = (BF, BF, 131072 * D)
 
@@ -143,6 +128,5 @@ def gather_bf16(o: dict):
     return _gather_bf16_kernel, [WINDOW, I32, OUT, SPAN], c, dict(num_warps=4, num_stages=3)
 
 
-KERNELS = dict(decode_int2=decode_int2, decode=decode, extend=extend, chunk=chunk, chunk_wide=chunk_wide,
-               gather_int2=gather_int2,
+KERNELS = dict(decode_int2=decode_int2, decode=decode, extend=extend, chunk=chunk, gather_int2=gather_int2,
                gather_bf16=gather_bf16)

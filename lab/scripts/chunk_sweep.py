@@ -8,7 +8,7 @@ error against the staged path is checked. Milliseconds per layer on the GPU (``c
 CUDA graph); the 2026-11-27 run timed eager calls, whose ~0.2 ms of host time per call hid the kernels at small k.
 
     python -m lab.scripts.chunk_sweep --out DIR [--chunks 1,8,16,32,64,128,256] [--warps 1,2,4 --mults 1,2,4,8,16
-                                                 --maxnreg 168 --context 32768 --wide]
+                                                 --maxnreg 168 --context 32768]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ MAX_ERR = 0.03
 
 def sweep(kv, tables, k: int, warps_: tuple[int, ...] = (2, 4, 8), mults: tuple[int, ...] = (1, 2, 4, 8),
           regs: tuple[int | None, ...] = (None,), rows_: tuple[int, ...] = (8, 16, 32, 64),
-          tiles: tuple[tuple[int, ...], tuple[int, ...]] = ((2, 3), (32, 64)), wide: bool = False) -> dict:
+          tiles: tuple[tuple[int, ...], tuple[int, ...]] = ((2, 3), (32, 64))) -> dict:
     from oscarkv.kernels import chunk_splitk
     from oscarkv.kernels.decode import _num_sms
     from oscarkv.kernels.prefill import prefill_attention
@@ -50,7 +50,7 @@ def sweep(kv, tables, k: int, warps_: tuple[int, ...] = (2, 4, 8), mults: tuple[
         for mult in mults:
             splits = min(1024, base * mult)
             cfg = dict(ROWS=rows, num_warps=warps, num_stages=stages, BLOCK_N=bn, CONV=2, CHUNK=32, PER_SM=1,
-                       **({"maxnreg": reg} if reg else {}), **({"WIDE": True} if wide else {}))
+                       **({"maxnreg": reg} if reg else {}))
             fn = lambda: chunk_splitk.chunk_attention(q, kn, vn, kv, tables, cu, scale, k,  # noqa: E731
                                                      num_splits=splits, config=cfg)
             try:
@@ -60,7 +60,7 @@ def sweep(kv, tables, k: int, warps_: tuple[int, ...] = (2, 4, 8), mults: tuple[
                 best.append(dict(cfg=cfg, splits=splits, error=f"{type(e).__name__}: {e}"[:120]))
                 continue
             best.append(dict(cfg=cfg, splits=splits, ms=t, err=err))
-    # NOTE: a configuration whose output is off (Triton 3.6 miscompiled some rows-on-M tiles) is not a candidate
+    # NOTE: a configuration whose output is off is not a candidate (few splits: long MMA chains, split_error)
     ok = sorted((b for b in best if "ms" in b and b["err"] < MAX_ERR), key=lambda b: b["ms"])
     top = ok[0]
     out = chunk_splitk.chunk_attention(q, kn, vn, kv, tables, cu, scale, k, num_splits=top["splits"],
@@ -84,7 +84,6 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=CTX, help="cached tokens")
     ap.add_argument("--stages", default="2,3")
     ap.add_argument("--block-n", default="32,64", help="key tiles")
-    ap.add_argument("--wide", action="store_true", help="the rows-on-M kernel (chunk_wide) instead of chunk_splitk's")
     args = ap.parse_args()
     grid = (tuple(map(int, args.warps.split(","))), tuple(map(int, args.mults.split(","))),
             (None, *(int(x) for x in args.maxnreg.split(",") if x)), tuple(map(int, args.rows.split(","))),
@@ -96,7 +95,7 @@ def main() -> None:
         kv, tables = random_cache([args.context], H, D, page=64, group=128, sink=64, recent=256, int2=kind == "int2",
                                   device="cuda", shuffle=False)
         for k in map(int, args.chunks.split(",")):
-            r = dict(kv=kind, **sweep(kv, tables, k, *grid, wide=args.wide))
+            r = dict(kv=kind, **sweep(kv, tables, k, *grid))
             res["rows"].append(r)
             b = r["best"]
             print(f"{kind:>5} {k:>4} {r['staged']:8.3f} {r['default']:8.3f} {b['ms']:8.3f}  rows {b['cfg']['ROWS']} "

@@ -44,7 +44,6 @@ import triton
 import triton.language as tl
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
-from oscarkv.kernels import chunk_wide
 from oscarkv.kernels.decode import _num_sms, uses_raw_int2
 from oscarkv.kernels.decode_int2 import (_bf16_scores, _bf16_values, _bf16_windows, _empty_state, _group_q,
                                          _int2_history, _store_partial)
@@ -231,14 +230,12 @@ def chunk_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     mid_o = torch.empty(t, hq, splits, d, dtype=torch.float32, device=q.device)
     mid_l = torch.empty(t, hq, splits, dtype=torch.float32, device=q.device)
     out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
-    wide = cfg.get("WIDE", False) and chunk_wide.serves(kv)
-    kernel, formats = (chunk_wide._wide_kernel, {}) if wide else (_chunk_kernel, format_args(kv))
-    kernel[(bsz * h, splits, grid_t)](
+    _chunk_kernel[(bsz * h, splits, grid_t)](
         (q, q.stride(0), q.stride(1)), (k_new, v_new, tuple(k_new.stride()[:2])), window_arg(kv), history_arg(kv),
         tables_arg(tables), cu_seqlens, (mid_o, mid_l, tuple(mid_o.stride()[:3]), tuple(mid_l.stride()[:2])),
         scale * LOG2E, splits, H=h, REP=rep, REP_PAD=rep_pad, D=d, G=kv.int2_k.group if int2 else min(d, 128), P=p,
         BLOCK_T=rows // rep_pad, BLOCK_N=cfg["BLOCK_N"], CONV=cfg["CONV"], CHUNK=cfg["CHUNK"], HAS_INT2=int2,
-        **formats, INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"],
+        **format_args(kv), INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
     merge_splits(mid_o, mid_l, out)
     return out

@@ -136,11 +136,23 @@ def _group_values(cvT, ps, acc, alpha, levels, CONV: tl.constexpr, LEV: tl.const
     ``_store`` undoes it)."""
     a0, a1, a2, a3 = acc
     v0, v1, v2, v3 = _any_slices(cvT, levels, CONV, LEV, ps.dtype)
-    a0 = tl.dot(v0, ps, a0 * alpha[None, :])
-    a1 = tl.dot(v1, ps, a1 * alpha[None, :])
-    a2 = tl.dot(v2, ps, a2 * alpha[None, :])
-    a3 = tl.dot(v3, ps, a3 * alpha[None, :])
-    return a0, a1, a2, a3
+    a = alpha[None, :]  # NOTE: each tile's products summed apart, added in fp32 (_add_tile)
+    return _add_tile(a0, a, tl.dot(v0, ps)), _add_tile(a1, a, tl.dot(v1, ps)), _add_tile(a2, a, tl.dot(v2, ps)), \
+        _add_tile(a3, a, tl.dot(v3, ps))
+
+
+@triton.jit
+def _add_tile(acc, alpha, tile):
+    """``acc · alpha + tile`` on the CUDA cores, in fp32: the running output of the code slices leaves the tensor cores.
+
+    NOTE: ``tl.dot(c, ps, acc · alpha)`` chains the accumulator through every tile's MMAs, and summed that way the
+    slices' tiny units (fp16 subnormal codes) lose low bits each MMA, toward zero: over a split of 50K INT2 tokens the
+    output came out 0.4% short, 6% off the fp32 oracle (H200, 2026-11-28, ``python -m lab.scripts.split_error``,
+    ``lab/bench_gpu/2026-11-28/s19_call9_h200/``: 6.2e-2 at 2 splits of 100K, 8.4e-3 at 8 (a k = 64 chunk's; 32 sequences
+    decode in 6), 1.8e-3 at 64; summed apart 1.8e-3 at every count, for +0-2% decode and +5-6% chunk kernel time). BF16
+    windows (``_bf16_values``) showed no such growth (2.2-2.3e-3 at 2-64 splits) and keep the chained form. ``tl.fma``,
+    not ``+``: Triton folds ``dot(a, b) + c`` back into ``dot(a, b, c)`` (a first try read the same errors)."""
+    return tl.fma(acc, alpha, tile)
 
 
 @triton.jit

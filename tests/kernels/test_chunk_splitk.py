@@ -141,32 +141,3 @@ def test_chunk_gqa_gpu():
     """GQA 5 (Qwen3-14B: 40 query heads, REP_PAD 8) and GQA 1, 64-channel groups (two per token)."""
     _check([30001], [37], 40, 8, 128, group=128, page=64, sink=64, recent=256, seed=1)
     _check([12345], [9], 8, 8, 128, group=64, page=64, sink=64, recent=256, seed=2)
-
-
-WIDE_CPU = [  # the rows-on-M kernel (chunk_wide): (cached lens, chunk lens, Hq, H, d, group, int2, splits, rows)
-    ([300, 45], [7, 1], 8, 2, 64, None, True, 3, 16),  # windows + history; a one-token chunk beside
-    ([200], [5], 6, 1, 64, None, True, 2, 16),  # GQA 6 (REP_PAD 8): dead head rows
-    ([150, 0], [3, 9], 8, 2, 128, 64, True, 2, 32),  # two groups per token; an empty cache (the chunk only)
-    ([99], [11], 4, 4, 64, None, False, 3, 16),  # BF16-only cache, GQA 1
-    ([130], [13], 8, 2, 64, None, True, 9, 16),  # more splits than tiles: empty splits
-    ([300], [40], 8, 2, 64, None, True, 2, 32),  # three row blocks, the last partly dead; several page-id chunks
-]
-
-
-@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
-@pytest.mark.parametrize("cached,chunks,hq,h,d,group,int2,splits,rows", WIDE_CPU)
-def test_chunk_wide_matches_oracle_cpu(cached, chunks, hq, h, d, group, int2, splits, rows):
-    _check(cached, chunks, hq, h, d, group=group, int2=int2, splits=splits, seed=sum(cached) + d,
-           config={"WIDE": True, "ROWS": rows, "CHUNK": 4})
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("chunks", [[17], [64], [3, 40, 128]], ids=str)
-@pytest.mark.parametrize("kind", ["int2", "bf16"])
-@pytest.mark.parametrize("rows,warps", [(64, 4), (128, 8)])
-def test_chunk_wide_real_shape_gpu(chunks, kind, rows, warps):
-    """The rows-on-M kernel at the Qwen3-4B/8B attention shape over prefixes of up to 20K tokens."""
-    cached = [20011, 9000, 300][: len(chunks)]
-    _check(cached, chunks, 32, 8, 128, group=128, page=64, sink=64, recent=256, seed=len(chunks), int2=kind == "int2",
-           config={"WIDE": True, "ROWS": rows, "num_warps": warps, "BLOCK_N": 32, "num_stages": 2})
