@@ -118,7 +118,7 @@ OUT = (BF, BF, 131072 * D)
 
 
 def gather_int2(o: dict):
-    c = _const(dict(D=D, G=128, P=P, BLOCK=64, KBITS=2, VBITS=2), o)
+    c = _const(dict(D=D, G=128, P=P, BLOCK=64, KBITS=2, VBITS=2, RAW=0, CONV=0), o)
     pairs, flags = _levels(c)
     return _gather_int2_kernel, [_history(c, pairs), I32, OUT, SPAN], c | flags, dict(num_warps=4, num_stages=3)
 

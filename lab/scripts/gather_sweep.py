@@ -3,8 +3,9 @@
 A 512-token prefill step stages its whole cached prefix per layer: BF16 pages copied, INT2 pages dequantized into a
 bf16 workspace. On an H200 (``lab/results/gpu_prefill_chunk512/profile_32k.json``) the INT2 gather took twice the
 BF16 one for fewer bytes. This times both at 100K tokens (Qwen3-4B/8B: 8 KV heads, d = 128, page 64, G = 128) for
-BLOCK ∈ {32, 64, 128, 256} × num_warps ∈ {1, 2, 4, 8}, checks each against the default's output (bit-equal), and
-prints ms and the bytes rate (read + written).
+BLOCK ∈ {32, 64, 128} × num_warps ∈ {2, 4, 8} (INT2: element by element, ``extend._dequant``, and slice by
+slice, ``prefill._raw_rows``), checks each against the first path's output (bit-equal), and prints ms and the bytes
+rate (read + written); then the staged path (``prefill_attention``) at 64 and 512 new tokens, INT2 with either gather.
 
     python -m lab.scripts.gather_sweep --out DIR
 """
@@ -46,28 +47,55 @@ def main() -> None:
         read = (D * 2 // 8 + 4) * 2 * H * n if int2 else 2 * 2 * H * n * D  # INT2: codes, a bf16 scale and zero per G
         moved = read + 2 * 2 * H * n * D
 
-        def launch(block, warps):
+        def launch(block, warps, raw=False):
             grid = (triton.cdiv(n, block), H)
             if int2:
                 prefill._gather_int2_kernel[grid](history_arg(kv), table, out, span, D=D, G=kv.int2_k.group, P=p,
-                                                  BLOCK=block, num_warps=warps, **format_args(kv))
+                                                  BLOCK=block, num_warps=warps, **format_args(kv),
+                                                  **({"RAW": True, "CONV": 2} if raw else {}))
             else:
                 prefill._gather_bf16_kernel[grid](window_arg(kv), table, out, span, D=D, P=p, BLOCK=block,
                                                   num_warps=warps)
-        launch(prefill.BLOCK, 4)
+        launch(prefill.BLOCK_INT2 if int2 else prefill.BLOCK, 4)
         ref = (k.clone(), v.clone())
-        for block, warps in itertools.product((32, 64, 128, 256), (1, 2, 4, 8)):
+        for raw, block, warps in itertools.product((True, False) if int2 else (False,), (32, 64, 128), (2, 4, 8)):
             k.zero_(), v.zero_()
             try:
-                t = ms(lambda: launch(block, warps))
+                t = ms(lambda: launch(block, warps, raw))
             except Exception as e:  # NOTE: too many registers or shared memory at a large BLOCK
-                res["rows"].append(dict(int2=int2, block=block, warps=warps, error=str(e)[:120]))
+                res["rows"].append(dict(int2=int2, raw=raw, block=block, warps=warps, error=str(e)[:120]))
                 continue
             same = torch.equal(k, ref[0]) and torch.equal(v, ref[1])
-            res["rows"].append(dict(int2=int2, block=block, warps=warps, ms=t, gbs=moved / t / 1e6, equal=same))
-            print(f"{'int2' if int2 else 'bf16'} BLOCK {block:>3} warps {warps}: {t:.3f} ms {moved / t / 1e6:7.0f} GB/s"
-                  f"{'' if same else '  MISMATCH'}", flush=True)
+            res["rows"].append(dict(int2=int2, raw=raw, block=block, warps=warps, ms=t, gbs=moved / t / 1e6,
+                                    equal=same))
+            print(f"{'int2' if int2 else 'bf16'}{' raw' if raw else ''} BLOCK {block:>3} warps {warps}: {t:.3f} ms "
+                  f"{moved / t / 1e6:7.0f} GB/s{'' if same else '  MISMATCH'}", flush=True)
+            (args.out / "gather_sweep.json").write_text(json.dumps(res, indent=1))
+        res["staged"] = res.get("staged", {}) | _staged(kv, tables, int2)
     (args.out / "gather_sweep.json").write_text(json.dumps(res, indent=1))
+
+
+def _staged(kv, tables, int2: bool) -> dict:
+    """The staged path (``prefill_attention``) of 64 and 512 new tokens over the cache, ms a layer; over INT2 with
+    the raw gather (``raw_gather`` patched on, 32 tokens, 4 warps) and today's (``extend._dequant``)."""
+    from oscarkv.kernels import prefill
+
+    out, lens, default = {}, tables.lens(), prefill.raw_gather
+    for k in (64, 512):
+        q, kn, vn = (torch.randn(k, n, D, device="cuda").bfloat16() for n in (4 * H, H, H))
+        fn = lambda: prefill.prefill_attention(q, kn, vn, kv, tables, 0, (lens[0][0], lens[1][0]), D**-0.5)  # noqa: E731
+        raw = lambda kv, cuda: (32, 4, {"RAW": True, "CONV": 2})  # noqa: E731
+        for name, patch in (("raw", raw), ("dequant", default)):
+            if name == "raw" and not int2:
+                continue
+            prefill.raw_gather = patch
+            try:
+                key = f"{'int2 ' + name if int2 else 'bf16'} k={k}"
+                out[key] = t = ms(fn, 5)
+            finally:
+                prefill.raw_gather = default
+            print(f"staged {key}: {t:.3f} ms", flush=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import triton.language as tl
 from torch.profiler import record_function
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
+from oscarkv.kernels.decode import uses_raw_int2
+from oscarkv.kernels.decode_int2 import _slices
 from oscarkv.kernels.extend import _dequant
 from oscarkv.kernels.pools import format_args, history_arg, window_arg
 
@@ -49,15 +51,42 @@ BLOCK_INT2 = 32
 """Cached INT2 tokens per gather program (4 warps): 0.32 ms for 100K tokens of one layer's K and V on an H100
 against 0.48 at 64 (``python -m lab.scripts.gather_sweep``, 2026-11-27,
 ``lab/results/gpu_prefill_host/gather_sweep_partial.txt``; 64 tokens on fewer warps spill, ~7 ms)."""
+RAW_GATHER: dict | None = None
+"""Tokens a program and warps of the raw-code INT2 gather (``raw_gather``; e.g. ``{"BLOCK": 32, "num_warps": 4}``),
+``None``: off until timed. NOTE: bit-equal to the ``_dequant`` gather on an H200 (2026-11-28, the GPU run of
+``tests/kernels/test_prefill.py::test_raw_gather_equals_dequant``); sm_90 SASS under Triton 3.6 (``compile_sm90
+kernel=gather_int2 BLOCK=32 RAW=1 CONV=2``): 32 registers, 336 instructions, no spills, against 96 registers, 136
+bytes of stack and 1192 for the ``_dequant`` gather (0.25-0.28 ms a layer at 100K on that H200); its own time is not
+measured yet (``python -m lab.scripts.gather_sweep``)."""
 MIN_CHUNK = 64
 """Chunks of at least this many tokens take this path (``TritonAttention.extend``); shorter ones the tile
 kernel of :mod:`oscarkv.kernels.extend`, which reads the prefix once per ``64 / rep`` query tokens."""
 
 
 @triton.jit
+def _raw_rows(kind, crow, srow, ok, dst, D: tl.constexpr, G: tl.constexpr, CONV: tl.constexpr):
+    """Uniform 2-bit rows ``m + s·code`` of one kind into bf16 rows ``dst [N]`` (channel 0 of each), four code
+    slices at a time: byte ``j`` of a group holds channels ``i·LG + j`` in bits ``2i..2i+1`` (``decode_int2``'s
+    column order), so each slice (``decode_int2._slices``: ``code · 4^i · 2^-24``, exact) is a contiguous run of
+    ``LG`` channels. Bit-equal to ``extend._dequant``: the slice unit goes into the scale, a power of two."""
+    C, S, Z, _, _ = kind
+    LG: tl.constexpr = G // 4
+    j = tl.arange(0, LG)
+    for g in tl.static_range(D // G):
+        c0, c1, c2, c3 = _slices(tl.load(C + crow[:, None] + g * LG + j[None, :], mask=ok[:, None], other=0), CONV)
+        s = tl.load(S + srow + g, mask=ok, other=0.0).to(tl.float32)[:, None]
+        z = tl.load(Z + srow + g, mask=ok, other=0.0).to(tl.float32)[:, None]
+        out = dst[:, None] + g * G + j[None, :]
+        tl.store(out, (z + s * 2.0**24 * c0.to(tl.float32)).to(dst.dtype.element_ty), mask=ok[:, None])
+        tl.store(out + LG, (z + s * 2.0**22 * c1.to(tl.float32)).to(dst.dtype.element_ty), mask=ok[:, None])
+        tl.store(out + 2 * LG, (z + s * 2.0**20 * c2.to(tl.float32)).to(dst.dtype.element_ty), mask=ok[:, None])
+        tl.store(out + 3 * LG, (z + s * 2.0**18 * c3.to(tl.float32)).to(dst.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
 def _gather_tile(window, history, Table, out, span, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr,
                  INT2: tl.constexpr, BLOCK: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
-                 KLEV: tl.constexpr, VLEV: tl.constexpr):
+                 KLEV: tl.constexpr, VLEV: tl.constexpr, RAW: tl.constexpr = False, CONV: tl.constexpr = 0):
     """Tokens ``t0 + [i·BLOCK, (i+1)·BLOCK)`` of one tier of one sequence (``span = (t0, count, out0)``), KV head
     ``program_id(1)``, as rows ``out0 + ...`` of ``out = (OutK, OutV, head stride)``, ``[H, s, D]`` (bf16; fp32 in
     the CPU interpreter, which truncates fp32 → bf16 casts instead of rounding them). ``window`` (BF16 tier) or
@@ -80,16 +109,23 @@ def _gather_tile(window, history, Table, out, span, D: tl.constexpr, G: tl.const
         crow = page * kp + h * kh + (toks % P) * kt
         vrow = page * vp + h * vh + (toks % P) * vt
         srow = page * sp + h * sh + (toks % P) * st
-        k = _dequant(keys, crow, srow, ok, cols, G, KBITS, KLEV)
-        v = _dequant(values, vrow, srow, ok, cols, G, VBITS, VLEV)
+        if RAW:
+            row = (out0 + i).to(tl.int64) * D + h * stride_oh
+            _raw_rows(keys, crow, srow, ok, OutK + row, D, G, CONV)
+            _raw_rows(values, vrow, srow, ok, OutV + row, D, G, CONV)
+        else:
+            tl.store(OutK + dst, _dequant(keys, crow, srow, ok, cols, G, KBITS, KLEV).to(OutK.dtype.element_ty),
+                     mask=ok[:, None])
+            tl.store(OutV + dst, _dequant(values, vrow, srow, ok, cols, G, VBITS, VLEV).to(OutV.dtype.element_ty),
+                     mask=ok[:, None])
     else:
         Kb, Vb, strides = window
         bp, bh, bt = strides
         rows = (page * bp + h * bh + (toks % P) * bt)[:, None] + cols[None, :]
-        k = tl.load(Kb + rows, mask=ok[:, None], other=0.0)
-        v = tl.load(Vb + rows, mask=ok[:, None], other=0.0)
-    tl.store(OutK + dst, k.to(OutK.dtype.element_ty), mask=ok[:, None])
-    tl.store(OutV + dst, v.to(OutV.dtype.element_ty), mask=ok[:, None])
+        tl.store(OutK + dst, tl.load(Kb + rows, mask=ok[:, None], other=0.0).to(OutK.dtype.element_ty),
+                 mask=ok[:, None])
+        tl.store(OutV + dst, tl.load(Vb + rows, mask=ok[:, None], other=0.0).to(OutV.dtype.element_ty),
+                 mask=ok[:, None])
 
 
 # NOTE: two kernels (one per tier) so that a profile tells the staging of BF16 pages from the dequantization
@@ -101,8 +137,9 @@ def _gather_bf16_kernel(window, Table, out, span, D: tl.constexpr, P: tl.constex
 @triton.jit
 def _gather_int2_kernel(history, Table, out, span, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr,
                         BLOCK: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
-                        KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
-    _gather_tile(None, history, Table, out, span, D, G, P, True, BLOCK, KBITS, VBITS, KLEV, VLEV)
+                        KLEV: tl.constexpr = False, VLEV: tl.constexpr = False, RAW: tl.constexpr = False,
+                        CONV: tl.constexpr = 0):
+    _gather_tile(None, history, Table, out, span, D, G, P, True, BLOCK, KBITS, VBITS, KLEV, VLEV, RAW, CONV)
 
 
 def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
@@ -117,9 +154,22 @@ def _gather(kv: LayerKV, table: torch.Tensor, int2: bool, t0: int, count: int,
     else:  # each head range from its own history (one, or a per-head split's two) into its heads of the workspace
         for lo, hi, view in kv.ranges():
             rows = (out_k[:, lo:hi], out_v[:, lo:hi], out_k.stride(1))
-            _gather_int2_kernel[(triton.cdiv(count, BLOCK_INT2), hi - lo)](history_arg(view), table, rows, span, D=d,
-                                                                           G=kv.int2_k.group, P=p, BLOCK=BLOCK_INT2,
-                                                                           num_warps=4, **format_args(view))
+            block, warps, raw = raw_gather(view, out_k.is_cuda)
+            _gather_int2_kernel[(triton.cdiv(count, block), hi - lo)](history_arg(view), table, rows, span, D=d,
+                                                                      G=kv.int2_k.group, P=p, BLOCK=block,
+                                                                      num_warps=warps, **format_args(view), **raw)
+
+
+def raw_gather(kv: LayerKV, cuda: bool) -> tuple[int, int, dict]:
+    """``(tokens a program, warps, the raw path's flags)`` of the INT2 gather of ``kv``'s history: uniform 2-bit
+    codes in the layouts the raw-code decode kernel reads go slice by slice (``_raw_rows``), the rest through
+    ``extend._dequant``."""
+    k2, v2 = kv.int2_k, kv.int2_v
+    raw = k2.bits == v2.bits == 2 and k2.levels is None and v2.levels is None and uses_raw_int2(
+        kv.bf16_k.shape[3], k2.group, kv.bf16_k.shape[2])
+    if not raw or RAW_GATHER is None:
+        return BLOCK_INT2, 4, {}
+    return RAW_GATHER["BLOCK"], RAW_GATHER["num_warps"], {"RAW": True, "CONV": 2 if cuda else 0}
 
 
 FLASH_ROWS = 512

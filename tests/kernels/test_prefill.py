@@ -5,6 +5,7 @@ ones to the tile kernel). CPU (interpreter gather, fp32 attention) at small shap
 
 import pytest
 import torch
+import triton
 
 from oscarkv.attention.backends import TritonAttention
 from oscarkv.kernels import prefill
@@ -181,3 +182,27 @@ def test_warm_cudnn_gpu():
     prefix, causal = prefill.cold_prompt_shapes(4, 512, 16384, prefill._segment_tokens(8, 128, 64))
     assert prefill.warm_cudnn((32, 8, 128, 64), 512, 16384, 128**-0.5, torch.device("cuda")) == len(prefix) + len(causal)
 
+
+
+@pytest.mark.parametrize("d,group", [(64, 64), (128, 64), (128, 128)])
+def test_raw_gather_equals_dequant(monkeypatch, d, group):
+    """The INT2 gather slice by slice (``_raw_rows``, the layouts the raw-code decode kernel reads) writes the same
+    bits as ``extend._dequant`` element by element, over a span that starts and ends inside pages; ``raw_gather``
+    picks it for these layouts once ``RAW_GATHER`` is set."""
+    from oscarkv.kernels.pools import format_args, history_arg
+
+    kv, tables = random_cache([700], 2, d, page=16, group=group, sink=32, recent=64, device=DEV, seed=d + group)
+    n = tables.lens()[1][0]
+    outs = []
+    for raw in ({}, {"RAW": True, "CONV": 2 if CUDA else 0}):
+        k = torch.full((1, 2, n, d), 7.0, dtype=torch.bfloat16 if CUDA else torch.float32, device=DEV)
+        v = torch.full_like(k, 7.0)
+        prefill._gather_int2_kernel[(triton.cdiv(n - 21, 32), 2)](
+            history_arg(kv), tables.int2_table[0], (k, v, k.stride(1)), (5, n - 21, 3), D=d, G=group, P=16, BLOCK=32,
+            num_warps=4, **format_args(kv), **raw)
+        outs.append((k, v))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert (outs[1][0][:, :, 3:3 + n - 21] != 7.0).any() and (outs[1][0][:, :, n - 18:] == 7.0).all()
+    monkeypatch.setattr(prefill, "RAW_GATHER", {"BLOCK": 32, "num_warps": 4})
+    assert prefill.raw_gather(kv, CUDA)[2] and not prefill.raw_gather(random_cache([700], 2, d, page=16, group=group,
+                                                                                  bits=(4, 2), device=DEV)[0], CUDA)[2]
