@@ -94,7 +94,7 @@ def extend(o: dict):
     if not c["HAS_INT2"]:
         c["G"] = D
     pairs, flags = _levels(c)
-    args = [(BF, HQ * D, D), (BF, BF, (H * D, D)), WINDOW, _history(c, pairs, c["HAS_INT2"]), TABLES, I32,
+    args = [(BF, HQ * D, D), (BF, BF, (H * D, D), (H * D, D)), WINDOW, _history(c, pairs, c["HAS_INT2"]), TABLES, I32,
             (BF, HQ * D, D), QK_SCALE]
     return _extend_kernel, args, c | flags, dict(num_warps=4, num_stages=2)
 
@@ -108,7 +108,7 @@ def chunk(o: dict):
         c["G"] = D
     pairs, flags = _levels(c)
     cfg = chunk_config(torch.device("cuda"), c["BLOCK_T"] * c["REP_PAD"], c["HAS_INT2"])
-    args = [(BF, HQ * D, D), (BF, BF, (H * D, D)), WINDOW, _history(c, pairs, c["HAS_INT2"]), TABLES, I32,
+    args = [(BF, HQ * D, D), (BF, BF, (H * D, D), (H * D, D)), WINDOW, _history(c, pairs, c["HAS_INT2"]), TABLES, I32,
             _decode_args(c, pairs, True)[4], QK_SCALE, SPLITS]
     return _chunk_kernel, args, c | flags, {k: cfg[k] for k in ("num_warps", "num_stages", "maxnreg") if k in cfg}
 

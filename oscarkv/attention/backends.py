@@ -143,6 +143,7 @@ class TritonAttention(AttentionBackend):
     def extend(self, q, k_new, v_new, kv, tables: PageTables, cu_seqlens, scale, cu_host=None):
         from oscarkv.kernels import chunk_splitk
         from oscarkv.kernels.extend import extend_attention
+        from oscarkv.kernels.pools import rows_contiguous
         from oscarkv.kernels.prefill import prefill_attention
 
         cu = cu_host or tuple(cu_seqlens.tolist())
@@ -154,8 +155,8 @@ class TritonAttention(AttentionBackend):
                                                                           cu), q, (k_new, v_new))
         if len(set(route) - {"empty"}) == 1 and "staged" not in route:  # one kernel for the whole step
             kernel = chunk_splitk.chunk_attention if "splitk" in route else extend_attention
-            return kernel(q.contiguous(), k_new.contiguous(), v_new.contiguous(), kv, tables, cu_seqlens, scale,
-                          max_chunk=max(hi - lo for lo, hi in spans))
+            return kernel(rows_contiguous(q), rows_contiguous(k_new), rows_contiguous(v_new), kv, tables, cu_seqlens,
+                          scale, max_chunk=max(hi - lo for lo, hi in spans))
         if route == ["staged"]:  # one sequence, all of it staged (a long chunk alone: a prompt, a follow-up)
             return prefill_attention(q, k_new, v_new, kv, tables, 0, (lens[0][0], lens[1][0]), scale)
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)

@@ -52,9 +52,10 @@ class _FixedSplitK(TritonAttention):
 
     def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host=None):
         from oscarkv.kernels.chunk_splitk import chunk_attention
+        from oscarkv.kernels.pools import rows_contiguous
 
-        return chunk_attention(q.contiguous(), k_new.contiguous(), v_new.contiguous(), kv, tables, cu_seqlens,
-                               scale, max_chunk=self.max_chunk)
+        return chunk_attention(rows_contiguous(q), rows_contiguous(k_new), rows_contiguous(v_new), kv, tables,
+                               cu_seqlens, scale, max_chunk=self.max_chunk)
 
 
 class _Inputs:

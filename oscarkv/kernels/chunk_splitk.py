@@ -47,7 +47,7 @@ from oscarkv.cache.paged_layout import LayerKV, PageTables
 from oscarkv.kernels.decode import _num_sms, uses_raw_int2
 from oscarkv.kernels.decode_int2 import (_bf16_scores, _bf16_values, _bf16_windows, _empty_state, _group_q,
                                          _int2_history, _store_partial)
-from oscarkv.kernels.pools import format_args, history_arg, same_rows, tables_arg, tier_rows, window_arg
+from oscarkv.kernels.pools import format_args, history_arg, new_arg, new_rows, tables_arg, tier_rows, window_arg
 from oscarkv.kernels.split_k import merge_splits, softmax_step_t
 
 LOG2E = 1.4426950408889634
@@ -74,25 +74,24 @@ with FlashAttention-2 for its few stacked rows, ``lab/bench_gpu/2026-11-28/s16_c
 def _chunk_causal(new, lo, tok, hi, h, qk_scale, q, state, B16: tl.constexpr, G: tl.constexpr,
                   LG: tl.constexpr, NG: tl.constexpr, BLOCK_N: tl.constexpr, R: tl.constexpr,
                   VSHIFT: tl.constexpr):
-    """The chunk's own keys ``[0, hi)`` (``new = (K, V, (stride_t, stride_h))``, rows from ``lo``) for the online
-    softmax ``state``, causal: row ``r`` (chunk token ``tok[r]``) sees keys ``<= tok[r]``. Every row sees key 0,
-    so no row is all ``-inf`` after the first tile."""
-    Kn, Vn, strides = new  # NOTE: one level per statement (Triton 3.6)
-    stride_t, stride_h = strides
+    """The chunk's own keys ``[0, hi)`` (``new``: ``pools.new_arg``, rows from ``lo``) for the online softmax
+    ``state``, causal: row ``r`` (chunk token ``tok[r]``) sees keys ``<= tok[r]``. Every row sees key 0, so no row
+    is all ``-inf`` after the first tile."""
+    Kn, Vn, _, _ = new
     acc0, acc1, m_i, l_i = state
     n0 = 0
     while n0 < hi:
         toks = n0 + tl.arange(0, BLOCK_N)
         ok = toks < hi
-        rows = (lo + toks).to(tl.int64) * stride_t + h * stride_h
-        s = _bf16_scores(Kn, rows[:, None], ok[:, None], q[0][1], LG, tl.zeros([BLOCK_N, R], tl.float32))
+        krow, vrow = new_rows(new, (lo + toks).to(tl.int64), h)
+        s = _bf16_scores(Kn, krow[:, None], ok[:, None], q[0][1], LG, tl.zeros([BLOCK_N, R], tl.float32))
         if NG == 2:
-            s = _bf16_scores(Kn + G, rows[:, None], ok[:, None], q[1][1], LG, s)
+            s = _bf16_scores(Kn + G, krow[:, None], ok[:, None], q[1][1], LG, s)
         vis = ok[:, None] & (toks[:, None] <= tok[None, :])
         p, alpha, m_i, l_i = softmax_step_t(tl.where(vis, s * qk_scale, float("-inf")), m_i, l_i)
-        acc0 = _bf16_values(Vn, rows[None, :], ok[None, :], p, acc0, alpha, LG, B16, VSHIFT)
+        acc0 = _bf16_values(Vn, vrow[None, :], ok[None, :], p, acc0, alpha, LG, B16, VSHIFT)
         if NG == 2:
-            acc1 = _bf16_values(Vn + G, rows[None, :], ok[None, :], p, acc1, alpha, LG, B16, VSHIFT)
+            acc1 = _bf16_values(Vn + G, vrow[None, :], ok[None, :], p, acc1, alpha, LG, B16, VSHIFT)
         n0 += BLOCK_N
     return acc0, acc1, m_i, l_i
 
@@ -103,7 +102,7 @@ def _chunk_kernel(Q, new, window, history, tables, CuSeq, mid, qk_scale, NUM_SPL
                   P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, CONV: tl.constexpr,
                   CHUNK: tl.constexpr, HAS_INT2: tl.constexpr, INTERPRET: tl.constexpr, KBITS: tl.constexpr,
                   VBITS: tl.constexpr, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
-    """``Q = (q, stride_t, stride_h)``; ``new = (k_new, v_new, (stride_t, stride_h))``; ``window``, ``history``,
+    """``Q = (q, stride_t, stride_h)``; ``new``: ``pools.new_arg``; ``window``, ``history``,
     ``tables``: the bundles of :mod:`oscarkv.kernels.pools`; ``mid = (Mid_O, Mid_L, (its strides t, h, s),
     (Mid_L's t, h))``."""
     # NOTE: INTERPRET: while loops and fp32 operands for Triton's CPU interpreter (see decode.py).
@@ -216,7 +215,7 @@ def chunk_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     assert serves(kv), "chunk_attention: a layout the raw-code tiles do not read (see serves)"
     assert dk == d and hq % h == 0 and d & (d - 1) == 0, f"bad shapes q {tuple(q.shape)} pool {tuple(kv.bf16_k.shape)}"
     assert q.dtype in (torch.bfloat16, torch.float32) and q.stride(2) == 1, "q: bf16/fp32, contiguous head_dim"
-    assert k_new.shape == v_new.shape == (t, h, d) and same_rows(k_new, v_new)
+    assert k_new.shape == (t, h, d)
     assert cu_seqlens.dtype == torch.int32 and tables.bf16_lens.shape[0] == bsz and 0 < max_chunk
     int2 = kv.int2_k is not None
     rep = hq // h
@@ -231,7 +230,7 @@ def chunk_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     mid_l = torch.empty(t, hq, splits, dtype=torch.float32, device=q.device)
     out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
     _chunk_kernel[(bsz * h, splits, grid_t)](
-        (q, q.stride(0), q.stride(1)), (k_new, v_new, tuple(k_new.stride()[:2])), window_arg(kv), history_arg(kv),
+        (q, q.stride(0), q.stride(1)), new_arg(k_new, v_new), window_arg(kv), history_arg(kv),
         tables_arg(tables), cu_seqlens, (mid_o, mid_l, tuple(mid_o.stride()[:3]), tuple(mid_l.stride()[:2])),
         scale * LOG2E, splits, H=h, REP=rep, REP_PAD=rep_pad, D=d, G=kv.int2_k.group if int2 else min(d, 128), P=p,
         BLOCK_T=rows // rep_pad, BLOCK_N=cfg["BLOCK_N"], CONV=cfg["CONV"], CHUNK=cfg["CHUNK"], HAS_INT2=int2,

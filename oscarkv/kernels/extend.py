@@ -34,7 +34,7 @@ import triton.language as tl
 
 from oscarkv.cache.paged_layout import LayerKV, PageTables
 from oscarkv.kernels.levels import _levels
-from oscarkv.kernels.pools import format_args, history_arg, same_rows, tables_arg, tier_rows, window_arg
+from oscarkv.kernels.pools import format_args, history_arg, new_arg, new_rows, tables_arg, tier_rows, window_arg
 
 LOG2E = 1.4426950408889634
 
@@ -122,20 +122,20 @@ def _int2_cached(q, history, tier, h, cols, qk_scale, state, G: tl.constexpr, P:
 
 @triton.jit
 def _chunk_causal(q, new, lo, tok, hi, h, cols, qk_scale, state, BLOCK_N: tl.constexpr, DT: tl.constexpr):
-    """The online softmax ``state`` over the chunk's own tokens (``new = (K, V, (stride_t, stride_h))``) up to
-    ``hi``, causal (row of query position ``tok``)."""
-    Kn, Vn, new_strides = new
-    stride_nt, stride_nh = new_strides
+    """The online softmax ``state`` over the chunk's own tokens (``new``: ``pools.new_arg``) up to ``hi``, causal
+    (row of query position ``tok``)."""
+    Kn, Vn, _, _ = new
     m_i, l_i, acc = state
     n0 = 0
     while n0 < hi:
         toks = n0 + tl.arange(0, BLOCK_N)
         ok = toks < hi
-        rows = (lo + toks)[:, None].to(tl.int64) * stride_nt + h * stride_nh + cols[None, :]
-        k = tl.load(Kn + rows, mask=ok[:, None], other=0.0).to(DT)
+        krow, vrow = new_rows(new, (lo + toks).to(tl.int64), h)
+        k = tl.load(Kn + krow[:, None] + cols[None, :], mask=ok[:, None], other=0.0).to(DT)
         vis = ok[None, :] & (toks[None, :] <= tok[:, None])
         s = tl.where(vis, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-        m_i, l_i, acc = _step(s, tl.load(Vn + rows, mask=ok[:, None], other=0.0), m_i, l_i, acc, DT)
+        m_i, l_i, acc = _step(s, tl.load(Vn + vrow[:, None] + cols[None, :], mask=ok[:, None], other=0.0), m_i, l_i,
+                              acc, DT)
         n0 += BLOCK_N
     return m_i, l_i, acc
 
@@ -145,7 +145,7 @@ def _extend_kernel(Q, new, window, history, tables, CuSeq, Out, qk_scale,
                    REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, G: tl.constexpr, P: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, HAS_INT2: tl.constexpr, INTERPRET: tl.constexpr,
                    KBITS: tl.constexpr, VBITS: tl.constexpr, KLEV: tl.constexpr = False, VLEV: tl.constexpr = False):
-    """``Q``, ``Out`` = ``(tensor, stride_t, stride_h)``; ``new = (k_new, v_new, (stride_t, stride_h))``;
+    """``Q``, ``Out`` = ``(tensor, stride_t, stride_h)``; ``new``: ``pools.new_arg``;
     ``window``, ``history``, ``tables``: the bundles of :mod:`oscarkv.kernels.pools`."""
     # NOTE: INTERPRET: while loops and fp32 dots for Triton's CPU interpreter (see decode.py).
     DT: tl.constexpr = tl.float32 if INTERPRET else tl.bfloat16
@@ -196,7 +196,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     _, h, p, dk = kv.bf16_k.shape
     bsz = cu_seqlens.numel() - 1
     assert dk == d and hq % h == 0 and d >= 16 and d & (d - 1) == 0, f"bad shapes q {tuple(q.shape)} pool {tuple(kv.bf16_k.shape)}"
-    assert k_new.shape == v_new.shape == (t, h, d) and same_rows(k_new, v_new)
+    assert k_new.shape == (t, h, d)
     assert q.stride(2) == 1 and kv.bf16_k.stride() == kv.bf16_v.stride() and kv.bf16_k.stride(3) == 1
     assert cu_seqlens.dtype == torch.int32 and tables.bf16_lens.shape[0] == bsz
     int2 = kv.int2_k is not None
@@ -208,7 +208,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     out = torch.empty_like(q)
     grid = (bsz, h, triton.cdiv(max(max_chunk, 1), cfg["BLOCK_T"]))
     _extend_kernel[grid](
-        (q, q.stride(0), q.stride(1)), (k_new, v_new, tuple(k_new.stride()[:2])), window_arg(kv), history_arg(kv),
+        (q, q.stride(0), q.stride(1)), new_arg(k_new, v_new), window_arg(kv), history_arg(kv),
         tables_arg(tables), cu_seqlens, (out, out.stride(0), out.stride(1)), scale * LOG2E,
         REP=rep, REP_PAD=rep_pad, D=d, G=g, P=p, BLOCK_T=cfg["BLOCK_T"], BLOCK_N=cfg["BLOCK_N"], HAS_INT2=int2,
         **format_args(kv), INTERPRET=q.device.type != "cuda", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

@@ -5,6 +5,7 @@ took 55 arguments). Instead each tier of :class:`oscarkv.cache.paged_layout.Laye
 built by one function here and unpacked only by the helpers that read that tier:
 
     window  = (K, V, (stride_page, stride_head, stride_token))             BF16 sink + recent pools
+    new     = (K, V, (K's stride_t, stride_h), (V's))                       a chunk's own keys and values
     history = (keys, values, (scale strides page, head, token))           INT2 / 4-bit pools
         keys, values = (codes, scale, zero, (code strides page, head, token), (l1, l2))
                        (l1, l2): the interior levels of a 2-bit level table (``levels``; 0.0 without one)
@@ -26,12 +27,18 @@ import triton.language as tl
 from oscarkv.cache.paged_layout import Int2Pages, LayerKV, PageTables
 
 
-def same_rows(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` (``[T, H, d]``, the chunk's own K and V) share the strides a kernel reads both by: those of
-    every dimension longer than 1 (a one-head range's K and V may differ in a head stride nothing multiplies),
-    channels contiguous."""
-    return a.shape == b.shape and a.stride(-1) == b.stride(-1) == 1 and all(
-        n == 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride()))
+def rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (``[T, heads, d]``) as the chunk kernels read it: itself when its channels are contiguous (any row and head
+    strides, e.g. a view of the projection's output), else a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def new_arg(k_new: torch.Tensor, v_new: torch.Tensor) -> tuple:
+    """``(K, V, (K's stride_t, stride_h), (V's stride_t, stride_h))`` of a chunk's own keys and values ``[T, H, d]``,
+    channels contiguous: views of one projection's output (``qkv[:, a:b]``) go in as they are, no copy."""
+    assert k_new.shape == v_new.shape and k_new.stride(-1) == v_new.stride(-1) == 1, (
+        "k_new/v_new: [T, H, d] of one shape, channels contiguous")
+    return k_new, v_new, tuple(k_new.stride()[:2]), tuple(v_new.stride()[:2])
 
 
 def window_arg(kv: LayerKV) -> tuple:
@@ -104,6 +111,15 @@ def tier_length(tables, b, INT2: tl.constexpr):
 def tier_rows(tables, b, INT2: tl.constexpr):
     """``(tier_table, tier_length)`` of sequence ``b``."""
     return tier_table(tables, b, INT2), tier_length(tables, b, INT2)
+
+
+@triton.jit
+def new_rows(new, tok, h):
+    """Offsets of the chunk's rows ``tok`` (int64 token indices) of KV head ``h`` in its own K and V (``new_arg``)."""
+    _, _, k_strides, v_strides = new  # NOTE: one level per statement (Triton 3.6)
+    kt, kh = k_strides
+    vt, vh = v_strides
+    return tok * kt + h * kh, tok * vt + h * vh
 
 
 @triton.jit

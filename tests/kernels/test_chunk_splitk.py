@@ -10,7 +10,7 @@ from oscarkv.attention.backends import TritonAttention
 from oscarkv.kernels.chunk_splitk import chunk_attention, prefers_splitk, serves
 from oscarkv.kernels.reference import extend_attention_ref
 from oscarkv.kernels.synthetic import random_cache
-from tests.kernels.test_extend import _bf16_error, _rel
+from tests.kernels.test_extend import _bf16_error, _rel, as_views
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -18,7 +18,7 @@ LM = (0.0, 0.8125, 2.1875, 3.0)  # a Lloyd-Max-like 2-bit table (fp16 values)
 
 
 def _check(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, splits=None, seed=0,
-           bits=(2, 2), levels=(None, None), config=None):
+           bits=(2, 2), levels=(None, None), config=None, views=False):
     kv, tables = random_cache(cached, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
                               device=DEV, seed=seed, bits=bits, levels=levels)
     assert serves(kv)
@@ -28,8 +28,9 @@ def _check(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32,
     cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
     # NOTE: fp32 (bf16 values) in the interpreter, which truncates fp32 → bf16 casts
     cast = (lambda x: x) if CUDA else (lambda x: x.float())
-    out = chunk_attention(cast(q), cast(k_new), cast(v_new), kv, tables, cu, d**-0.5, max(chunks), num_splits=splits,
-                          config=config)
+    args = (cast(q), cast(k_new), cast(v_new))
+    out = chunk_attention(*(as_views(*args) if views else args), kv, tables, cu, d**-0.5, max(chunks),
+                          num_splits=splits, config=config)
     ref = extend_attention_ref(q.float(), k_new, v_new, kv, tables, cu, d**-0.5)
     assert out.shape == ref.shape and torch.isfinite(out).all()
     tol = max(2 * _bf16_error(q, k_new, v_new, kv, tables, cu, d**-0.5, ref), 1e-3)
@@ -58,6 +59,14 @@ def test_chunk_matches_oracle_cpu(cached, chunks, hq, h, d, group, int2, splits)
                          ids=["k4v2", "k2v4", "int4", "levels", "value-levels"])
 def test_chunk_rungs_cpu(bits, levels):
     _check([230, 17], [6, 2], 8, 2, 64, splits=3, seed=bits[0] + 3 * bits[1], bits=bits, levels=levels)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+@pytest.mark.parametrize("d,group", [(64, None), (128, 64)])
+def test_chunk_reads_strided_views_cpu(d, group):
+    """q, k and v as views with different row strides (``test_extend.as_views``: the fused maps' q/k buffer and the
+    projection's v), read in place; one and two groups per token."""
+    _check([300, 45], [7, 1], 8, 2, d, group=group, splits=3, seed=d, views=True)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")

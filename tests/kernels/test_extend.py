@@ -36,8 +36,18 @@ def _bf16_error(q, k_new, v_new, kv, tables, cu, scale, ref):
     return _rel(torch.cat(outs), ref)
 
 
+def as_views(q, k, v):
+    """``q, k, v`` as the fused input maps hand them over: q and k heads of one buffer, v heads of the projection's
+    output (row strides ``(Hq + H)·d`` and ``(Hq + 2H)·d``: no copy may be needed)."""
+    hq, h = q.shape[1], k.shape[1]
+    qk, qkv = torch.cat([q, k], 1), torch.cat([q, k, v], 1)
+    q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + h:]
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous()) and k.stride(0) != v.stride(0)
+    return q, k, v
+
+
 def _check(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32, recent=64, device="cpu", seed=0,
-           bits=(2, 2), levels=(None, None)):
+           bits=(2, 2), levels=(None, None), views=False):
     kv, tables = random_cache(cached, h, d, page=page, group=group, sink=sink, recent=recent, int2=int2,
                               device=device, seed=seed, bits=bits, levels=levels)
     gen = torch.Generator(device=device).manual_seed(seed + 7)
@@ -48,7 +58,8 @@ def _check(cached, chunks, hq, h, d, *, group=None, int2=True, page=16, sink=32,
     cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32, device=device)
     # NOTE: fp32 (bf16 values) on the CPU: the interpreter truncates fp32 → bf16 casts.
     cast = (lambda x: x) if device == "cuda" else (lambda x: x.float())
-    out = extend_attention(cast(q), cast(k_new), cast(v_new), kv, tables, cu, d**-0.5)
+    args = (cast(q), cast(k_new), cast(v_new))
+    out = extend_attention(*(as_views(*args) if views else args), kv, tables, cu, d**-0.5)
     ref = extend_attention_ref(q.float(), k_new, v_new, kv, tables, cu, d**-0.5)
     assert torch.isfinite(out).all()
     tol = 2 * _bf16_error(q, k_new, v_new, kv, tables, cu, d**-0.5, ref)
@@ -66,6 +77,12 @@ CPU_CASES = [  # (cached lens, chunk lens, Hq, H, d, group, int2)
 @pytest.mark.parametrize("cached,chunks,hq,h,d,group,int2", CPU_CASES)
 def test_extend_matches_oracle_cpu(cached, chunks, hq, h, d, group, int2):
     _check(cached, chunks, hq, h, d, group=group, int2=int2, seed=len(chunks) + d)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+def test_extend_reads_strided_views_cpu():
+    """q, k and v as views with different row strides (``as_views``), read in place."""
+    _check([150, 0], [5, 19], 8, 2, 64, seed=3, views=True)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
