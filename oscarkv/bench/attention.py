@@ -11,8 +11,10 @@ and times, as medians of repeats after warm-up (``triton.testing.do_bench``):
 * ``torch`` — PyTorch's ``scaled_dot_product_attention`` on dense BF16 K/V (its fastest backend);
 * ``copy``  — a device-to-device copy, measured once: the achievable bandwidth.
 
-Achieved bandwidth = bytes the step must read (each cached byte once, plus q and out) / time.
-It prints a table and writes the numbers as JSON. It needs a CUDA device.
+Achieved bandwidth = bytes the step must read (each cached byte once, plus q and out) / time. Each kind's output
+is also compared with the fp32 oracle over the same stored cache (``reference.decode_attention_ref``): the error
+must not grow with the tokens a split sums (``splits`` falls as the batch grows; ``decode_int2._add_tile``).
+It prints tables and writes the numbers as JSON. It needs a CUDA device.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ class Row:
     us: dict[str, float] = field(default_factory=dict)
     bytes: dict[str, int] = field(default_factory=dict)
     gbps: dict[str, float] = field(default_factory=dict)
+    err: dict[str, float] = field(default_factory=dict)
+    """Relative error of the kernel's output against the fp32 oracle over the same stored cache, per kind."""
+    splits: dict[str, int] = field(default_factory=dict)
+    """The decode kernel's split count per kind (``decode.decode_splits``): each split sums ``context / splits``
+    tokens, the length the kernels' accumulation must hold up over."""
 
 
 def _time_us(fn) -> float:
@@ -79,7 +86,8 @@ def measure(cfg: AttentionBench, context: int, batch: int, configs: dict | None 
     """One table row. ``configs`` may override the kernel tiles per kind (``{"int2": {...}}``)."""
     # NOTE: imported here so that ``oscarkv --help`` never imports Triton (whose CPU interpreter
     # switch is read when a kernel module is first imported).
-    from oscarkv.kernels.decode import decode_attention
+    from oscarkv.kernels.decode import decode_attention, decode_splits
+    from oscarkv.kernels.reference import decode_attention_ref
     from oscarkv.kernels.synthetic import random_cache
 
     row = Row(context, batch)
@@ -96,7 +104,11 @@ def measure(cfg: AttentionBench, context: int, batch: int, configs: dict | None 
                                   levels=levels)
         q = torch.randn(batch, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         scale = cfg.head_dim**-0.5
-        row.us[kind] = _time_us(lambda: decode_attention(q, kv, tables, scale, config=configs.get(kind.split("-")[0])))
+        attend = lambda: decode_attention(q, kv, tables, scale, config=configs.get(kind.split("-")[0]))  # noqa: E731
+        ref = decode_attention_ref(q.float(), kv, tables, scale)
+        row.err[kind] = float((attend().float() - ref).norm() / ref.norm())
+        row.splits[kind] = decode_splits(kv, batch, q.device, configs.get(kind.split("-")[0]))
+        row.us[kind] = _time_us(attend)
         row.bytes[kind] = nbytes
         row.gbps[kind] = nbytes / row.us[kind] / 1e3
         kv = tables = None  # NOTE: frees them (rebound, not del: the timed lambda closes over these names)
@@ -120,6 +132,9 @@ def format_table(rows: list[Row], copy_gbps: float) -> str:
         ratio = f"{r.us['bf16'] / r.us['int2']:9.2f}" if {"bf16", "int2"} <= r.us.keys() else f"{'-':>9}"
         peer = f"{r.us['torch'] / r.us['bf16']:10.2f}" if {"bf16", "torch"} <= r.us.keys() else f"{'-':>10}"
         lines.append(f"{r.context:8d} {r.batch:5d} | {cell('bf16')} | {cell('int2')} | {cell('torch')} | {ratio} {peer}")
+    lines += ["", f"{'context':>8} {'batch':>5} | relative error against the fp32 oracle (splits)"]
+    lines += [f"{r.context:8d} {r.batch:5d} | " + "  ".join(f"{k} {e:.1e} ({r.splits[k]})" for k, e in r.err.items())
+              for r in rows]
     if any("int2-lm" in r.us for r in rows):
         lines += ["", f"{'context':>8} {'batch':>5} | {'int2 us':>9} {'int2-lm us':>10} {'lm/int2':>8}"]
         lines += [f"{r.context:8d} {r.batch:5d} | {r.us['int2']:9.1f} {r.us['int2-lm']:10.1f} "

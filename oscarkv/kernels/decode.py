@@ -314,6 +314,27 @@ def default_splits(batch: int, kv_heads: int, device: torch.device, per_sm: int 
     return max(1, min(cap, per_sm * _num_sms(device) // (batch * kv_heads)))
 
 
+def launch_config(kv: LayerKV, batch: int, device: torch.device, config: dict | None = None) -> dict:
+    """The tile table's entry :func:`decode_attention` launches for ``batch`` sequences over ``kv`` (``config``
+    overrides it): the kernel kind by layout, the split count's ``PER_SM`` and ``MAX_SPLITS``."""
+    _, h, p, d = kv.bf16_k.shape
+    int2 = kv.int2_k is not None
+    raw = int2 and uses_raw_int2(d, kv.int2_k.group, p)
+    cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", device, batch * h), **(config or {})}
+    if raw and not (cfg.get("SPAN_PAGES") and cfg["BLOCK_N"] % p == 0):
+        cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)  # NOTE: else tiles of BLOCK_N / P pages (decode_int2)
+    elif raw and p < cfg["BLOCK_N"] and "num_stages" not in (config or {}):
+        cfg["num_stages"] = cfg.get("SPAN_STAGES", cfg["num_stages"])
+    return cfg
+
+
+def decode_splits(kv: LayerKV, batch: int, device: torch.device, config: dict | None = None) -> int:
+    """The split count :func:`decode_attention` gives ``batch`` sequences over ``kv`` (each split sums about
+    ``context / splits`` tokens)."""
+    cfg = launch_config(kv, batch, device, config)
+    return default_splits(batch, kv.bf16_k.shape[1], device, cfg.get("PER_SM", 2), cfg.get("MAX_SPLITS", 256))
+
+
 def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float, *,
                      num_splits: int | None = None, config: dict | None = None,
                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -336,11 +357,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
             assert c.codes.shape[1:] == (hi - lo, p, d * c.bits // 8) and c.group == g >= 4
     raw = int2 and uses_raw_int2(d, g, p)
     assert raw or kv.split is None, "a per-head split decodes in one launch with the raw INT2 kernel only (splits_in_one)"
-    cfg = {**_config("raw_int2" if raw else "int2" if int2 else "bf16", q.device, bsz * h), **(config or {})}
-    if raw and not (cfg.get("SPAN_PAGES") and cfg["BLOCK_N"] % p == 0):
-        cfg["BLOCK_N"] = math.gcd(cfg["BLOCK_N"], p)  # NOTE: else tiles of BLOCK_N / P pages (decode_int2)
-    elif raw and p < cfg["BLOCK_N"] and "num_stages" not in (config or {}):
-        cfg["num_stages"] = cfg.get("SPAN_STAGES", cfg["num_stages"])
+    cfg = launch_config(kv, bsz, q.device, config)
     splits = num_splits or default_splits(bsz, h, q.device, cfg.get("PER_SM", 2), cfg.get("MAX_SPLITS", 256))
     rep = hq // h
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)
