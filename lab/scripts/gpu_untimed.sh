@@ -183,5 +183,17 @@ tpprof() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== tpprof: one GPU, s
 #      ptests: the prefill kernel's GPU tests (padded shapes, the merge shedding the padding, warm_cudnn)
 ptests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/kernels/test_prefill.py > "$OUT/ptests.log" 2>&1
   echo "== ptests: exit $?"; tail -n 4 "$OUT/ptests.log"; }
+#   (nineteenth session) gsweep: lab.scripts.gather_sweep (the raw INT2 gather's rows first, then the element-wise
+#      one's, then the staged step at k = 64 / 512 with either: set prefill.RAW_GATHER if it wins); aerr: bench attention
+#      at 100K, batch 1 / 8 / 32 (each kind's error against the fp32 oracle beside its split count, after the drift fix);
+#      stests: the kernel, prefill, speculation and extend-graph GPU tests (the chunk's K and V at their own strides)
+gsweep() { timeout 280 python3 -m lab.scripts.gather_sweep --out "$OUT/gsweep" > "$OUT/gsweep.log" 2>&1
+  echo "== gsweep: exit $?"; grep -E "raw BLOCK|BLOCK  32|staged|MISMATCH" "$OUT/gsweep.log"; }
+aerr() { timeout 240 python3 -m oscarkv.cli bench attention --contexts 102400 --batches 1,8,32 --out "$OUT/aerr.json" \
+  > "$OUT/aerr.log" 2>&1; echo "== aerr: exit $?"; tail -n 12 "$OUT/aerr.log"; }
+stests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_decode.py \
+  tests/kernels/test_chunk_splitk.py tests/kernels/test_extend.py tests/kernels/test_prefill.py \
+  tests/engine/test_speculative_gpu.py tests/engine/test_extend_graphs_gpu.py > "$OUT/stests.log" 2>&1
+  echo "== stests: exit $?"; tail -n 4 "$OUT/stests.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done
