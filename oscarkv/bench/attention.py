@@ -104,10 +104,11 @@ def measure(cfg: AttentionBench, context: int, batch: int, configs: dict | None 
                                   levels=levels)
         q = torch.randn(batch, cfg.q_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         scale = cfg.head_dim**-0.5
-        attend = lambda: decode_attention(q, kv, tables, scale, config=configs.get(kind.split("-")[0]))  # noqa: E731
+        config = configs.get(kind.split("-")[0])
+        attend = lambda: decode_attention(q, kv, tables, scale, config=config)  # noqa: E731
         ref = decode_attention_ref(q.float(), kv, tables, scale)
         row.err[kind] = float((attend().float() - ref).norm() / ref.norm())
-        row.splits[kind] = decode_splits(kv, batch, q.device, configs.get(kind.split("-")[0]))
+        row.splits[kind] = decode_splits(kv, batch, q.device, config)
         row.us[kind] = _time_us(attend)
         row.bytes[kind] = nbytes
         row.gbps[kind] = nbytes / row.us[kind] / 1e3

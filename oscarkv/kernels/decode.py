@@ -331,8 +331,11 @@ def launch_config(kv: LayerKV, batch: int, device: torch.device, config: dict | 
 def decode_splits(kv: LayerKV, batch: int, device: torch.device, config: dict | None = None) -> int:
     """The split count :func:`decode_attention` gives ``batch`` sequences over ``kv`` (each split sums about
     ``context / splits`` tokens)."""
-    cfg = launch_config(kv, batch, device, config)
-    return default_splits(batch, kv.bf16_k.shape[1], device, cfg.get("PER_SM", 2), cfg.get("MAX_SPLITS", 256))
+    return _splits(launch_config(kv, batch, device, config), batch, kv.bf16_k.shape[1], device)
+
+
+def _splits(cfg: dict, batch: int, kv_heads: int, device: torch.device) -> int:
+    return default_splits(batch, kv_heads, device, cfg.get("PER_SM", 2), cfg.get("MAX_SPLITS", 256))
 
 
 def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: float, *,
@@ -358,7 +361,7 @@ def decode_attention(q: torch.Tensor, kv: LayerKV, tables: PageTables, scale: fl
     raw = int2 and uses_raw_int2(d, g, p)
     assert raw or kv.split is None, "a per-head split decodes in one launch with the raw INT2 kernel only (splits_in_one)"
     cfg = launch_config(kv, bsz, q.device, config)
-    splits = num_splits or default_splits(bsz, h, q.device, cfg.get("PER_SM", 2), cfg.get("MAX_SPLITS", 256))
+    splits = num_splits or _splits(cfg, bsz, h, q.device)
     rep = hq // h
     mid_o = torch.empty(bsz, hq, splits, d, dtype=torch.float32, device=q.device)
     mid_l = torch.empty(bsz, hq, splits, dtype=torch.float32, device=q.device)

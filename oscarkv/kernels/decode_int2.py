@@ -137,8 +137,8 @@ def _group_values(cvT, ps, acc, alpha, levels, CONV: tl.constexpr, LEV: tl.const
     a0, a1, a2, a3 = acc
     v0, v1, v2, v3 = _any_slices(cvT, levels, CONV, LEV, ps.dtype)
     a = alpha[None, :]  # NOTE: each tile's products summed apart, added in fp32 (_add_tile)
-    return _add_tile(a0, a, tl.dot(v0, ps)), _add_tile(a1, a, tl.dot(v1, ps)), _add_tile(a2, a, tl.dot(v2, ps)), \
-        _add_tile(a3, a, tl.dot(v3, ps))
+    return (_add_tile(a0, a, tl.dot(v0, ps)), _add_tile(a1, a, tl.dot(v1, ps)), _add_tile(a2, a, tl.dot(v2, ps)),
+            _add_tile(a3, a, tl.dot(v3, ps)))
 
 
 @triton.jit
