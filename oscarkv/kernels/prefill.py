@@ -51,13 +51,13 @@ BLOCK_INT2 = 32
 """Cached INT2 tokens per gather program (4 warps): 0.32 ms for 100K tokens of one layer's K and V on an H100
 against 0.48 at 64 (``python -m lab.scripts.gather_sweep``, 2026-11-27,
 ``lab/results/gpu_prefill_host/gather_sweep_partial.txt``; 64 tokens on fewer warps spill, ~7 ms)."""
-RAW_GATHER: dict | None = None
-"""Tokens a program and warps of the raw-code INT2 gather (``raw_gather``; e.g. ``{"BLOCK": 32, "num_warps": 4}``),
-``None``: off until timed. NOTE: bit-equal to the ``_dequant`` gather on an H200 (2026-11-28, the GPU run of
-``tests/kernels/test_prefill.py::test_raw_gather_equals_dequant``); sm_90 SASS under Triton 3.6 (``compile_sm90
-kernel=gather_int2 BLOCK=32 RAW=1 CONV=2``): 32 registers, 336 instructions, no spills, against 96 registers, 136
-bytes of stack and 1192 for the ``_dequant`` gather (0.25-0.28 ms a layer at 100K on that H200); its own time is not
-measured yet (``python -m lab.scripts.gather_sweep``)."""
+RAW_GATHER: dict | None = {"BLOCK": 32, "num_warps": 4}
+"""Tokens a program and warps of the raw-code INT2 gather (``raw_gather``), ``None``: the ``_dequant`` gather. Bit-equal
+to it on an H200 (``tests/kernels/test_prefill.py::test_raw_gather_equals_dequant``) and twice as fast: 100K tokens of
+one layer's K and V in 0.131 ms (3.6 TB/s; 8 warps 0.127) against 0.25-0.28; the staged step over them 1.567 ms
+against 1.724 at 512 new tokens, 0.540 against 0.689 at 64 (one H200, 2026-11-29, ``python -m
+lab.scripts.gather_sweep``, ``lab/bench_gpu/2026-11-28/s20_call1_h200``). sm_90 under Triton 3.6: 32 registers, no
+spills, against 96 and 136 bytes of stack."""
 MIN_CHUNK = 64
 """Chunks of at least this many tokens take this path (``TritonAttention.extend``); shorter ones the tile
 kernel of :mod:`oscarkv.kernels.extend`, which reads the prefix once per ``64 / rep`` query tokens."""
