@@ -195,5 +195,12 @@ stests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ker
   tests/kernels/test_chunk_splitk.py tests/kernels/test_extend.py tests/kernels/test_prefill.py \
   tests/engine/test_speculative_gpu.py tests/engine/test_extend_graphs_gpu.py > "$OUT/stests.log" 2>&1
   echo "== stests: exit $?"; tail -n 4 "$OUT/stests.log"; }
+#   (twentieth session) ksplit: lab.scripts.ksplit_sdpa (the staged prefix call with its keys cut into S spans as
+#      the batch: cuDNN and FlashAttention, 64-2048 stacked rows over 32K / 100K); f1: the as-served follow-up of one
+#      token at 32K under the profiler, bf16 and oscar (OSCAR's first step 7.7 ms against BF16's 7.1, decode 3.8 / 4.5)
+ksplit() { timeout 280 python3 -m lab.scripts.ksplit_sdpa --out "$OUT/ksplit" > "$OUT/ksplit.log" 2>&1
+  echo "== ksplit: exit $?"; cat "$OUT/ksplit.log" | grep -v "^ *$" | tail -n 100; }
+f1() { timeout 200 python3 -m lab.scripts.followup_profile --methods bf16,oscar --context 32768 --new-tokens 1 \
+  --prefill-chunk 512 --resume --out "$OUT/f1" > "$OUT/f1.log" 2>&1; echo "== f1: exit $?"; grep -E "^==|^ +[0-9.]+ ms" "$OUT/f1.log" | head -n 60; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done
