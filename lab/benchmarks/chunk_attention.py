@@ -1,6 +1,6 @@
 """Attention of a short chunk over a long cached prefix: the split-K kernel against the tile and staged paths.
 
-``python -m lab.benchmarks.chunk_attention OUT.json`` (needs CUDA). One sequence, Qwen3-4B/8B attention shape
+``python -m lab.benchmarks.chunk_attention OUT.json [K,K,...]`` (needs CUDA). One sequence, Qwen3-4B/8B attention shape
 (both: 32 query heads, 8 KV heads, head_dim 128; page 64, sink 64, recent 256, G = 128), a cached prefix of 32K
 or 100K tokens (BF16-only or INT2) and a chunk of k = 1, 8, 64, 512 new tokens. Per shape, milliseconds per
 layer on the GPU (``_ms``: calls replayed from a CUDA graph, as the engine's extend graphs run them; the INT2 32K
@@ -98,7 +98,7 @@ def _shape(kv, tables, k: int) -> dict:
     return row
 
 
-def main(path: str) -> None:
+def main(path: str, chunks: tuple[int, ...] = CHUNKS) -> None:
     from oscarkv.kernels.synthetic import random_cache
 
     results = dict(device=torch.cuda.get_device_name(), shape=dict(q_heads=HQ, kv_heads=H, head_dim=D), rows=[])
@@ -111,7 +111,7 @@ def main(path: str) -> None:
             except Exception:
                 results["rows"].append(dict(ctx=ctx, int2=int2, error=traceback.format_exc()[-500:]))
                 continue
-            for k in CHUNKS:
+            for k in chunks:
                 try:
                     row = dict(ctx=ctx, kv="int2" if int2 else "bf16", k=k, **_shape(kv, tables, k))
                 except Exception:
@@ -127,4 +127,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], tuple(map(int, sys.argv[2].split(","))) if len(sys.argv) > 2 else CHUNKS)

@@ -16,7 +16,7 @@ from oscarkv.kernels.chunk_splitk import _chunk_kernel
 from oscarkv.kernels.chunk_splitk import _config as chunk_config
 from oscarkv.kernels.decode_int2 import _int2_decode_kernel
 from oscarkv.kernels.extend import _extend_kernel
-from oscarkv.kernels.prefill import _gather_bf16_kernel, _gather_int2_kernel
+from oscarkv.kernels.prefill import _gather_bf16_kernel, _gather_int2_kernel, _merge_kernel
 
 BF, F16, U8, I32, F32 = torch.bfloat16, torch.float16, torch.uint8, torch.int32, torch.float32
 H, HQ, D, P, SPLITS = 8, 32, 128, 64, 198
@@ -128,5 +128,14 @@ def gather_bf16(o: dict):
     return _gather_bf16_kernel, [WINDOW, I32, OUT, SPAN], c, dict(num_warps=4, num_stages=3)
 
 
+def merge(o: dict):
+    """The staged path's merge of a prefix part of 16 key spans (64 tokens: 256 stacked rows) and the causal part."""
+    c = _const(dict(REP=4, D=D, BLOCK_T=32, WRITE_LSE=False), o)
+    rows = 4 * 64
+    spans = (BF, F32, D, rows * D, 64 * D, 1, rows, 64, 16, H * rows * D, H * rows, 4096.0)
+    causal = (BF, F32, D, 4 * 64 * D, 64 * D, 1, 4 * 64, 64, 1, 0, 0, 0.0)
+    return _merge_kernel, [spans, causal, F32, F32, 64, HQ * D, 4 * D, D], c, dict(num_warps=4, num_stages=3)
+
+
 KERNELS = dict(decode_int2=decode_int2, decode=decode, extend=extend, chunk=chunk, gather_int2=gather_int2,
-               gather_bf16=gather_bf16)
+               gather_bf16=gather_bf16, merge=merge)

@@ -202,5 +202,9 @@ ksplit() { timeout 280 python3 -m lab.scripts.ksplit_sdpa --out "$OUT/ksplit" > 
   echo "== ksplit: exit $?"; cat "$OUT/ksplit.log" | grep -v "^ *$" | tail -n 100; }
 f1() { timeout 200 python3 -m lab.scripts.followup_profile --methods bf16,oscar --context 32768 --new-tokens 1 \
   --prefill-chunk 512 --resume --out "$OUT/f1" > "$OUT/f1.log" 2>&1; echo "== f1: exit $?"; grep -E "^==|^ +[0-9.]+ ms" "$OUT/f1.log" | head -n 60; }
+#      kspan: the prefill GPU tests (key spans), then lab.benchmarks.chunk_attention at k = 16-512 (the staged path with
+#      its prefix keys in spans against the split-K kernel: SPLITK_SHAPES)
+kspan() { ptests; timeout 400 python3 -m lab.benchmarks.chunk_attention "$OUT/chunk_attention.json" 16,32,64,128,256,512 \
+  > "$OUT/chunk_attention.log" 2>&1; echo "== chunk_attention: exit $?"; cat "$OUT/chunk_attention.log" | tail -n 30; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done

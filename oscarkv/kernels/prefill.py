@@ -196,6 +196,39 @@ padded to one of this many lengths per octave (at most 1/8 more keys) with zero 
 merge then sheds from the log-sum-exp (``_Part.pad``, :func:`_merge_kernel`)."""
 
 
+KEY_SPANS: int | None = None
+"""Spans the prefix call cuts its keys into (``None``: :func:`key_spans` on CUDA, one elsewhere; the tests force it).
+One call runs one CTA per 128 stacked rows and KV head: 64 new tokens at GQA 4 over 100K keys fill 16 of an H200's
+132 SMs. The spans are the call's batch (strided views of the workspace; the queries repeated), each with its own
+``(o, lse)``, merged by :func:`_merge_kernel` with the other parts (one H200, 2026-11-29, ``python -m
+lab.scripts.ksplit_sdpa``, ``lab/bench_gpu/2026-11-28/s20_call5_h200``, 8 KV heads, ms: 256 rows over 100K keys
+cuDNN 1.38 → 0.29 at 16 spans, FlashAttention 0.42-0.50 at any count; 1024 rows 1.35 → 0.83 at 4; 2048 rows 1.44
+at 1 (the FLOPs 1.26); over 32K, 256 rows 0.42 → 0.12 at 8)."""
+SPAN_MIN_KEYS = 4096
+"""Keys a span holds at least."""
+
+
+def key_spans(rows: int, n: int, heads: int, sms: int) -> int:
+    """Spans of ``n`` keys for ``rows`` stacked rows of ``heads`` KV heads: the most (a power of two) that keep the
+    call within two CTAs an SM and every span at least ``SPAN_MIN_KEYS`` keys; one when the rows alone fill half
+    the SMs."""
+    ctas, s = heads * -(-rows // 128), 1
+    if 2 * ctas > sms:
+        return 1
+    while ctas * 2 * s <= 2 * sms and n // (2 * s) >= SPAN_MIN_KEYS:
+        s *= 2
+    return s
+
+
+def _spans(q: torch.Tensor, n: int) -> int:
+    """:func:`key_spans` of the stacked queries ``q [1, H, R, d]`` over ``n`` (bucketed) keys on this device."""
+    if KEY_SPANS is not None:
+        return KEY_SPANS
+    if not q.is_cuda:
+        return 1
+    return key_spans(q.shape[2], n, q.shape[1], torch.cuda.get_device_properties(q.device).multi_processor_count)
+
+
 def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
@@ -218,17 +251,23 @@ def _cuda_shapes(q: torch.Tensor) -> bool:
     return CUDA_SHAPES if CUDA_SHAPES is not None else q.is_cuda
 
 
-def _prefix_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _prefix_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                spans: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Stacked queries ``q [1, H, R, d]`` over ``k/v [1, H, n, d]`` → ``(o, lse)``, ``R`` rows (zero keys padding
-    ``k`` count in ``lse``: the merge sheds them, ``_Part.pad``). On CUDA: up to ``FLASH_ROWS`` rows
-    FlashAttention-2, else cuDNN over rows padded to ``ROW_STEP``."""
+    ``k`` count in ``lse``: the merge sheds them, ``_Part.pad``); ``spans > 1``: the keys cut into that many equal
+    spans (``KEY_SPANS``), ``o [spans, H, R, d]``, ``lse [spans, H, R]``, one per span. On CUDA: up to
+    ``FLASH_ROWS`` rows in one span FlashAttention-2, else cuDNN over rows padded to ``ROW_STEP``."""
     rows, cuda = q.shape[2], _cuda_shapes(q)
-    if cuda and rows <= FLASH_ROWS and q.is_cuda:
+    if spans == 1 and cuda and rows <= FLASH_ROWS and q.is_cuda:
         o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)[:2]
         return o, lse.reshape(q.shape[:3])
-    if not cuda or rows <= FLASH_ROWS:  # NOTE: on the CPU, FlashAttention's rows as the fp32 softmax
+    if spans == 1 and (not cuda or rows <= FLASH_ROWS):  # NOTE: on the CPU, FlashAttention's rows as the fp32 softmax
         return _attend_lse(q, k, v, False, scale)
-    o, lse = _attend_lse(_padded(q, _cudnn_rows(rows)), k, v, False, scale)
+    _, h, n, d = k.shape
+    assert n % spans == 0, f"{n} keys in {spans} spans"
+    k, v = (x.view(h, spans, n // spans, d).transpose(0, 1) for x in (k, v))  # NOTE: views: span s at batch s
+    q = _padded(q, _cudnn_rows(rows) if cuda else rows)
+    o, lse = _attend_lse(q.expand(spans, -1, -1, -1).contiguous(), k, v, False, scale)
     return o[:, :, :rows], lse[:, :, :rows]
 
 
@@ -316,9 +355,10 @@ def _prefix(qs: torch.Tensor, c: int, kv: LayerKV, tables: PageTables, b: int, l
     _, h, rows, d = qs.shape
     rep, (nb, ni), parts = rows // c, lens, []
     dtype = torch.bfloat16 if qs.is_cuda else torch.float32
-    pad_keys = _cuda_shapes(qs) and rows > FLASH_ROWS  # cuDNN: few shapes
     for s0 in range(0, nb + ni, seg):
         s1 = min(nb + ni, s0 + seg)
+        spans = _spans(qs, _key_bucket(s1 - s0)) if _cuda_shapes(qs) else 1
+        pad_keys = _cuda_shapes(qs) and (rows > FLASH_ROWS or spans > 1)  # cuDNN: few shapes (spans divide them)
         n = _key_bucket(s1 - s0) if pad_keys else s1 - s0
         k = torch.empty(1, h, n, d, dtype=dtype, device=qs.device)
         v = torch.empty_like(k)
@@ -327,14 +367,15 @@ def _prefix(qs: torch.Tensor, c: int, kv: LayerKV, tables: PageTables, b: int, l
             v[:, :, s1 - s0:] = 0
         _gather(kv, tables.bf16_table[b], False, s0, min(s1, nb) - s0, k, v, 0)
         _gather(kv, tables.int2_table[b], True, max(s0, nb) - nb, s1 - max(s0, nb), k, v, max(0, nb - s0))
-        parts.append(_stacked(*_prefix_lse(qs, k, v, scale), rep, c, n - (s1 - s0)))  # [1, H, rep·c, d], [1, H, rep·c]
+        parts.append(_stacked(*_prefix_lse(qs, k, v, scale, spans), rep, c, n - (s1 - s0)))  # [S, H, rep·c, d], [S, H, rep·c]
     return parts
 
 
 @dataclass(frozen=True)
 class _Part:
     """Attention of the chunk's queries over one set of keys: ``o`` and natural-log ``lse`` with the element
-    of (token t, query head ``h · rep + r``) at ``t·st + h·sh + r·sr`` (``o``: times channels, contiguous)."""
+    of (span s, token t, query head ``h · rep + r``) at ``s·ss + t·st + h·sh + r·sr`` (``o``: times channels,
+    contiguous); the part is the log-sum-exp merge of its ``spans``."""
 
     o: torch.Tensor
     lse: torch.Tensor
@@ -344,12 +385,20 @@ class _Part:
     """Zero keys (value zero) among the keys: each scored exactly 0, so each added 1 to ``Σ e^s`` in ``lse`` and
     nothing to ``o``'s numerator; the merge takes them out of the denominator. Exact but for the fp32 rounding of
     ``lse``: relative ``~1e-7 · (1 + pad / Σ_real e^s)``, small unless every real score of a row is below ``−13``."""
+    spans: int = 1
+    span_strides: tuple[int, int] = (0, 0)
+    """``o``'s and ``lse``'s strides between spans."""
+
+    def arg(self) -> tuple:
+        """What :func:`_merge_kernel` reads of the part."""
+        return (self.o, self.lse, *self.o_strides, *self.lse_strides, self.spans, *self.span_strides, float(self.pad))
 
 
 def _stacked(o: torch.Tensor, lse: torch.Tensor, rep: int, c: int, pad: int = 0) -> _Part:
-    """A part from stacked queries: ``o [1, H, rep·c, d]``, ``lse [1, H, rep·c]`` (row ``r·c + t``); ``pad`` zero keys."""
+    """A part from stacked queries: ``o [S, H, rep·c, d]``, ``lse [S, H, rep·c]`` (row ``r·c + t``; ``S`` spans);
+    ``pad`` zero keys."""
     return _Part(o, lse, (o.stride(2), o.stride(1), c * o.stride(2)), (lse.stride(2), lse.stride(1), c * lse.stride(2)),
-                 pad)
+                 pad, o.shape[0], (o.stride(0), lse.stride(0)))
 
 
 def _headed(o: torch.Tensor, lse: torch.Tensor, rep: int) -> _Part:
@@ -358,33 +407,51 @@ def _headed(o: torch.Tensor, lse: torch.Tensor, rep: int) -> _Part:
 
 
 @triton.jit
-def _merge_kernel(Oa, La, Ob, Lb, Out, Lout, c, pad_a, pad_b,
-                  sa_t, sa_h, sa_r, la_t, la_h, la_r, sb_t, sb_h, sb_r, lb_t, lb_h, lb_r, so_t, so_h, so_r,
+def _part_max(part, h, r, t, ok, m):
+    """``m`` raised to the largest ``lse`` of ``part``'s spans (rows ``t`` of query head ``h · REP + r``)."""
+    O, L, o_t, o_h, o_r, l_t, l_h, l_r, spans, o_s, l_s, pad = part
+    for s in range(spans):
+        m = tl.maximum(m, tl.load(L + s * l_s + h * l_h + r * l_r + t * l_t, mask=ok, other=float("-inf")).to(tl.float32))
+    return m
+
+
+@triton.jit
+def _part_sum(part, h, r, t, ok, cols, m, num, den):
+    """``num += Σ_spans e^(lse − m) o``, ``den += Σ_spans e^(lse − m) − pad e^(−m)`` over ``part``'s spans."""
+    O, L, o_t, o_h, o_r, l_t, l_h, l_r, spans, o_s, l_s, pad = part
+    for s in range(spans):
+        w = tl.exp(tl.load(L + s * l_s + h * l_h + r * l_r + t * l_t, mask=ok, other=0.0).to(tl.float32) - m)
+        o = tl.load(O + (s * o_s + h * o_h + r * o_r + t * o_t)[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
+        num += o.to(tl.float32) * w[:, None]
+        den += w
+    return num, den - pad * tl.exp(-m)
+
+
+@triton.jit
+def _merge_kernel(A, B, Out, Lout, c, so_t, so_h, so_r,
                   REP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_LSE: tl.constexpr):
-    """``out = (e^(la − m) oa + e^(lb − m) ob) / (e^(la − m) − pad_a e^(−m) + e^(lb − m) − pad_b e^(−m))`` for
-    BLOCK_T tokens of query head ``program_id(1)``, fp32, and the merged ``lse`` (``WRITE_LSE``: more parts
-    follow): a part's ``pad`` zero keys (``_Part.pad``) leave its numerator and its real keys' weight."""
+    """``out = Σ e^(l − m) o / (Σ e^(l − m) − pad e^(−m))`` over the spans of parts ``A`` and ``B``
+    (:meth:`_Part.arg`) for BLOCK_T tokens of query head ``program_id(1)``, fp32, and the merged ``lse``
+    (``WRITE_LSE``: more parts follow): a part's ``pad`` zero keys (``_Part.pad``) leave its numerator and its real
+    keys' weight."""
     hq = tl.program_id(1)
     h, r = hq // REP, hq % REP
     t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     ok = t < c
     cols = tl.arange(0, D)
-    la = tl.load(La + h * la_h + r * la_r + t * la_t, mask=ok, other=0.0).to(tl.float32)
-    lb = tl.load(Lb + h * lb_h + r * lb_r + t * lb_t, mask=ok, other=0.0).to(tl.float32)
-    m = tl.maximum(la, lb)
+    m = _part_max(B, h, r, t, ok, _part_max(A, h, r, t, ok, tl.full([BLOCK_T], float("-inf"), tl.float32)))
     m = tl.where(m == float("-inf"), 0.0, m)
-    wa, wb = tl.exp(la - m), tl.exp(lb - m)
-    den = tl.where(ok, wa + wb - (pad_a + pad_b) * tl.exp(-m), 1.0)  # rows past c: nothing to shed
-    oa = tl.load(Oa + (h * sa_h + r * sa_r + t * sa_t)[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
-    ob = tl.load(Ob + (h * sb_h + r * sb_r + t * sb_t)[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
-    o = (oa.to(tl.float32) * wa[:, None] + ob.to(tl.float32) * wb[:, None]) / den[:, None]
-    tl.store(Out + (h * so_h + r * so_r + t * so_t)[:, None] + cols[None, :], o, mask=ok[:, None])
+    num, den = _part_sum(A, h, r, t, ok, cols, m, tl.zeros([BLOCK_T, D], tl.float32), tl.zeros([BLOCK_T], tl.float32))
+    num, den = _part_sum(B, h, r, t, ok, cols, m, num, den)
+    den = tl.where(ok, den, 1.0)  # rows past c: nothing to shed
+    tl.store(Out + (h * so_h + r * so_r + t * so_t)[:, None] + cols[None, :], num / den[:, None], mask=ok[:, None])
     if WRITE_LSE:
         tl.store(Lout + hq * c + t, m + tl.log(den), mask=ok)
 
 
 def _merge(parts: list[_Part], c: int, hq: int, rep: int) -> torch.Tensor:
-    """``Σ exp(lse_i − lse) o_i`` over the parts → fp32 ``[c, Hq, d]``: pairwise, one pass per extra part."""
+    """``Σ exp(lse_i − lse) o_i`` over the parts (and their spans) → fp32 ``[c, Hq, d]``: pairwise, one pass per
+    extra part."""
     d = parts[0].o.shape[-1]
     out = torch.empty(c, hq, d, dtype=torch.float32, device=parts[0].o.device)
     o_strides = (hq * d, rep * d, d)
@@ -396,10 +463,8 @@ def _merge(parts: list[_Part], c: int, hq: int, rep: int) -> torch.Tensor:
     for i, p in enumerate(parts[1:]):
         last = i == len(parts) - 2
         lse = None if last else torch.empty(hq, c, dtype=torch.float32, device=out.device)
-        _merge_kernel[(triton.cdiv(c, 32), hq)](
-            acc.o, acc.lse, p.o, p.lse, out, lse if lse is not None else out, c, float(acc.pad), float(p.pad),
-            *acc.o_strides, *acc.lse_strides, *p.o_strides, *p.lse_strides, *o_strides,
-            REP=rep, D=d, BLOCK_T=32, WRITE_LSE=not last)
+        _merge_kernel[(triton.cdiv(c, 32), hq)](acc.arg(), p.arg(), out, lse if lse is not None else out, c,
+                                                *o_strides, REP=rep, D=d, BLOCK_T=32, WRITE_LSE=not last)
         if not last:
             acc = _Part(out.clone(), lse, o_strides, (1, rep * c, c))
     return out

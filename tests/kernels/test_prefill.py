@@ -59,6 +59,32 @@ def test_cuda_shapes_match_oracle(monkeypatch, cached, chunk, hq, h, d, group, i
     assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
 
 
+@pytest.mark.parametrize("spans", [2, 4])
+@pytest.mark.parametrize("cached,chunk,hq,h,d,group,int2,segment", [CASES[0], CASES[1], CASES[3]])
+def test_key_spans_match_oracle(monkeypatch, spans, cached, chunk, hq, h, d, group, int2, segment):
+    """The prefix call with its keys cut into spans (``KEY_SPANS``, the call's batch; on a GPU when few rows would
+    leave SMs idle), every segment's spans merged with the other parts, zero-key padding filling whole spans: the
+    oracle holds."""
+    monkeypatch.setattr(prefill, "CUDA_SHAPES", True)
+    monkeypatch.setattr(prefill, "KEY_SPANS", spans)
+    calls, attend = [], prefill._attend_lse
+    monkeypatch.setattr(prefill, "_attend_lse", lambda q, k, v, causal, scale: calls.append(
+        (causal, q.shape[0], k.shape[0])) or attend(q, k, v, causal, scale))
+    kv, tables, q, k_new, v_new, _, ref, tol = _inputs([cached], [chunk], hq, h, d, group=group, int2=int2, seed=cached)
+    out = prefill_attention(q, k_new, v_new, kv, tables, 0, tables.lens()[0][:1] + tables.lens()[1][:1], d**-0.5,
+                            segment=segment)
+    assert _rel(out, ref) <= tol, (_rel(out, ref), tol)
+    assert {(b, n) for c, b, n in calls if not c} == {(spans, spans)} and any(c for c, _, _ in calls)
+
+
+def test_key_spans_fill_the_sms():
+    """Spans by shape (132 SMs, 8 KV heads): the counts that timed best (``KEY_SPANS``), none where the rows fill the
+    GPU, and spans of at least ``SPAN_MIN_KEYS`` keys."""
+    assert [prefill.key_spans(rows, 102400, 8, 132) for rows in (64, 256, 1024, 2048)] == [16, 16, 4, 1]
+    assert [prefill.key_spans(rows, 32768, 8, 132) for rows in (256, 1024)] == [8, 4]
+    assert prefill.key_spans(256, 8191, 8, 132) == 1 and prefill.key_spans(256, 8192, 8, 132) == 2
+
+
 def test_a_cold_prompt_meets_only_warmed_shapes(monkeypatch):
     """``warm_cudnn`` builds at start-up what a cold prompt's full chunks then meet: every attention call of a
     4-chunk prompt (600 stacked rows each: cuDNN's side of ``FLASH_ROWS``; segments of 256 keys) is a listed shape."""
@@ -172,6 +198,20 @@ def test_prefill_real_shape_gpu(int2):
     out = prefill_attention(q[:1000], k_new[:1000], v_new[:1000], kv, tables, 0,
                             (tables.lens()[0][0], tables.lens()[1][0]), 128**-0.5, segment=8192)
     assert _rel(out, ref[:1000]) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("int2", [True, False])
+def test_prefill_key_spans_gpu(int2):
+    """64 and 256 new tokens over a 100K prefix (Qwen3-8B attention shape): the prefix call's keys cut into spans
+    (``key_spans``: 16 and 4 on 132 SMs) hold the oracle."""
+    for chunk in (64, 256):
+        kv, tables, q, k_new, v_new, cu, ref, tol = _inputs([102400], [chunk], 32, 8, 128, group=128, int2=int2,
+                                                            page=64, sink=64, recent=256, seed=chunk)
+        assert prefill._spans(q.new_empty(1, 8, 4 * chunk, 1), prefill._key_bucket(102400)) > 1
+        out = prefill_attention(q, k_new, v_new, kv, tables, 0, (tables.lens()[0][0], tables.lens()[1][0]), 128**-0.5)
+        assert _rel(out, ref) <= tol, (chunk, _rel(out, ref), tol)
 
 
 @pytest.mark.gpu
