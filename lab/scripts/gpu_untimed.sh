@@ -166,7 +166,7 @@ ktests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -rf tests/kernel
 mapsw() { timeout 300 python3 -m lab.scripts.map_sweep --out "$OUT/mapsw" > "$OUT/mapsw.log" 2>&1; echo "== mapsw: exit $?"
   cat "$OUT/mapsw.log"; }
 fserved() { timeout 500 python3 -m oscarkv.cli bench followup --shapes qwen3-4b --contexts 32768,102400 \
-  --new-tokens 1,8,64,512 --methods bf16,oscar --prefill-chunk 512 --resume-turns --out "$OUT/fserved.json" \
+  --new-tokens ${FSERVED_KS:-1,8,64,512} --methods bf16,oscar --prefill-chunk 512 --resume-turns --out "$OUT/fserved.json" \
   > "$OUT/fserved.log" 2>&1; echo "== fserved: exit $?"; grep "^|" "$OUT/fserved.log"; }
 pwtp() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== pwtp: one GPU, skipped"; return; }
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 270 python3 -m lab.scripts.pieces_tp_check --tp 2 ${PWTP_ARGS:-} \
@@ -206,5 +206,9 @@ f1() { timeout 200 python3 -m lab.scripts.followup_profile --methods bf16,oscar 
 #      its prefix keys in spans against the split-K kernel: SPLITK_SHAPES)
 kspan() { ptests; timeout 400 python3 -m lab.benchmarks.chunk_attention "$OUT/chunk_attention.json" 16,32,64,128,256,512 \
   > "$OUT/chunk_attention.log" 2>&1; echo "== chunk_attention: exit $?"; cat "$OUT/chunk_attention.log" | tail -n 30; }
+#      rtests: the GPU tests of the routes the key spans moved (extend graphs, piecewise graphs, split-K, speculation)
+rtests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_extend_graphs_gpu.py \
+  tests/engine/test_piecewise_gpu.py tests/kernels/test_chunk_splitk.py tests/engine/test_speculative_gpu.py \
+  > "$OUT/rtests.log" 2>&1; echo "== rtests: exit $?"; tail -n 4 "$OUT/rtests.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done

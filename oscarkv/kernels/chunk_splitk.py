@@ -52,22 +52,20 @@ from oscarkv.kernels.split_k import merge_splits, softmax_step_t
 
 LOG2E = 1.4426950408889634
 MAX_CHUNK = 64
-"""The longest chunk the engine routes here (``SPLITK_SHAPES``; beyond, the staged path's tensor-core attention
-wins). NOTE: at 512 tokens over a 20K prefix on an H100 the kernel's error against the oracle was 1.2-1.4x the
-bf16 bound of ``tests/kernels/test_chunk_splitk.py`` (a small systematic shift, not investigated)."""
-SPLITK_SHAPES = {"bf16": ((16, 1024),), "int2": ((16, 1024), (64, 16384))}
+"""The longest chunk the engine routed here before the staged path cut its keys into spans (the tests still cover it).
+NOTE: at 512 tokens over a 20K prefix on an H100 the kernel's error against the oracle was 1.2-1.4x the bf16 bound
+of ``tests/kernels/test_chunk_splitk.py``: the accumulation drift of ``decode_int2._add_tile`` (DESIGN.md §4)."""
+SPLITK_SHAPES = {"bf16": ((32, 1024),), "int2": ((32, 1024),)}
 """Per cache kind (a prefix with INT2 history or BF16 only), ``(longest chunk, shortest cached prefix)`` pairs: a
-chunk at most the first over a prefix at least the second takes this kernel. Measured on one H100 (2026-11-27,
-Triton 3.6, ``python -m lab.benchmarks.chunk_attention OUT.json``, Qwen3-4B/8B attention shape, ms per layer):
-split-K beats the staged path at k <= 8 tokens for both kinds (100K INT2: 0.27 against 1.82 ms at k = 1), and at
-k = 64 only over INT2 history (100K: 1.84 against 2.24; BF16: 3.41 against 1.67); at k = 512 staged wins
-(100K INT2: 2.0 against 13.3). The 16-token bound covers speculative verify chunks (``1 + K`` rows, K <= 15);
-over BF16 at 100K it was timed on an H200 (2026-11-28, 9 and 16 tokens: 0.28 against the staged 0.36 ms,
-:func:`_config`). Before that: over BF16 split-K grew linearly from k = 8 to 64 (100K: 0.50 to 3.41 ms; 32K:
-0.26 to 0.96) and crossed the staged path (1.65; 0.63) near k = 30 at both contexts. Prefixes under 32K were not timed:
-the 1024 bound is the decode kernel's habit. Re-timed on an H200 (2026-11-28, CUDA-graph replays, the staged path
-with FlashAttention-2 for its few stacked rows, ``lab/bench_gpu/2026-11-28/s16_call1_h200x4/``): the table holds
-(100K INT2, k = 64: 0.54 against 0.65 ms; BF16, k = 8: 0.23 against 0.36; k = 64: 2.33 against 0.61)."""
+chunk at most the first over a prefix at least the second takes this kernel. One H200, 2026-11-29 (``python -m
+lab.benchmarks.chunk_attention OUT.json 16,32,64,128,256,512``, CUDA-graph replays, Qwen3-4B/8B attention shape,
+``lab/bench_gpu/2026-11-28/s20_call6_h200``), ms a layer, split-K against the staged path with its keys in spans
+(``prefill.KEY_SPANS``): 100K INT2 k = 16 / 32 / 64 0.15 / 0.30 / 0.57 against 0.38 / 0.38 / 0.37; BF16 0.27 / 0.44
+/ 0.79 against 0.45 / 0.45 / 0.45; 32K INT2 0.06 / 0.11 / 0.20 against 0.15 / 0.15 / 0.14; BF16 0.10 / 0.16 / 0.28
+against 0.17 / 0.17 / 0.16. So split-K up to 32 tokens (every speculative verify chunk), the staged path beyond
+(``prefill.MIN_CHUNK``). Before the spans the staged path's prefix call filled 16 of 132 SMs at 64 tokens and split-K
+kept INT2 chunks up to 64 over 16K (0.54 against 0.65). Prefixes under 32K were not timed: the 1024 bound is the
+decode kernel's habit."""
 
 
 @triton.jit

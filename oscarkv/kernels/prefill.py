@@ -58,9 +58,11 @@ one layer's K and V in 0.131 ms (3.6 TB/s; 8 warps 0.127) against 0.25-0.28; the
 against 1.724 at 512 new tokens, 0.540 against 0.689 at 64 (one H200, 2026-11-29, ``python -m
 lab.scripts.gather_sweep``, ``lab/bench_gpu/2026-11-28/s20_call1_h200``). sm_90 under Triton 3.6: 32 registers, no
 spills, against 96 and 136 bytes of stack."""
-MIN_CHUNK = 64
-"""Chunks of at least this many tokens take this path (``TritonAttention.extend``); shorter ones the tile
-kernel of :mod:`oscarkv.kernels.extend`, which reads the prefix once per ``64 / rep`` query tokens."""
+MIN_CHUNK = 33
+"""Chunks of at least this many tokens take this path (``TritonAttention.extend``); shorter ones over long prefixes
+the split-K chunk kernel (``chunk_splitk.SPLITK_SHAPES``: up to 32 tokens), over short ones the tile kernel of
+:mod:`oscarkv.kernels.extend`, which reads the prefix once per ``64 / rep`` query tokens (33 BF16 tokens over 100K:
+3.4 ms a layer there against 0.45 here; one H200, 2026-11-29, ``lab/bench_gpu/2026-11-28/s20_call6_h200``)."""
 
 
 @triton.jit

@@ -92,14 +92,13 @@ def test_chunk_rung_two_groups_cpu():
 
 
 def test_shape_table():
-    """Short chunks over long prefixes take the kernel (up to 64 tokens over INT2 history as timed on an H100, 16
-    over BF16 only: every verify chunk of K <= 15 drafts); long chunks and short prefixes do not."""
-    assert prefers_splitk(1, 100_000, True) and prefers_splitk(64, 100_000, True) and prefers_splitk(8, 100_000, False)
-    assert not prefers_splitk(64, 100_000, False) and not prefers_splitk(512, 100_000, True)
-    assert not prefers_splitk(8, 0, False) and not prefers_splitk(64, 2000, True)
-    for rows in range(1, 17):  # a verify chunk of K = 8 is 9 rows: split-K, not 9 decode rows or the staged path
+    """Short chunks over long prefixes take the kernel (up to 32 tokens, either cache kind: every verify chunk of
+    K <= 31 drafts); longer chunks (the staged path, its keys in spans) and short prefixes do not."""
+    assert prefers_splitk(1, 100_000, True) and prefers_splitk(32, 100_000, True) and prefers_splitk(32, 100_000, False)
+    assert not prefers_splitk(33, 100_000, False) and not prefers_splitk(33, 100_000, True)
+    assert not prefers_splitk(8, 0, False) and not prefers_splitk(16, 1000, True)
+    for rows in range(1, 33):  # a verify chunk of K = 8 is 9 rows: split-K, not 9 decode rows or the staged path
         assert all(prefers_splitk(rows, ctx, int2) for ctx in (1024, 6144, 32768, 102400) for int2 in (False, True))
-    assert not prefers_splitk(17, 100_000, False) and not prefers_splitk(17, 6144, True)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
