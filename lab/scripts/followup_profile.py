@@ -32,6 +32,7 @@ def kernels(prof) -> list[dict]:
 def host(pr: cProfile.Profile, top: int = 25) -> str:
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(top)
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)  # NOTE: where the host's own time goes
     return s.getvalue()
 
 
@@ -87,7 +88,7 @@ def main() -> None:
             lines.append(f"\n== {method} ctx {a.context} k {k}: wall {r['wall_ms']:.1f} ms (warm-up {r['warm_ms']:.1f}), "
                          f"kernels {r['kernel_ms']:.1f} ms in {r['launches']} launches")
             lines += [f"   {x['us'] / 1e3:8.2f} ms {x['count']:6d}  {x['name']}" for x in r["top"]]
-            lines.append(r["host"][:6000])
+            lines.append(r["host"][:12000])
             print("\n".join(lines[-18:]), flush=True)
         engine.close()
         del engine

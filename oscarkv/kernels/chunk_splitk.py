@@ -55,7 +55,7 @@ MAX_CHUNK = 64
 """The longest chunk the engine routed here before the staged path cut its keys into spans (the tests still cover it).
 NOTE: at 512 tokens over a 20K prefix on an H100 the kernel's error against the oracle was 1.2-1.4x the bf16 bound
 of ``tests/kernels/test_chunk_splitk.py``: the accumulation drift of ``decode_int2._add_tile`` (DESIGN.md §4)."""
-SPLITK_SHAPES = {"bf16": ((32, 1024),), "int2": ((32, 1024),)}
+SPLITK_SHAPES = {"bf16": ((32, 1024),), "int2": ((32, 1024), (64, 16384))}
 """Per cache kind (a prefix with INT2 history or BF16 only), ``(longest chunk, shortest cached prefix)`` pairs: a
 chunk at most the first over a prefix at least the second takes this kernel. One H200, 2026-11-29 (``python -m
 lab.benchmarks.chunk_attention OUT.json 16,32,64,128,256,512``, CUDA-graph replays, Qwen3-4B/8B attention shape,
@@ -63,9 +63,10 @@ lab.benchmarks.chunk_attention OUT.json 16,32,64,128,256,512``, CUDA-graph repla
 (``prefill.KEY_SPANS``): 100K INT2 k = 16 / 32 / 64 0.15 / 0.30 / 0.57 against 0.38 / 0.38 / 0.37; BF16 0.27 / 0.44
 / 0.79 against 0.45 / 0.45 / 0.45; 32K INT2 0.06 / 0.11 / 0.20 against 0.15 / 0.15 / 0.14; BF16 0.10 / 0.16 / 0.28
 against 0.17 / 0.17 / 0.16. So split-K up to 32 tokens (every speculative verify chunk), the staged path beyond
-(``prefill.MIN_CHUNK``). Before the spans the staged path's prefix call filled 16 of 132 SMs at 64 tokens and split-K
-kept INT2 chunks up to 64 over 16K (0.54 against 0.65). Prefixes under 32K were not timed: the 1024 bound is the
-decode kernel's habit."""
+(``prefill.MIN_CHUNK``), but for INT2 chunks up to 64 over 16K: split-K runs in an extend graph, the staged path
+eagerly between piecewise graphs, host-bound at 64 tokens (the first step of a 64-token follow-up on a cached 32K
+prompt, as served: 13.4 ms split-K, 28.2 staged; 100K 31.7 and 30.6; ``lab/bench_gpu/2026-11-28/s20_call7_h200``).
+Prefixes under 32K were not timed: the 1024 bound is the decode kernel's habit."""
 
 
 @triton.jit

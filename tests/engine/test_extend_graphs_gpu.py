@@ -67,7 +67,8 @@ def test_speculative_verify_chunks_gpu(model, method):
     outs = [run(engine, [p], GREEDY)[0] for p in ps]
     _compare_prefix(base, outs, 0.25)
     st = engine.spec.stats
-    assert st.accepted > 5 and engine.runner.extend_graphs.replays == st.verify_steps == st.graph_steps
+    # NOTE: the second prompt's 30 tokens after its cached document replay a graph too (split-K up to 32 tokens)
+    assert st.accepted > 5 and st.verify_steps == st.graph_steps <= engine.runner.extend_graphs.replays
 
 
 def test_padded_step_stores_only_its_slots_gpu(model):

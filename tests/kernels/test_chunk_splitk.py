@@ -93,9 +93,11 @@ def test_chunk_rung_two_groups_cpu():
 
 def test_shape_table():
     """Short chunks over long prefixes take the kernel (up to 32 tokens, either cache kind: every verify chunk of
-    K <= 31 drafts); longer chunks (the staged path, its keys in spans) and short prefixes do not."""
+    K <= 31 drafts; up to 64 over INT2 history of 16K, in an extend graph); longer chunks (the staged path, its keys in
+    spans) and short prefixes do not."""
     assert prefers_splitk(1, 100_000, True) and prefers_splitk(32, 100_000, True) and prefers_splitk(32, 100_000, False)
-    assert not prefers_splitk(33, 100_000, False) and not prefers_splitk(33, 100_000, True)
+    assert not prefers_splitk(33, 100_000, False) and prefers_splitk(64, 100_000, True)
+    assert not prefers_splitk(65, 100_000, True) and not prefers_splitk(33, 6144, True)
     assert not prefers_splitk(8, 0, False) and not prefers_splitk(16, 1000, True)
     for rows in range(1, 33):  # a verify chunk of K = 8 is 9 rows: split-K, not 9 decode rows or the staged path
         assert all(prefers_splitk(rows, ctx, int2) for ctx in (1024, 6144, 32768, 102400) for int2 in (False, True))
