@@ -210,9 +210,9 @@ kspan() { ptests; timeout 400 python3 -m lab.benchmarks.chunk_attention "$OUT/ch
 rtests() { timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_extend_graphs_gpu.py \
   tests/engine/test_piecewise_gpu.py tests/kernels/test_chunk_splitk.py tests/engine/test_speculative_gpu.py \
   > "$OUT/rtests.log" 2>&1; echo "== rtests: exit $?"; tail -n 4 "$OUT/rtests.log"; }
-#      p256: the as-served follow-up of 128 / 256 tokens at 32K under the profiler (OSCAR 28 ms against BF16's 21 at 256:
-#      host-bound between the piecewise graphs?); xtests: the extend graphs' GPU tests
-p256() { timeout 240 python3 -m lab.scripts.followup_profile --methods bf16,oscar --context 32768 --new-tokens 128,256 \
+#      p256: the as-served follow-up (piecewise graphs) of 64 / 256 tokens at 32K under the profiler (host-bound between
+#      the piecewise graphs?); xtests: the extend graphs' GPU tests
+p256() { timeout 240 python3 -m lab.scripts.followup_profile --methods bf16,oscar --context 32768 --new-tokens 64,256 \
   --prefill-chunk 512 --resume --out "$OUT/p256" > "$OUT/p256.log" 2>&1; echo "== p256: exit $?"; grep -E "^== " "$OUT/p256.log"; }
 xtests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_extend_graphs_gpu.py \
   > "$OUT/xtests.log" 2>&1; echo "== xtests: exit $?"; tail -n 3 "$OUT/xtests.log"; }
