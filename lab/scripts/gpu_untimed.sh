@@ -166,7 +166,8 @@ ktests() { timeout 250 python3 -m pytest -q -p no:cacheprovider -rf tests/kernel
 mapsw() { timeout 300 python3 -m lab.scripts.map_sweep --out "$OUT/mapsw" > "$OUT/mapsw.log" 2>&1; echo "== mapsw: exit $?"
   cat "$OUT/mapsw.log"; }
 fserved() { timeout 500 python3 -m oscarkv.cli bench followup --shapes qwen3-4b --contexts 32768,102400 \
-  --new-tokens ${FSERVED_KS:-1,8,64,512} --methods bf16,oscar --prefill-chunk 512 --resume-turns --out "$OUT/fserved.json" \
+  --new-tokens ${FSERVED_KS:-1,8,64,512} --methods bf16,oscar --prefill-chunk 512 --resume-turns \
+  --repeats ${FSERVED_REPEATS:-2} --out "$OUT/fserved.json" \
   > "$OUT/fserved.log" 2>&1; echo "== fserved: exit $?"; grep "^|" "$OUT/fserved.log"; }
 pwtp() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== pwtp: one GPU, skipped"; return; }
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 270 python3 -m lab.scripts.pieces_tp_check --tp 2 ${PWTP_ARGS:-} \
@@ -216,5 +217,9 @@ p256() { timeout 240 python3 -m lab.scripts.followup_profile --methods bf16,osca
   --prefill-chunk 512 --resume --out "$OUT/p256" > "$OUT/p256.log" 2>&1; echo "== p256: exit $?"; grep -E "^== " "$OUT/p256.log"; }
 xtests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_extend_graphs_gpu.py \
   > "$OUT/xtests.log" 2>&1; echo "== xtests: exit $?"; tail -n 3 "$OUT/xtests.log"; }
+#      sgtests: the GPU tests of extend graphs (staged graphs: ExtendGraphs.staged) and speculation; then
+#      FSERVED_REPEATS=3 fserved (a third question on one cached document replays its staged graph)
+sgtests() { timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_extend_graphs_gpu.py \
+  tests/engine/test_speculative_gpu.py > "$OUT/sgtests.log" 2>&1; echo "== sgtests: exit $?"; tail -n 4 "$OUT/sgtests.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done

@@ -69,6 +69,7 @@ class WritePlan:
     release: list[int] = field(default_factory=list)  # BF16 pages to release after the step (a prefix hit's) ...
     release_stale: list[int] = field(default_factory=list)  # ... and those evicted first (the step's own demoted)
     window: WindowPlan | None = None  # the sliding layers' share (models with sliding layers only)
+    after_hit: bool = False  # the first step after a prefix-cache hit (a follow-up's; rank 0's, not sent)
 
 
 class KVCacheManager:
@@ -168,7 +169,7 @@ class KVCacheManager:
             return None
         s.sink += [self.bf16.allocate() for _ in range(n_sink)]
         s.recent += [self.bf16.allocate() for _ in range(n_recent)]
-        plan = WritePlan(t0, t1, [self._slot(s, p, h0) for p in range(t0, t1)])
+        plan = WritePlan(t0, t1, [self._slot(s, p, h0) for p in range(t0, t1)], after_hit=t0 == s.hit_pages * P > 0)
         plan.register = [("bf16", self._bf16_page(s, i, h0), i) for i in range(t0 // P, t1 // P)]
         self._demote(seq, plan, h0, n_demote)
         s.num_tokens = t1

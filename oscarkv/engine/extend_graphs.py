@@ -26,6 +26,13 @@ Not captured (eager, before the replay): the step's demotions (``ModelRunner.dem
 because a demoted page is not one the step writes (those an eager step demotes after its forward);
 :meth:`ExtendGraphs.reason` sends a step that would to the eager path.
 
+Longer steps (``staged`` buckets, the piecewise graphs' by default): the staged path's host work (cuDNN calls,
+layout copies, gathers sized by the prefix) ran eagerly between piecewise graphs, ~0.5 ms a layer, twice the GPU's
+at 64 tokens over 32K. Its work depends on the prefix's BF16 and INT2 lengths, so a graph is captured per
+``(bucket, lengths)`` (:class:`_FixedLens`: the step's attention sees them as host ints), once a key repeats — many
+questions over one cached document resume at one length; each turn of a growing chat is a new one, eager as
+before — and the last ``STAGED_GRAPHS`` are kept.
+
 Every other extend step runs eagerly; :meth:`ExtendGraphs.reason` names why, counted in ``ExtendGraphs.fallbacks``.
 On a device without CUDA (the tests) nothing is captured: each replay runs the same forward over the same
 static buffers eagerly, so the staging, padding and routing are what a GPU replays.
@@ -33,7 +40,8 @@ static buffers eagerly, so the staging, padding and routing are what a GPU repla
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
+from dataclasses import replace
 
 import torch
 
@@ -56,6 +64,30 @@ class _FixedSplitK(TritonAttention):
 
         return chunk_attention(rows_contiguous(q), rows_contiguous(k_new), rows_contiguous(v_new), kv, tables,
                                cu_seqlens, scale, max_chunk=self.max_chunk)
+
+
+STAGED_GRAPHS = 4
+"""Staged graphs kept (the least recently replayed dropped): each holds its own CUDA graph, its activations in
+the shared pool."""
+
+
+SIGHTINGS = 64
+"""Staged keys remembered without a graph (the oldest forgotten)."""
+
+
+class _FixedLens:
+    """The runner's backend for one staged graph: its ``extend`` sees the prefix as ``lens`` (host ints, the graph's
+    key), one chunk of ``kb`` rows; every other attribute is the backend's."""
+
+    def __init__(self, real, lens: tuple[tuple[int], tuple[int]], kb: int) -> None:
+        self.real, self.lens, self.kb = real, lens, kb
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host=None):
+        return self.real.extend(q, k_new, v_new, kv, replace(tables, host_lens=self.lens), cu_seqlens, scale,
+                                (0, self.kb))
 
 
 class _Inputs:
@@ -101,10 +133,11 @@ class _Inputs:
 class _Graph:
     """One captured extend step of ``kb`` tokens over the static inputs: ``hidden [kb, D]``."""
 
-    def __init__(self, runner, kb: int, pool) -> None:
+    def __init__(self, runner, kb: int, pool, backend=None) -> None:
         self.inputs = x = _Inputs(runner, kb)
         i32 = dict(dtype=torch.int32, device=runner.device)
-        backend = _FixedSplitK(kb) if isinstance(runner.backend, TritonAttention) else runner.backend
+        if backend is None:
+            backend = _FixedSplitK(kb) if isinstance(runner.backend, TritonAttention) else runner.backend
         step = StepContext(backend, runner.pools, runner.storage, x.tables, torch.tensor([0, kb], **i32),
                            x.slots, runner.scale)
         self.forward = lambda: runner.model(x.ids, x.positions, step)
@@ -120,11 +153,15 @@ class _Graph:
 class ExtendGraphs:
     """Lazily captured extend graphs of one sequence per token bucket (see the module docstring)."""
 
-    def __init__(self, runner, buckets: tuple[int, ...]) -> None:
+    def __init__(self, runner, buckets: tuple[int, ...], staged: tuple[int, ...] = ()) -> None:
         from oscarkv.kernels.chunk_splitk import serves
 
-        self.runner, self.buckets = runner, tuple(sorted(buckets))
+        self.runner, self.buckets, self.staged_buckets = runner, tuple(sorted(buckets)), tuple(sorted(staged))
         self.graphs: dict[int, _Graph] = {}
+        self.staged: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
+        """Staged graphs by ``(bucket, BF16 prefix tokens, INT2 prefix tokens)``, least recently replayed first."""
+        self.sightings: Counter[tuple[int, int, int]] = Counter()
+        """Staged keys met without a graph (the second sighting captures)."""
         self.pool = torch.cuda.graph_pool_handle() if runner.device.type == "cuda" else None
         # NOTE: another backend (the CPU's oracles) has one extend route for every shape
         self.splitk = isinstance(runner.backend, TritonAttention)
@@ -140,18 +177,37 @@ class ExtendGraphs:
     def reason(self, plans: list[WritePlan]) -> str | None:
         """Why an extend step of ``plans`` runs eagerly, or ``None``: a graph runs it. ``sequences``: not one
         sequence; ``tokens``: one token, or more than the largest bucket; ``route``: the eager route of the shape is not the
-        split-K kernel (or the layout is not one it reads); ``demotes_written``: a page it demotes is one it writes."""
+        split-K kernel (or the layout is not one it reads); ``demotes_written``: a page it demotes is one it writes;
+        ``staged_first``: a staged key met the first time (counted: the next meeting captures)."""
         if len(plans) != 1:
             return "sequences"
         p, page = plans[0], self.runner.pools.geo.page_size
-        k = p.t1 - p.t0
-        if k < 2 or self.bucket(k) is None:  # NOTE: one token only here with a backend without decode steps
+        k, key = p.t1 - p.t0, self._staged_key(p)
+        if key is None and (k < 2 or self.bucket(k) is None):  # NOTE: one token only with a backend without decode steps
             return "tokens"
-        if not self.serves or (self.splitk and not _prefers_splitk(k, p, page)):
+        if key is None and (not self.serves or (self.splitk and not _prefers_splitk(k, p, page))):
             return "route"
         if set(p.demote_src) & {s // page for s in p.slots}:
             return "demotes_written"
+        if key is not None and key not in self.staged and not self.sightings[key]:
+            self.sightings[key] += 1
+            while len(self.sightings) > SIGHTINGS:  # the oldest first
+                del self.sightings[next(iter(self.sightings))]
+            return "staged_first"
         return None
+
+    def _staged_key(self, p: WritePlan) -> tuple[int, int, int] | None:
+        """The staged graph key of ``p``'s step: ``(bucket, BF16 prefix tokens, INT2 prefix tokens)``, or ``None``:
+        no staged bucket holds it, it is not the first step after a prefix-cache hit (``WritePlan.after_hit``: a cold
+        prompt's chunks meet each length once), the short buckets take it (their eager route, split-K, or any route
+        with another backend), or the pools have sliding layers (whose windows the piecewise graphs leave eager)."""
+        k, page = p.t1 - p.t0, self.runner.pools.geo.page_size
+        kb = next((b for b in self.staged_buckets if b >= k), None)
+        if kb is None or not p.after_hit or self.runner.pools.sliding:  # NOTE: a cold prompt's chunks never repeat
+            return None
+        if k >= 2 and self.bucket(k) is not None and self.serves and (not self.splitk or _prefers_splitk(k, p, page)):
+            return None
+        return kb, p.view_bf16_len, len(p.view_int2) * page
 
     def verifies(self, plans: list[WritePlan]) -> bool:
         """Whether a verify step of ``plans`` (one chunk of ``1 + K`` tokens) runs as one chunk here rather than as
@@ -165,12 +221,25 @@ class ExtendGraphs:
         until its next replay). ``fill_ids``: writes device ids the host's do not hold (``ModelRunner._fill_ids``)."""
         r = self.runner
         r.demote_all(plan.demote_src, plan.demote_dst)
-        g = self.graphs[self.capture(len(ids))]
+        key = self._staged_key(plan)
+        g = self.graphs[self.capture(len(ids))] if key is None else self._staged_graph(key)
         g.inputs.stage(plan, ids, r.pools.geo.page_size)
         if fill_ids is not None:  # with tensor parallelism, rank 0's ids (after the staging copy)
             fill_ids(g.inputs.ids)
         self.replays += 1
         return g.replay()[:len(ids)]
+
+    def _staged_graph(self, key: tuple[int, int, int]) -> _Graph:
+        """The staged graph of ``key``, captured now unless kept (the oldest dropped beyond ``STAGED_GRAPHS``)."""
+        if key in self.staged:
+            self.staged.move_to_end(key)
+            return self.staged[key]
+        kb, bf16, int2 = key
+        self.staged[key] = _Graph(self.runner, kb, self.pool, _FixedLens(self.runner.backend, ((bf16,), (int2,)), kb))
+        self.sightings.pop(key, None)
+        while len(self.staged) > STAGED_GRAPHS:
+            self.staged.popitem(last=False)
+        return self.staged[key]
 
     def capture(self, tokens: int) -> int:
         """Build (on CUDA: capture) the graph of ``tokens``' bucket unless it exists; the bucket. Capturing writes

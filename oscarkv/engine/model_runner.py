@@ -388,6 +388,8 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     if graph_buckets and cfg.extend_graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
         runner.extend_graphs = ExtendGraphs(runner, extend_buckets(cfg))
     _attach_pieces(runner, cfg, bool(graph_buckets), tp is None or tp.size == 1)
+    if runner.extend_graphs is not None and runner.piecewise is not None and (tp is None or tp.size == 1):
+        runner.extend_graphs.staged_buckets = runner.piecewise.buckets  # NOTE: ranks would have to capture together
     if graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
         _warm_prefill(runner, cfg)
     if cfg.speculative.enabled and (tp is None or tp.size == 1):

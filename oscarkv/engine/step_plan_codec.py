@@ -2,7 +2,7 @@
 
 Role: :class:`PlanEncoder` (rank 0) turns the :class:`~oscarkv.cache.manager.WritePlan` s of a step into
 one ``int32`` numpy array; :class:`PlanDecoder` (every other rank) turns it back into plans equal to the
-ones the ranks read (``register``, ``release`` and ``release_stale`` are rank 0's bookkeeping and are not sent). The
+ones the ranks read (``register``, ``release``, ``release_stale`` and ``after_hit`` are rank 0's bookkeeping, not sent). The
 array then goes over the gloo group as a tensor (:class:`Channel`, used by ``oscarkv.engine.workers``): no
 pickling, one broadcast of a fixed frame (a second for the rest of a long message).
 

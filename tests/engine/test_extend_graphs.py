@@ -186,3 +186,41 @@ def test_speculation_adds_its_verify_bucket():
     assert extend_buckets(EngineConfig(speculative=spec, extend_graph_buckets=())) == ()
     assert extend_buckets(EngineConfig(speculative=replace(spec, num_speculative_tokens=7))) == (2, 4, 8, 16, 32, 64)
     assert extend_buckets(EngineConfig(speculative=replace(spec, num_speculative_tokens=99))) == (2, 4, 8, 16, 32, 64)
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_repeated_followups_replay_staged_graphs(llama, artifact, method):
+    """Follow-ups longer than the short buckets over one cached document (staged buckets 16 and 64): the first of
+    a (bucket, prefix lengths) runs eagerly, the second captures its graph, later ones replay it; the cold 40-token
+    document fits a staged bucket but is no follow-up, so it never counts. Tokens and log-probs equal eager."""
+    ks = (12, 12, 12, 20, 20)
+    doc = prompts(1, 40, seed=3)[0]
+    asks = [doc + prompts(1, k, seed=100 + i)[0] for i, k in enumerate(ks)]  # fresh tokens: the hit is the document
+    outs = []
+    for graphs in (False, True):
+        engine = _engine(llama, method, artifact, graphs)
+        if graphs:
+            engine.runner.extend_graphs.staged_buckets = (16, 64)
+        run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+        outs.append([run(engine, [a], FOLLOW)[0] for a in asks])
+    g = engine.runner.extend_graphs
+    assert [key[0] for key in g.staged] == [16, 64]  # NOTE: OSCAR's tiers (the key's lengths) follow the chunk's end
+    assert g.fallbacks["staged_first"] == 2 and g.replays == 3 and not g.sightings
+    for a, b in zip(*outs):
+        assert a.token_ids == b.token_ids
+        assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def test_staged_graphs_keep_the_latest(llama, artifact, monkeypatch):
+    """Beyond ``STAGED_GRAPHS`` the least recently replayed staged graph goes; its key then counts anew."""
+    from oscarkv.engine import extend_graphs
+
+    monkeypatch.setattr(extend_graphs, "STAGED_GRAPHS", 1)
+    engine = _engine(llama, "bf16", artifact, True)
+    g = engine.runner.extend_graphs
+    g.staged_buckets = (16, 64)
+    doc = prompts(1, 40, seed=3)[0]
+    run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+    for i, k in enumerate((12, 12, 20, 20, 12)):
+        run(engine, [doc + prompts(1, k, seed=200 + i)[0]], FOLLOW)
+    assert [key[0] for key in g.staged] == [64] and g.fallbacks["staged_first"] == 3 and g.replays == 2

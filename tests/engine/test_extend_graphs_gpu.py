@@ -91,3 +91,22 @@ def test_padded_step_stores_only_its_slots_gpu(model):
         L, _, H, _, d = b.shape
         flat = [t.transpose(2, 3).reshape(L, -1, H, d)[:, mask] for t in (b, a)]
         assert torch.equal(*flat)
+
+
+@pytest.mark.parametrize("method", ["bf16", "oscar"])
+def test_repeated_followups_through_staged_graphs_gpu(model, method):
+    """Follow-ups of 40 tokens over the cached document take the staged path (beyond split-K's 32): the first runs
+    eagerly, the second captures a staged graph (its prefix lengths as host ints), the third replays it; the
+    tokens are the eager engine's up to a near-tie."""
+    doc = prompts(1, DOC, seed=3)[0]
+    asks = [doc + prompts(1, 40, seed=20 + i)[0] for i in range(3)]
+    outs = []
+    for extend in (False, True):
+        engine = _engine(model, method, extend)
+        if extend:
+            engine.runner.extend_graphs.staged_buckets = (64,)
+        run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+        outs.append([run(engine, [a], FOLLOW)[0] for a in asks])
+    g = engine.runner.extend_graphs
+    assert len(g.staged) == 1 and g.fallbacks["staged_first"] == 1 and g.replays == 2, g.fallbacks
+    _compare_prefix(*outs, 0.1)
