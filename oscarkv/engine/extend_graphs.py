@@ -31,8 +31,7 @@ layout copies, gathers sized by the prefix) ran eagerly between piecewise graphs
 at 64 tokens over 32K. Its work depends on the prefix's BF16 and INT2 lengths, so a graph is captured per
 ``(bucket, lengths)`` (:class:`_FixedLens`: the step's attention sees them as host ints), once a key repeats — many
 questions over one cached document resume at one length; each turn of a growing chat is a new one, eager as
-before — where the eager step is host-bound (``STAGED_MAX_TOKENS``, ``STAGED_MAX_PREFIX``); the last
-``STAGED_GRAPHS`` are kept.
+before — and the last ``STAGED_GRAPHS`` are kept.
 
 Every other extend step runs eagerly; :meth:`ExtendGraphs.reason` names why, counted in ``ExtendGraphs.fallbacks``.
 On a device without CUDA (the tests) nothing is captured: each replay runs the same forward over the same
@@ -72,14 +71,6 @@ STAGED_GRAPHS = 4
 the shared pool."""
 
 
-STAGED_MAX_PREFIX = 65536
-STAGED_MAX_TOKENS = 256
-"""Staged graphs only for steps of at most this many tokens over prefixes under this many: where the eager step is
-host-bound. One H200, 2026-11-29 (``FSERVED_REPEATS=3 gpu_untimed.sh fserved``, ``lab/bench_gpu/2026-11-28/
-s20_call10_h200``), Qwen3-4B, ms of a third question replaying its graph against eager (calls 7-8): 32K BF16 k = 64
-12.8 against 22.7-28.3, k = 256 20.2 against 21.3-32.8, OSCAR k = 256 19.2 against 21.6-28.1; 32K k = 512 30.3
-against 31.3-33.3, 100K k = 64 27.5 against 26.4-26.9, k = 256 41.8-47.4 against 42.4-46.3 (GPU-bound there). The
-second question captures: 125-226 ms, once a key."""
 SIGHTINGS = 64
 """Staged keys remembered without a graph (the oldest forgotten)."""
 
@@ -207,16 +198,12 @@ class ExtendGraphs:
 
     def _staged_key(self, p: WritePlan) -> tuple[int, int, int] | None:
         """The staged graph key of ``p``'s step: ``(bucket, BF16 prefix tokens, INT2 prefix tokens)``, or ``None``:
-        no staged bucket holds it (``STAGED_MAX_TOKENS``), the prefix is long (``STAGED_MAX_PREFIX``: the step is
-        GPU-bound), it is not the first step after a prefix-cache hit (``WritePlan.after_hit``: a cold
+        no staged bucket holds it, it is not the first step after a prefix-cache hit (``WritePlan.after_hit``: a cold
         prompt's chunks meet each length once), the short buckets take it (their eager route, split-K, or any route
         with another backend), or the pools have sliding layers (whose windows the piecewise graphs leave eager)."""
         k, page = p.t1 - p.t0, self.runner.pools.geo.page_size
         kb = next((b for b in self.staged_buckets if b >= k), None)
-        prefix = p.view_bf16_len + len(p.view_int2) * page
-        if kb is None or kb > STAGED_MAX_TOKENS or prefix >= STAGED_MAX_PREFIX:
-            return None
-        if not p.after_hit or self.runner.pools.sliding:  # NOTE: a cold prompt's chunks never repeat
+        if kb is None or not p.after_hit or self.runner.pools.sliding:  # NOTE: a cold prompt's chunks never repeat
             return None
         if k >= 2 and self.bucket(k) is not None and self.serves and (not self.splitk or _prefers_splitk(k, p, page)):
             return None

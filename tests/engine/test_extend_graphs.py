@@ -224,20 +224,3 @@ def test_staged_graphs_keep_the_latest(llama, artifact, monkeypatch):
     for i, k in enumerate((12, 12, 20, 20, 12)):
         run(engine, [doc + prompts(1, k, seed=200 + i)[0]], FOLLOW)
     assert [key[0] for key in g.staged] == [64] and g.fallbacks["staged_first"] == 3 and g.replays == 2
-
-
-@pytest.mark.parametrize("limit", ["STAGED_MAX_PREFIX", "STAGED_MAX_TOKENS"])
-def test_staged_graphs_only_where_host_bound(llama, artifact, monkeypatch, limit):
-    """No staged graph over a prefix of ``STAGED_MAX_PREFIX`` tokens or more, or beyond ``STAGED_MAX_TOKENS`` (the
-    step is GPU-bound there: a capture would cost more than it saves)."""
-    from oscarkv.engine import extend_graphs
-
-    monkeypatch.setattr(extend_graphs, limit, 40 if limit == "STAGED_MAX_PREFIX" else 15)
-    engine = _engine(llama, "bf16", artifact, True)
-    g = engine.runner.extend_graphs
-    g.staged_buckets = (16, 64)
-    doc = prompts(1, 40, seed=3)[0]
-    run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
-    for i in range(3):
-        run(engine, [doc + prompts(1, 12, seed=300 + i)[0]], FOLLOW)
-    assert not g.staged and not g.sightings and g.replays == 0
