@@ -68,7 +68,12 @@ class _FixedSplitK(TritonAttention):
 
 STAGED_GRAPHS = 4
 """Staged graphs kept (the least recently replayed dropped): each holds its own CUDA graph, its activations in
-the shared pool."""
+the shared pool. One H200, 2026-11-29 (``FSERVED_REPEATS=3 FSERVED_KS=1,8,64,256,512 gpu_untimed.sh fserved``,
+``lab/bench_gpu/2026-11-28/s20_call{10,11}_h200``), Qwen3-4B, ms of a third question on one cached document (its
+graph replayed) against the same step eager on four machines that day (calls 7, 8, 11; it is host-bound, so the
+host's speed decides): 32K BF16 k = 64 12.8-12.9 against 22.7-28.3, k = 256 20.2-20.9 against 21.3-32.8, k = 512
+30.3 against 31.3-37.9; OSCAR k = 256 19.2-21.6 against 21.6-28.1; 100K BF16 k = 64 27.5 against 26.4-43.8. The
+second question captures: 125-250 ms, once a key."""
 
 
 SIGHTINGS = 64
