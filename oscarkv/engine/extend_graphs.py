@@ -31,7 +31,9 @@ layout copies, gathers sized by the prefix) ran eagerly between piecewise graphs
 at 64 tokens over 32K. Its work depends on the prefix's BF16 and INT2 lengths, so a graph is captured per
 ``(bucket, lengths)`` (:class:`_FixedLens`: the step's attention sees them as host ints), once a key repeats — many
 questions over one cached document resume at one length; each turn of a growing chat is a new one, eager as
-before — and the last ``STAGED_GRAPHS`` are kept.
+before — and the last ``STAGED_GRAPHS`` are kept. An INT2 chunk of ``prefill.MIN_CHUNK`` to 64 tokens over a long
+prefix, which split-K takes in a short bucket's graph, moves to a staged graph when its key repeats (the staged
+path 0.37 ms a layer at 100K, 64 tokens, against split-K's 0.57; NOTE: not yet timed end to end).
 
 Every other extend step runs eagerly; :meth:`ExtendGraphs.reason` names why, counted in ``ExtendGraphs.fallbacks``.
 On a device without CUDA (the tests) nothing is captured: each replay runs the same forward over the same
@@ -91,6 +93,10 @@ class _FixedLens:
         return getattr(self.real, name)
 
     def extend(self, q, k_new, v_new, kv, tables, cu_seqlens, scale, cu_host=None):
+        if isinstance(self.real, TritonAttention):  # NOTE: the staged path whatever the shape's route (split-K's)
+            from oscarkv.kernels.prefill import prefill_attention
+
+            return prefill_attention(q, k_new, v_new, kv, tables, 0, (self.lens[0][0], self.lens[1][0]), scale)
         return self.real.extend(q, k_new, v_new, kv, replace(tables, host_lens=self.lens), cu_seqlens, scale,
                                 (0, self.kb))
 
@@ -194,23 +200,36 @@ class ExtendGraphs:
             return "route"
         if set(p.demote_src) & {s // page for s in p.slots}:
             return "demotes_written"
-        if key is not None and key not in self.staged and not self.sightings[key]:
-            self.sightings[key] += 1
-            while len(self.sightings) > SIGHTINGS:  # the oldest first
-                del self.sightings[next(iter(self.sightings))]
+        if key is not None and key not in self.staged and not self.sightings[key] and not self._short(p):
+            self._sighted(key)
             return "staged_first"
         return None
+
+    def _short(self, p: WritePlan) -> bool:
+        """Whether the short buckets take ``p``'s step (their eager route split-K, or any route with another
+        backend)."""
+        k, page = p.t1 - p.t0, self.runner.pools.geo.page_size
+        return k >= 2 and self.bucket(k) is not None and self.serves and (not self.splitk or _prefers_splitk(k, p, page))
+
+    def _sighted(self, key: tuple[int, int, int]) -> None:
+        self.sightings[key] += 1
+        while len(self.sightings) > SIGHTINGS:  # the oldest first
+            del self.sightings[next(iter(self.sightings))]
 
     def _staged_key(self, p: WritePlan) -> tuple[int, int, int] | None:
         """The staged graph key of ``p``'s step: ``(bucket, BF16 prefix tokens, INT2 prefix tokens)``, or ``None``:
         no staged bucket holds it, it is not the first step after a prefix-cache hit (``WritePlan.after_hit``: a cold
-        prompt's chunks meet each length once), the short buckets take it (their eager route, split-K, or any route
-        with another backend), or the pools have sliding layers (whose windows the piecewise graphs leave eager)."""
+        prompt's chunks meet each length once), the short buckets take it (:meth:`_short`) but for an INT2 chunk of
+        ``MIN_CHUNK`` to 64 tokens (split-K in a graph until its key repeats, then the staged path's graph: 0.37
+        against 0.57 ms a layer at 100K), or the pools have sliding layers (whose windows the piecewise graphs
+        leave eager)."""
+        from oscarkv.kernels.prefill import MIN_CHUNK
+
         k, page = p.t1 - p.t0, self.runner.pools.geo.page_size
         kb = next((b for b in self.staged_buckets if b >= k), None)
         if kb is None or not p.after_hit or self.runner.pools.sliding:  # NOTE: a cold prompt's chunks never repeat
             return None
-        if k >= 2 and self.bucket(k) is not None and self.serves and (not self.splitk or _prefers_splitk(k, p, page)):
+        if self._short(p) and not (self.splitk and k >= MIN_CHUNK):  # NOTE: split-K up to 64 INT2 tokens upgrades
             return None
         return kb, p.view_bf16_len, len(p.view_int2) * page
 
@@ -227,6 +246,9 @@ class ExtendGraphs:
         r = self.runner
         r.demote_all(plan.demote_src, plan.demote_dst)
         key = self._staged_key(plan)
+        if key is not None and key not in self.staged and not self.sightings[key]:  # split-K until the key repeats
+            self._sighted(key)
+            key = None
         g = self.graphs[self.capture(len(ids))] if key is None else self._staged_graph(key)
         g.inputs.stage(plan, ids, r.pools.geo.page_size)
         if fill_ids is not None:  # with tensor parallelism, rank 0's ids (after the staging copy)

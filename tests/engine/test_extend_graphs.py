@@ -224,3 +224,27 @@ def test_staged_graphs_keep_the_latest(llama, artifact, monkeypatch):
     for i, k in enumerate((12, 12, 20, 20, 12)):
         run(engine, [doc + prompts(1, k, seed=200 + i)[0]], FOLLOW)
     assert [key[0] for key in g.staged] == [64] and g.fallbacks["staged_first"] == 3 and g.replays == 2
+
+
+def test_split_k_chunks_upgrade_to_staged_graphs(llama, artifact, monkeypatch):
+    """A chunk of ``MIN_CHUNK`` to 64 tokens that split-K takes in a short bucket's graph (INT2 over a long prefix on
+    a GPU; forced here) keeps that graph until its key repeats, then captures the staged graph and replays it: no
+    step of it runs eagerly. Tokens and log-probs equal eager."""
+    from oscarkv.engine import extend_graphs
+
+    monkeypatch.setattr(extend_graphs, "_prefers_splitk", lambda k, p, page: True)
+    doc = prompts(1, 40, seed=3)[0]
+    asks = [doc + prompts(1, 40, seed=400 + i)[0] for i in range(3)]
+    outs = []
+    for graphs in (False, True):
+        engine = _engine(llama, "bf16", artifact, False)  # NOTE: the tiny OSCAR window demotes what 40 tokens write
+        if graphs:
+            g = engine.runner.extend_graphs = ExtendGraphs(engine.runner, (2, 4, 8, 64), staged=(64,))
+            g.splitk = True  # NOTE: the Triton backend's routing, over the oracle backend
+        run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+        outs.append([run(engine, [a], FOLLOW)[0] for a in asks])
+    # NOTE: 4 replays: the document (split-K forced over no prefix), the first question, the capture, the third
+    assert set(g.graphs) == {64} and len(g.staged) == 1 and g.replays == 4 and not g.fallbacks
+    for a, b in zip(*outs):
+        assert a.token_ids == b.token_ids
+        assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < 1e-4
