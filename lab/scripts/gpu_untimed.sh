@@ -167,7 +167,7 @@ mapsw() { timeout 300 python3 -m lab.scripts.map_sweep --out "$OUT/mapsw" > "$OU
   cat "$OUT/mapsw.log"; }
 fserved() { timeout 500 python3 -m oscarkv.cli bench followup --shapes qwen3-4b --contexts 32768,102400 \
   --new-tokens ${FSERVED_KS:-1,8,64,512} --methods bf16,oscar --prefill-chunk 512 --resume-turns \
-  --repeats ${FSERVED_REPEATS:-2} --out "$OUT/fserved.json" \
+  --repeats ${FSERVED_REPEATS:-3} --out "$OUT/fserved.json" \
   > "$OUT/fserved.log" 2>&1; echo "== fserved: exit $?"; grep "^|" "$OUT/fserved.log"; }
 pwtp() { [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "== pwtp: one GPU, skipped"; return; }
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 270 python3 -m lab.scripts.pieces_tp_check --tp 2 ${PWTP_ARGS:-} \

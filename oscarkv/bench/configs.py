@@ -273,8 +273,9 @@ class FollowupBench:
     """New tokens of the follow-up request (k), computed in its first step over the cached prefix."""
     methods: tuple[str, ...] = ("bf16", "oscar")
     """KV methods (bf16, naive, oscar: a random artifact)."""
-    repeats: int = 2
-    """Follow-up requests per k (each with fresh new tokens); the last is reported, all are in the JSON."""
+    repeats: int = 3
+    """Follow-up requests per k (each with fresh new tokens); the last is reported, all are in the JSON. Three: a
+    follow-up shape met again captures its staged graph (``ExtendGraphs.staged``), the third question replays it."""
     steps: int = 16
     """Timed decode steps at the same context."""
     kv_gib: float = 24.0
