@@ -42,6 +42,7 @@ static buffers eagerly, so the staging, padding and routing are what a GPU repla
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, OrderedDict
 from dataclasses import replace
 
@@ -52,6 +53,8 @@ from oscarkv.attention.step import StepContext
 from oscarkv.cache.manager import WritePlan
 from oscarkv.cache.paged_layout import PageTables
 from oscarkv.engine.cuda_graphs import StagedTable, _capture
+
+log = logging.getLogger(__name__)
 
 
 class _FixedSplitK(TritonAttention):
@@ -189,7 +192,8 @@ class ExtendGraphs:
         """Why an extend step of ``plans`` runs eagerly, or ``None``: a graph runs it. ``sequences``: not one
         sequence; ``tokens``: one token, or more than the largest bucket; ``route``: the eager route of the shape is not the
         split-K kernel (or the layout is not one it reads); ``demotes_written``: a page it demotes is one it writes;
-        ``staged_first``: a staged key met the first time (counted: the next meeting captures)."""
+        ``staged_first``: a staged key met the first time (counted: the next meeting captures its graph, here);
+        ``staged_memory``: that capture ran out of device memory (staged graphs stop)."""
         if len(plans) != 1:
             return "sequences"
         p, page = plans[0], self.runner.pools.geo.page_size
@@ -200,10 +204,12 @@ class ExtendGraphs:
             return "route"
         if set(p.demote_src) & {s // page for s in p.slots}:
             return "demotes_written"
-        if key is not None and key not in self.staged and not self.sightings[key] and not self._short(p):
+        if key is None or key in self.staged:
+            return None
+        if not self.sightings[key]:  # NOTE: a chunk the short buckets take keeps their graph (split-K) meanwhile
             self._sighted(key)
-            return "staged_first"
-        return None
+            return None if self._short(p) else "staged_first"
+        return self._capture_staged(key)
 
     def _short(self, p: WritePlan) -> bool:
         """Whether the short buckets take ``p``'s step (their eager route split-K, or any route with another
@@ -246,27 +252,33 @@ class ExtendGraphs:
         r = self.runner
         r.demote_all(plan.demote_src, plan.demote_dst)
         key = self._staged_key(plan)
-        if key is not None and key not in self.staged and not self.sightings[key]:  # split-K until the key repeats
-            self._sighted(key)
-            key = None
-        g = self.graphs[self.capture(len(ids))] if key is None else self._staged_graph(key)
+        if key in self.staged:  # NOTE: else a short bucket's graph (split-K until the key repeats, :meth:`reason`)
+            self.staged.move_to_end(key)
+            g = self.staged[key]
+        else:
+            g = self.graphs[self.capture(len(ids))]
         g.inputs.stage(plan, ids, r.pools.geo.page_size)
         if fill_ids is not None:  # with tensor parallelism, rank 0's ids (after the staging copy)
             fill_ids(g.inputs.ids)
         self.replays += 1
         return g.replay()[:len(ids)]
 
-    def _staged_graph(self, key: tuple[int, int, int]) -> _Graph:
-        """The staged graph of ``key``, captured now unless kept (the oldest dropped beyond ``STAGED_GRAPHS``)."""
-        if key in self.staged:
-            self.staged.move_to_end(key)
-            return self.staged[key]
+    def _capture_staged(self, key: tuple[int, int, int]) -> str | None:
+        """Capture the staged graph of ``key`` (the oldest dropped beyond ``STAGED_GRAPHS``); ``staged_memory`` if the
+        device has no room for it (its private pool cannot reuse the allocator's cached blocks): staged graphs
+        stop, the step runs eagerly."""
         kb, bf16, int2 = key
-        self.staged[key] = _Graph(self.runner, kb, self.pool, _FixedLens(self.runner.backend, ((bf16,), (int2,)), kb))
+        try:
+            self.staged[key] = _Graph(self.runner, kb, self.pool, _FixedLens(self.runner.backend, ((bf16,), (int2,)), kb))
+        except torch.cuda.OutOfMemoryError:
+            log.warning("oscarkv: no device memory to capture a staged extend graph of %d tokens; long follow-up "
+                        "steps run eagerly from now on", kb)
+            self.staged_buckets, self.staged = (), OrderedDict()
+            return "staged_memory"
         self.sightings.pop(key, None)
         while len(self.staged) > STAGED_GRAPHS:
             self.staged.popitem(last=False)
-        return self.staged[key]
+        return None
 
     def capture(self, tokens: int) -> int:
         """Build (on CUDA: capture) the graph of ``tokens``' bucket unless it exists; the bucket. Capturing writes

@@ -248,3 +248,30 @@ def test_split_k_chunks_upgrade_to_staged_graphs(llama, artifact, monkeypatch):
     for a, b in zip(*outs):
         assert a.token_ids == b.token_ids
         assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def test_staged_capture_out_of_memory_runs_eagerly(llama, artifact, monkeypatch):
+    """A staged graph the device has no memory for: that step runs eagerly and staged graphs stop (the short
+    buckets' graphs go on); the tokens are the eager run's."""
+    from oscarkv.engine import extend_graphs
+
+    real = extend_graphs._Graph
+
+    def graph(runner, kb, pool, backend=None):
+        if backend is not None:
+            raise torch.cuda.OutOfMemoryError("no room")
+        return real(runner, kb, pool, backend)
+
+    monkeypatch.setattr(extend_graphs, "_Graph", graph)
+    doc = prompts(1, 40, seed=3)[0]
+    asks = [doc + prompts(1, 12, seed=500 + i)[0] for i in range(3)]
+    outs = []
+    for graphs in (False, True):
+        engine = _engine(llama, "bf16", artifact, graphs)
+        if graphs:
+            engine.runner.extend_graphs.staged_buckets = (16,)
+        run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+        outs.append([run(engine, [a], FOLLOW)[0] for a in asks])
+    g = engine.runner.extend_graphs
+    assert g.fallbacks["staged_memory"] == 1 and not g.staged_buckets and not g.staged and g.replays == 0
+    assert [a.token_ids for a in outs[0]] == [b.token_ids for b in outs[1]]
