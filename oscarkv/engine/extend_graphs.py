@@ -53,6 +53,7 @@ from oscarkv.attention.step import StepContext
 from oscarkv.cache.manager import WritePlan
 from oscarkv.cache.paged_layout import PageTables
 from oscarkv.engine.cuda_graphs import StagedTable, _capture
+from oscarkv.models.parallel import graph_logits
 
 log = logging.getLogger(__name__)
 
@@ -145,23 +146,33 @@ class _Inputs:
 
 
 class _Graph:
-    """One captured extend step of ``kb`` tokens over the static inputs: ``hidden [kb, D]``."""
+    """One captured extend step of ``kb`` tokens over the static inputs: ``hidden [kb, D]`` and, for a short bucket
+    (``backend`` unset), the logits of every row ``[kb, V]`` (rank 0's: a verify step samples every row, a
+    follow-up its last; the lm_head's weights are read once for any rows, and the step saves the row gather,
+    its index copy and the eager head); a staged graph's up to 512 rows leave them to the runner."""
 
     def __init__(self, runner, kb: int, pool, backend=None) -> None:
         self.inputs = x = _Inputs(runner, kb)
         i32 = dict(dtype=torch.int32, device=runner.device)
+        logits = backend is None and runner.tp.size == 1  # NOTE: tensor-parallel ranks form them after the replay
         if backend is None:
             backend = _FixedSplitK(kb) if isinstance(runner.backend, TritonAttention) else runner.backend
         step = StepContext(backend, runner.pools, runner.storage, x.tables, torch.tensor([0, kb], **i32),
                            x.slots, runner.scale)
-        self.forward = lambda: runner.model(x.ids, x.positions, step)
-        self.graph, self.hidden = _capture(self.forward, runner.device, pool) if pool is not None else (None, None)
 
-    def replay(self) -> torch.Tensor:
+        def forward():
+            hidden = runner.model(x.ids, x.positions, step)
+            return hidden, graph_logits(runner.model, hidden, runner.tp) if logits else None
+
+        self.forward = forward
+        self.graph, (self.hidden, self.logits) = _capture(forward, runner.device, pool) if pool is not None else (
+            None, (None, None))
+
+    def replay(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.graph is None:  # no CUDA: the same forward, eagerly
             return self.forward()
         self.graph.replay()
-        return self.hidden
+        return self.hidden, self.logits
 
 
 class ExtendGraphs:
@@ -246,9 +257,10 @@ class ExtendGraphs:
         the products, as stored): then a row computes what its decode row would, up to rounding order."""
         return self.runner.backend.decode_steps and self.reason(plans) is None
 
-    def run(self, plan: WritePlan, ids: list[int], fill_ids=None) -> torch.Tensor:
-        """Demote eagerly, stage, replay the bucket's graph: a view ``hidden [k, D]`` of its static output (valid
-        until its next replay). ``fill_ids``: writes device ids the host's do not hold (``ModelRunner._fill_ids``)."""
+    def run(self, plan: WritePlan, ids: list[int], fill_ids=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Demote eagerly, stage, replay the bucket's graph: views ``hidden [k, D]`` and ``logits [k, V]`` (``None``
+        from a staged graph and on tensor-parallel ranks after 0) of its static outputs (valid until its next
+        replay). ``fill_ids``: writes device ids the host's do not hold (``ModelRunner._fill_ids``)."""
         r = self.runner
         r.demote_all(plan.demote_src, plan.demote_dst)
         key = self._staged_key(plan)
@@ -261,7 +273,8 @@ class ExtendGraphs:
         if fill_ids is not None:  # with tensor parallelism, rank 0's ids (after the staging copy)
             fill_ids(g.inputs.ids)
         self.replays += 1
-        return g.replay()[:len(ids)]
+        hidden, logits = g.replay()
+        return hidden[:len(ids)], None if logits is None else logits[:len(ids)]
 
     def _capture_staged(self, key: tuple[int, int, int]) -> str | None:
         """Capture the staged graph of ``key`` (the oldest dropped beyond ``STAGED_GRAPHS``); ``staged_memory`` if the

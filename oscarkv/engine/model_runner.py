@@ -165,15 +165,16 @@ class ModelRunner:
         assert pending is None or cu[-1] == len(pending.rows) == len(chunks), "pending ids: one token per chunk"
         sample = [i for i, c in enumerate(chunks) if c.samples]
         hidden, logits = self.forward(plans, ids, pending)
-        if logits is not None:
-            # NOTE: views of a decode graph's outputs, valid until its next replay; the engine samples a step
-            # (or launches its device sampling) before it launches the next one
-            logits = logits if len(sample) == len(chunks) else logits.index_select(0, device_tensor(sample, self.device))
-        else:
-            # the last row of a chunk, every row of a verify chunk (speculative: its drafts are in token_ids)
-            rows = [r for i in sample for r in (range(cu[i], cu[i + 1]) if chunks[i].drafts else (cu[i + 1] - 1,))]
-            last = device_tensor(rows, self.device)  # NOTE: a host-list index would sync
-            logits = self.model.compute_logits(hidden.index_select(0, last))
+        # the last row of a chunk, every row of a verify chunk (speculative: its drafts are in token_ids)
+        rows = [r for i in sample for r in (range(cu[i], cu[i + 1]) if chunks[i].drafts else (cu[i + 1] - 1,))]
+        if logits is None:
+            logits = self.model.compute_logits(hidden.index_select(0, device_tensor(rows, self.device)))
+        elif rows and rows == list(range(rows[0], rows[-1] + 1)):
+            # NOTE: views of a graph's outputs (a row per token), valid until its next replay; the engine samples a
+            # step (or launches its device sampling) before it launches the next one
+            logits = logits[rows[0]:rows[-1] + 1]
+        else:  # NOTE: a host-list index would sync
+            logits = logits.index_select(0, device_tensor(rows, self.device))
         return RunnerOutput(logits, self._prompt_hidden(chunks, hidden, cu))
 
     @torch.inference_mode()
@@ -190,7 +191,7 @@ class ModelRunner:
         if not decode and self.extend_graphs is not None:
             why = self.extend_graphs.reason(plans)
             if why is None:
-                return self.extend_graphs.run(plans[0], ids, fill), None
+                return self.extend_graphs.run(plans[0], ids, fill)
             self.extend_graphs.fallbacks[why] += 1
         if not decode and self.piecewise is not None:
             why = self.piecewise.reason(plans)
