@@ -11,8 +11,8 @@ What is captured, per bucket ``kb`` of ``EngineConfig.extend_graph_buckets`` (la
 needs it): the model forward ``ids, positions [kb] -> hidden [kb, D]`` of an extend step (``StepContext.decode``
 off: projections, QK-norm, RoPE, the stored-domain maps, the write kernel, the query map, o_proj, MLP) whose
 attention is :func:`~oscarkv.kernels.chunk_splitk.chunk_attention` over ``cu_seqlens = [0, kb]`` at
-``max_chunk = kb``: one fixed grid. The logits are formed after the replay from the rows that sample (the
-runner's usual code): the last real row of a follow-up, every row of a verify chunk.
+``max_chunk = kb``: one fixed grid; then every row's logits (one GPU; the runner takes the rows that sample: the
+last real row of a follow-up, every row of a verify chunk).
 
 Padding rows (``k < kb``) are chunk tokens after the real ones: token 0 at position 0, written to slot 0 of the
 scratch page 0 (owned by no sequence, ``oscarkv.cache.paged_layout``). The chunk is causal, so no real row
@@ -20,7 +20,8 @@ attends to a padding row; a padding row only reads the prefix and writes the scr
 ``hidden[:k]``: nothing stored changes and it is never sampled.
 
 Numerics: the eager route's kernel at ``max_chunk = kb`` instead of ``k`` (other tile rows and split count, so
-sums in another order) and GEMMs of ``kb`` rows: graph ≡ eager up to rounding, as a decode graph's bucket.
+sums in another order) and GEMMs of ``kb`` rows (the lm_head's too): graph ≡ eager up to rounding, as a decode
+graph's bucket.
 
 Not captured (eager, before the replay): the step's demotions (``ModelRunner.demote_all``). NOTE: valid only
 because a demoted page is not one the step writes (those an eager step demotes after its forward);
