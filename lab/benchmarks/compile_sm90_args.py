@@ -16,7 +16,8 @@ from oscarkv.kernels.chunk_splitk import _chunk_kernel
 from oscarkv.kernels.chunk_splitk import _config as chunk_config
 from oscarkv.kernels.decode_int2 import _int2_decode_kernel
 from oscarkv.kernels.extend import _extend_kernel
-from oscarkv.kernels.prefill import _gather_bf16_kernel, _gather_int2_kernel, _merge_kernel
+from oscarkv.kernels.lse_merge import _merge_kernel
+from oscarkv.kernels.prefill import _gather_bf16_kernel, _gather_int2_kernel
 
 BF, F16, U8, I32, F32 = torch.bfloat16, torch.float16, torch.uint8, torch.int32, torch.float32
 H, HQ, D, P, SPLITS = 8, 32, 128, 64, 198

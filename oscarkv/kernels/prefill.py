@@ -12,7 +12,7 @@ and the products run in a tuned attention kernel:
         attention:        queries stacked per KV head, [1, H, rep·c, d] (no mask: every cached token is
                           visible to every chunk query, so the GQA group folds into the rows) → (o, lse)
     the chunk itself:     [1, Hq, c, d] over its own K/V [1, H, c, d], causal → (o, lse)
-    _merge_kernel:        out = Σ_parts exp(lse_part − lse) · o_part,   lse = logsumexp over the parts
+    lse_merge:            out = Σ_parts exp(lse_part − lse) · o_part,   lse = logsumexp over the parts
                           (one fp32 pass; the parts are read in their own layouts)
 
 On CUDA the attention is cuDNN's fused kernel through ``aten._scaled_dot_product_cudnn_attention``
@@ -29,8 +29,6 @@ as stored, the chunk at full precision rounded to bf16 for the products, as the 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -41,6 +39,7 @@ from oscarkv.cache.paged_layout import LayerKV, PageTables
 from oscarkv.kernels.decode import uses_raw_int2
 from oscarkv.kernels.decode_int2 import _slices
 from oscarkv.kernels.extend import _dequant
+from oscarkv.kernels.lse_merge import headed, merge, stacked
 from oscarkv.kernels.pools import format_args, history_arg, window_arg
 
 SEGMENT_BYTES = 512 << 20
@@ -195,14 +194,14 @@ KEY_BUCKETS_PER_OCTAVE = 8
 """cuDNN builds a graph for every new shape (~40 ms on an H200, ``lab.scripts.sdpa_shapes``): a first cold 32K
 prompt took 5.5 s and the next 1.7 s, every follow-up at a new length paid one or two builds. Its prefix keys are
 padded to one of this many lengths per octave (at most 1/8 more keys) with zero keys and values, whose weight the
-merge then sheds from the log-sum-exp (``_Part.pad``, :func:`_merge_kernel`)."""
+merge then sheds from the log-sum-exp (:mod:`oscarkv.kernels.lse_merge`)."""
 
 
 KEY_SPANS: int | None = None
 """Spans the prefix call cuts its keys into (``None``: :func:`key_spans` on CUDA, one elsewhere; the tests force it).
 One call runs one CTA per 128 stacked rows and KV head: 64 new tokens at GQA 4 over 100K keys fill 16 of an H200's
 132 SMs. The spans are the call's batch (strided views of the workspace; the queries repeated), each with its own
-``(o, lse)``, merged by :func:`_merge_kernel` with the other parts (one H200, 2026-11-29, ``python -m
+``(o, lse)``, merged by :mod:`oscarkv.kernels.lse_merge` with the other parts (one H200, 2026-11-29, ``python -m
 lab.scripts.ksplit_sdpa``, ``lab/bench_gpu/2026-11-28/s20_call5_h200``, 8 KV heads, ms: 256 rows over 100K keys
 cuDNN 1.38 → 0.29 at 16 spans, FlashAttention 0.42-0.50 at any count; 1024 rows 1.35 → 0.83 at 4; 2048 rows 1.44
 at 1 (the FLOPs 1.26); over 32K, 256 rows 0.42 → 0.12 at 8)."""
@@ -256,9 +255,9 @@ def _cuda_shapes(q: torch.Tensor) -> bool:
 def _prefix_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                 spans: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Stacked queries ``q [1, H, R, d]`` over ``k/v [1, H, n, d]`` → ``(o, lse)``, ``R`` rows (zero keys padding
-    ``k`` count in ``lse``: the merge sheds them, ``_Part.pad``); ``spans > 1``: the keys cut into that many equal
-    spans (``KEY_SPANS``), ``o [spans, H, R, d]``, ``lse [spans, H, R]``, one per span. On CUDA: up to
-    ``FLASH_ROWS`` rows in one span FlashAttention-2, else cuDNN over rows padded to ``ROW_STEP``."""
+    ``k`` count in ``lse``: the merge sheds them); ``spans > 1``: the keys cut into that many equal spans
+    (``KEY_SPANS``), ``o [spans, H, R, d]``, ``lse [spans, H, R]``, one per span. On CUDA: up to ``FLASH_ROWS`` rows
+    in one span FlashAttention-2, else cuDNN over rows padded to ``ROW_STEP``."""
     rows, cuda = q.shape[2], _cuda_shapes(q)
     if spans == 1 and cuda and rows <= FLASH_ROWS and q.is_cuda:
         o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)[:2]
@@ -350,7 +349,7 @@ def _segment_tokens(h: int, d: int, p: int) -> int:
 
 
 def _prefix(qs: torch.Tensor, c: int, kv: LayerKV, tables: PageTables, b: int, lens: tuple[int, int], scale: float,
-            seg: int) -> list[_Part]:
+            seg: int) -> list:
     """Parts of the chunk's ``c`` tokens, queries stacked per KV head (``qs [1, H, rep·c, d]``), over sequence
     ``b``'s cached tokens, ``seg`` at a time: BF16 tokens first, then INT2 ones, staged into one workspace per
     segment."""
@@ -369,107 +368,8 @@ def _prefix(qs: torch.Tensor, c: int, kv: LayerKV, tables: PageTables, b: int, l
             v[:, :, s1 - s0:] = 0
         _gather(kv, tables.bf16_table[b], False, s0, min(s1, nb) - s0, k, v, 0)
         _gather(kv, tables.int2_table[b], True, max(s0, nb) - nb, s1 - max(s0, nb), k, v, max(0, nb - s0))
-        parts.append(_stacked(*_prefix_lse(qs, k, v, scale, spans), rep, c, n - (s1 - s0)))  # [S, H, rep·c, d], [S, H, rep·c]
+        parts.append(stacked(*_prefix_lse(qs, k, v, scale, spans), rep, c, n - (s1 - s0)))  # [S, H, rep·c, d], [S, H, rep·c]
     return parts
-
-
-@dataclass(frozen=True)
-class _Part:
-    """Attention of the chunk's queries over one set of keys: ``o`` and natural-log ``lse`` with the element
-    of (span s, token t, query head ``h · rep + r``) at ``s·ss + t·st + h·sh + r·sr`` (``o``: times channels,
-    contiguous); the part is the log-sum-exp merge of its ``spans``."""
-
-    o: torch.Tensor
-    lse: torch.Tensor
-    o_strides: tuple[int, int, int]
-    lse_strides: tuple[int, int, int]
-    pad: int = 0
-    """Zero keys (value zero) among the keys: each scored exactly 0, so each added 1 to ``Σ e^s`` in ``lse`` and
-    nothing to ``o``'s numerator; the merge takes them out of the denominator. Exact but for the fp32 rounding of
-    ``lse``: relative ``~1e-7 · (1 + pad / Σ_real e^s)``, small unless every real score of a row is below ``−13``."""
-    spans: int = 1
-    span_strides: tuple[int, int] = (0, 0)
-    """``o``'s and ``lse``'s strides between spans."""
-
-    def arg(self) -> tuple:
-        """What :func:`_merge_kernel` reads of the part."""
-        return (self.o, self.lse, *self.o_strides, *self.lse_strides, self.spans, *self.span_strides, float(self.pad))
-
-
-def _stacked(o: torch.Tensor, lse: torch.Tensor, rep: int, c: int, pad: int = 0) -> _Part:
-    """A part from stacked queries: ``o [S, H, rep·c, d]``, ``lse [S, H, rep·c]`` (row ``r·c + t``; ``S`` spans);
-    ``pad`` zero keys."""
-    return _Part(o, lse, (o.stride(2), o.stride(1), c * o.stride(2)), (lse.stride(2), lse.stride(1), c * lse.stride(2)),
-                 pad, o.shape[0], (o.stride(0), lse.stride(0)))
-
-
-def _headed(o: torch.Tensor, lse: torch.Tensor, rep: int) -> _Part:
-    """A part over query heads: ``o [1, Hq, c, d]``, ``lse [1, Hq, c]``."""
-    return _Part(o, lse, (o.stride(2), rep * o.stride(1), o.stride(1)), (lse.stride(2), rep * lse.stride(1), lse.stride(1)))
-
-
-@triton.jit
-def _part_max(part, h, r, t, ok, m):
-    """``m`` raised to the largest ``lse`` of ``part``'s spans (rows ``t`` of query head ``h · REP + r``)."""
-    O, L, o_t, o_h, o_r, l_t, l_h, l_r, spans, o_s, l_s, pad = part
-    for s in range(spans):
-        m = tl.maximum(m, tl.load(L + s * l_s + h * l_h + r * l_r + t * l_t, mask=ok, other=float("-inf")).to(tl.float32))
-    return m
-
-
-@triton.jit
-def _part_sum(part, h, r, t, ok, cols, m, num, den):
-    """``num += Σ_spans e^(lse − m) o``, ``den += Σ_spans e^(lse − m) − pad e^(−m)`` over ``part``'s spans."""
-    O, L, o_t, o_h, o_r, l_t, l_h, l_r, spans, o_s, l_s, pad = part
-    for s in range(spans):
-        w = tl.exp(tl.load(L + s * l_s + h * l_h + r * l_r + t * l_t, mask=ok, other=0.0).to(tl.float32) - m)
-        o = tl.load(O + (s * o_s + h * o_h + r * o_r + t * o_t)[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
-        num += o.to(tl.float32) * w[:, None]
-        den += w
-    return num, den - pad * tl.exp(-m)
-
-
-@triton.jit
-def _merge_kernel(A, B, Out, Lout, c, so_t, so_h, so_r,
-                  REP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_LSE: tl.constexpr):
-    """``out = Σ e^(l − m) o / (Σ e^(l − m) − pad e^(−m))`` over the spans of parts ``A`` and ``B``
-    (:meth:`_Part.arg`) for BLOCK_T tokens of query head ``program_id(1)``, fp32, and the merged ``lse``
-    (``WRITE_LSE``: more parts follow): a part's ``pad`` zero keys (``_Part.pad``) leave its numerator and its real
-    keys' weight."""
-    hq = tl.program_id(1)
-    h, r = hq // REP, hq % REP
-    t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
-    ok = t < c
-    cols = tl.arange(0, D)
-    m = _part_max(B, h, r, t, ok, _part_max(A, h, r, t, ok, tl.full([BLOCK_T], float("-inf"), tl.float32)))
-    m = tl.where(m == float("-inf"), 0.0, m)
-    num, den = _part_sum(A, h, r, t, ok, cols, m, tl.zeros([BLOCK_T, D], tl.float32), tl.zeros([BLOCK_T], tl.float32))
-    num, den = _part_sum(B, h, r, t, ok, cols, m, num, den)
-    den = tl.where(ok, den, 1.0)  # rows past c: nothing to shed
-    tl.store(Out + (h * so_h + r * so_r + t * so_t)[:, None] + cols[None, :], num / den[:, None], mask=ok[:, None])
-    if WRITE_LSE:
-        tl.store(Lout + hq * c + t, m + tl.log(den), mask=ok)
-
-
-def _merge(parts: list[_Part], c: int, hq: int, rep: int) -> torch.Tensor:
-    """``Σ exp(lse_i − lse) o_i`` over the parts (and their spans) → fp32 ``[c, Hq, d]``: pairwise, one pass per
-    extra part."""
-    d = parts[0].o.shape[-1]
-    out = torch.empty(c, hq, d, dtype=torch.float32, device=parts[0].o.device)
-    o_strides = (hq * d, rep * d, d)
-    if len(parts) == 1:  # no cached prefix: a strided copy
-        p = parts[0]
-        out.copy_(p.o[0].transpose(0, 1))
-        return out
-    acc = parts[0]
-    for i, p in enumerate(parts[1:]):
-        last = i == len(parts) - 2
-        lse = None if last else torch.empty(hq, c, dtype=torch.float32, device=out.device)
-        _merge_kernel[(triton.cdiv(c, 32), hq)](acc.arg(), p.arg(), out, lse if lse is not None else out, c,
-                                                *o_strides, REP=rep, D=d, BLOCK_T=32, WRITE_LSE=not last)
-        if not last:
-            acc = _Part(out.clone(), lse, o_strides, (1, rep * c, c))
-    return out
 
 
 def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: LayerKV, tables: PageTables,
@@ -488,9 +388,9 @@ def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
             parts += _prefix(qc.view(1, h, hq // h * c, d), c, kv, tables, b, lens, scale, segment or _segment_tokens(h, d, p))
     with _range("prefill.chunk"):
         kc, vc = (_bf16_layout(x, (1, 0, 2))[None] for x in (k_new, v_new))  # [1, H, c, d]
-        parts.append(_headed(*_causal_lse(qc, kc, vc, scale), hq // h))
+        parts.append(headed(*_causal_lse(qc, kc, vc, scale), hq // h))
     with _range("prefill.merge"):
-        return _merge(parts, c, hq, hq // h)
+        return merge(parts, c, hq, hq // h)
 
 
 def _range(name: str):

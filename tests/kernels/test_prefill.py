@@ -133,9 +133,11 @@ def test_the_merge_sheds_zero_key_padding():
     q = torch.randn(1, 2, 5, 8, generator=g)
     k1, v1, k2, v2 = (torch.randn(1, 2, n, 8, generator=g) for n in (40, 40, 7, 7))
     zeros = torch.zeros(1, 2, 24, 8)
-    a = prefill._headed(*prefill._attend_lse(q, torch.cat([k1, zeros], 2), torch.cat([v1, zeros], 2), False, 0.3), 1)
-    b = prefill._headed(*prefill._attend_lse(q, k2, v2, False, 0.3), 1)
-    got = prefill._merge([prefill._Part(a.o, a.lse, a.o_strides, a.lse_strides, 24), b], 5, 2, 1)
+    from oscarkv.kernels import lse_merge
+
+    a = lse_merge.headed(*prefill._attend_lse(q, torch.cat([k1, zeros], 2), torch.cat([v1, zeros], 2), False, 0.3), 1)
+    b = lse_merge.headed(*prefill._attend_lse(q, k2, v2, False, 0.3), 1)
+    got = lse_merge.merge([lse_merge._Part(a.o, a.lse, a.o_strides, a.lse_strides, 24), b], 5, 2, 1)
     want, _ = prefill._attend_lse(q, torch.cat([k1, k2], 2), torch.cat([v1, v2], 2), False, 0.3)
     torch.testing.assert_close(got, want[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
 
