@@ -110,3 +110,31 @@ def test_repeated_followups_through_staged_graphs_gpu(model, method):
     g = engine.runner.extend_graphs
     assert len(g.staged) == 1 and g.fallbacks["staged_first"] == 1 and g.replays == 2, g.fallbacks
     _compare_prefix(*outs, 0.1)
+
+
+def test_int2_chunks_upgrade_to_staged_graphs_gpu():
+    """Follow-ups of 40 tokens over a 16K-token OSCAR document (INT2 history past 16K: split-K takes chunks up to 64
+    tokens, in a short bucket's graph): the first replays that graph, the second captures the staged graph, the
+    third replays it; tokens are the eager engine's up to a near-tie."""
+    torch.manual_seed(1)
+    m = AutoModelForCausalLM.from_config(tiny_config(head_dim=64, max_position_embeddings=32768)).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.15)
+    m = m.to("cuda", torch.bfloat16)
+    kv = KVConfig("oscar", group_size=64, sink=16, recent=128, page_size=16)  # NOTE: 40 tokens demote none they write
+    doc = prompts(1, 342 * 48, seed=6)[0]  # NOTE: whole chunks of 48: a follow-up hits all of it
+    asks = [doc + prompts(1, 40, seed=30 + i)[0] for i in range(3)]
+    outs = []
+    for extend in (False, True):
+        cfg = engine_config("oscar", kv=kv, kv_memory_bytes=1 << 26, prefill_chunk=48,
+                            extend_graph_buckets=(2, 4, 8, 16, 32, 64) if extend else (), piecewise_graph_buckets=())
+        engine = LLMEngine.from_hf(m, cfg, random_artifact(m.config))
+        if extend:
+            engine.runner.extend_graphs.staged_buckets = (64,)
+        run(engine, [doc], SamplingParams(max_tokens=1, ignore_eos=True))
+        outs.append([run(engine, [a], FOLLOW)[0] for a in asks])
+    g = engine.runner.extend_graphs
+    assert len(g.staged) == 1 and 64 in g.graphs and not g.fallbacks["staged_first"], g.fallbacks
+    _compare_prefix(*outs, 0.1)
