@@ -21,15 +21,20 @@ DOC = 1104  # 69 pages, 23 chunks of 48
 FOLLOW = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=True)
 
 
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    m = AutoModelForCausalLM.from_config(tiny_config(head_dim=64, max_position_embeddings=4096)).eval()
+def _tiny(seed: int, positions: int):
+    """The tiny model (head_dim 64) with peaky random weights, bf16 on the GPU."""
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_config(tiny_config(head_dim=64, max_position_embeddings=positions)).eval()
     with torch.no_grad():
         for name, p in m.named_parameters():
             if "norm" not in name:
                 p.normal_(0, 0.15)
     return m.to("cuda", torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _tiny(0, 4096)
 
 
 def _engine(model, method, extend: bool, **kw) -> LLMEngine:
@@ -116,13 +121,7 @@ def test_int2_chunks_upgrade_to_staged_graphs_gpu():
     """Follow-ups of 40 tokens over a 16K-token OSCAR document (INT2 history past 16K: split-K takes chunks up to 64
     tokens, in a short bucket's graph): the first replays that graph, the second captures the staged graph, the
     third replays it; tokens are the eager engine's up to a near-tie."""
-    torch.manual_seed(1)
-    m = AutoModelForCausalLM.from_config(tiny_config(head_dim=64, max_position_embeddings=32768)).eval()
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if "norm" not in name:
-                p.normal_(0, 0.15)
-    m = m.to("cuda", torch.bfloat16)
+    m = _tiny(1, 32768)
     kv = KVConfig("oscar", group_size=64, sink=16, recent=128, page_size=16)  # NOTE: 40 tokens demote none they write
     doc = prompts(1, 342 * 48, seed=6)[0]  # NOTE: whole chunks of 48: a follow-up hits all of it
     asks = [doc + prompts(1, 40, seed=30 + i)[0] for i in range(3)]
