@@ -221,5 +221,13 @@ xtests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/eng
 #      FSERVED_REPEATS=3 fserved (a third question on one cached document replays its staged graph)
 sgtests() { timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_extend_graphs_gpu.py \
   tests/engine/test_speculative_gpu.py > "$OUT/sgtests.log" 2>&1; echo "== sgtests: exit $?"; tail -n 4 "$OUT/sgtests.log"; }
+#   (twenty-first session) chat: lab.scripts.chat_followup (chat follow-ups sent as text, TokenMemo on and off;
+#      carry .tok: the default model's tokenizer, save_pretrained); fold: fserved at 7920aed (before HeldIds and the
+#      hit's page loops; carry ab_old: `git archive 7920aed oscarkv | tar -x -C ab_old`), run from ab_old
+chat() { timeout 400 python3 -m lab.scripts.chat_followup --tokenizer .tok --out "$OUT/chat" > "$OUT/chat.log" 2>&1
+  echo "== chat: exit $?"; grep "^|" "$OUT/chat.log"; }
+fold() { (cd ab_old && timeout 300 python3 -m oscarkv.cli bench followup --shapes qwen3-4b --contexts 32768,102400 \
+  --new-tokens ${FSERVED_KS:-1,8,64,512} --methods bf16,oscar --prefill-chunk 512 --resume-turns --repeats 3 \
+  --out "$OUT/fold.json" > "$OUT/fold.log" 2>&1); echo "== fold: exit $?"; grep "^|" "$OUT/fold.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done

@@ -123,13 +123,13 @@ def build_engine(model: PagedLM, method: str | KVConfig, kv_bytes: int, max_num_
     return bench_engine(model, cfg, random_artifact(model.config) if kv.method == "oscar" else None)
 
 
-def bench_engine(model: PagedLM, cfg: EngineConfig, artifact: Artifact | None = None) -> LLMEngine:
+def bench_engine(model: PagedLM, cfg: EngineConfig, artifact: Artifact | None = None, tokenizer=None) -> LLMEngine:
     """An engine for ``cfg`` whose runner is a :class:`BenchRunner` (tensor-parallel ranks on the GPUs if
-    there are any, else on the CPU)."""
+    there are any, else on the CPU); ``tokenizer``: for text prompts (any whose ids fit the model's vocabulary)."""
     tp = cfg.tensor_parallel_size > 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if tp else None
     runner, codec = build_runner_and_codec(model, cfg, artifact, device=device)
-    return LLMEngine(BenchRunner(runner), codec, cfg, eos_token_ids=eos_ids(model.config, None))
+    return LLMEngine(BenchRunner(runner), codec, cfg, tokenizer, eos_ids(model.config, None))
 
 
 def random_artifact(config, seed: int = 0) -> Artifact:

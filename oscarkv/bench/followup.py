@@ -48,16 +48,16 @@ from oscarkv.models.llama import PagedLM
 
 
 def followup_engine(model: PagedLM, method: str, kv_bytes: int, max_new: int, chunk: int = 0,
-                    pieces: tuple[int, ...] = ()) -> LLMEngine:
+                    pieces: tuple[int, ...] = (), tokenizer=None) -> LLMEngine:
     """An engine with prefix caching whose prefill chunk is ``chunk`` tokens, or (0) holds ``max_new`` tokens
-    (one chunk per follow-up); ``pieces``: its ``piecewise_graph_buckets``."""
+    (one chunk per follow-up); ``pieces``: its ``piecewise_graph_buckets``; ``tokenizer``: for text prompts."""
     page = KVConfig(method).page_size
     chunk = chunk or -(-max_new // page) * page
     cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=1,
                        max_num_batched_tokens=chunk + 1, prefill_chunk=chunk, enable_prefix_caching=True,
                        piecewise_graph_buckets=pieces)
     art = e2e.random_artifact(model.config) if method == "oscar" else None
-    return e2e.bench_engine(model, cfg, art)
+    return e2e.bench_engine(model, cfg, art, tokenizer)
 
 
 def _ids(engine: LLMEngine, n: int, seed: int) -> list[int]:

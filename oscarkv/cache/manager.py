@@ -31,6 +31,7 @@ layers' bounded BF16 windows are the manager's :class:`~oscarkv.cache.window.Win
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Protocol
@@ -339,10 +340,10 @@ class KVCacheManager:
 
     def _adopt(self, seq: CachedSequence, keys: list[bytes], tiers: tuple[int, int]) -> None:
         """Take the cached pages of ``keys`` (all held): ``[0, s)`` sink, ``[s, r)`` history, the rest recent."""
-        s, (a, b), bf16 = seq.kv, tiers, self.bf16.lookup
-        s.sink = [bf16(k) for k in keys[:a]]
-        s.history = [self.int2.lookup(k) for k in keys[a:b]] if b > a else []
-        s.recent = [bf16(k) for k in keys[b:]]
+        s, (a, b) = seq.kv, tiers
+        s.sink = self.bf16.lookup_all(keys[:a])
+        s.history = self.int2.lookup_all(keys[a:b]) if b > a else []
+        s.recent = self.bf16.lookup_all(keys[b:])
         t = len(keys) * self.P
         if self.window:
             self.window.adopt(s.window, t, lambda i: keys[i])
@@ -360,4 +361,4 @@ def _misses(pool: PagePool | None, keys: list[bytes]) -> list[int]:
     """``m[i]``: how many of ``keys[:i]`` ``pool`` does not hold (``m[0] = 0``; all missing without a pool)."""
     if pool is None:
         return list(range(len(keys) + 1))
-    return [0, *accumulate(not pool.peek(k) for k in keys)]
+    return [0, *accumulate(map(operator.not_, pool.holds(keys)))]

@@ -44,6 +44,7 @@ from oscarkv.attention.step import AttentionBackend
 from oscarkv.engine.admission import Admission, ValidRequest, turn_marker
 from oscarkv.engine.assembly import build_runner_and_codec, eos_ids
 from oscarkv.engine.detokenizer import Detokenizer, IncrementalText
+from oscarkv.engine.token_memo import TokenMemo
 from oscarkv.engine.model_runner import PendingIds, RunnerOutput
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.engine.runner import Runner
@@ -77,6 +78,7 @@ class LLMEngine:
                  eos_token_ids: tuple[int, ...] = ()) -> None:
         self.runner, self.codec, self.cfg, self.tokenizer = runner, codec, cfg, tokenizer
         self.detokenizer = Detokenizer(tokenizer) if tokenizer is not None else None
+        self.tokens = TokenMemo(tokenizer) if tokenizer is not None else None  # text prompts' ids (follow-up turns)
         geo = runner.pools.geo
         window = WindowCache(codec.sliding, cfg.kv.page_size, PagePool(geo.window_pages)) if codec.sliding else None
         self.manager = KVCacheManager(cfg.kv, PagePool(geo.bf16_pages),
@@ -183,7 +185,7 @@ class LLMEngine:
         """Tokenize a text prompt and check the request (:class:`~oscarkv.engine.admission.Admission`): the
         :class:`ValidRequest` that :meth:`add` queues, or ``ValueError`` naming the numbers. Safe from another
         thread than the one that steps the engine (a server validates before its response starts)."""
-        ids = self.tokenizer(prompt).input_ids if isinstance(prompt, str) else prompt
+        ids = self.tokens.encode(prompt) if isinstance(prompt, str) else prompt
         return self.admission.validate(request_id, ids, params, chunk_ends, resume)
 
     def add(self, request: ValidRequest) -> None:

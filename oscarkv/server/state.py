@@ -36,6 +36,7 @@ from oscarkv.engine.admission import ValidRequest
 from oscarkv.engine.async_engine import AsyncEngine, RequestFailed
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
+from oscarkv.engine.token_memo import TokenMemo
 from oscarkv.server import protocol as P
 from oscarkv.config import ServerConfig
 from oscarkv.server.metrics import ServerMetrics
@@ -51,13 +52,21 @@ class ServedModel:
     vocab_size: int
     max_token_chars: int = 0
     """Most characters of text one token covers (:func:`longest_token_chars`); 0: unknown."""
+    tokens: TokenMemo | None = None
+    """The engine's :class:`~oscarkv.engine.token_memo.TokenMemo` (a chat's follow-up encodes only its new turns)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self.tokens is not None and self.tokens.tokenizer is self.tokenizer:
+            return self.tokens.encode(text, add_special_tokens)
+        return (self.tokenizer(text) if add_special_tokens else self.tokenizer(text, add_special_tokens=False)).input_ids
 
 
 def served_model(engine: LLMEngine, hf_config, tokenizer, name: str, cfg: ServerConfig) -> ServedModel:
     """Resolve the context limit: ``cfg.max_model_len`` or the model's positions, never beyond the pools."""
     limit = min(engine.max_pool_tokens, getattr(hf_config, "max_position_embeddings", None) or 1 << 62)
+    memo = engine.tokens if engine.tokenizer is tokenizer else None
     return ServedModel(name, tokenizer, min(cfg.max_model_len or limit, limit), hf_config.vocab_size,
-                       longest_token_chars(tokenizer))
+                       longest_token_chars(tokenizer), memo)
 
 
 def longest_token_chars(tokenizer) -> int:
@@ -156,7 +165,7 @@ class Server:
         prompt = req.single_prompt()
         if isinstance(prompt, str):
             self.check_chars(len(prompt))
-            return await asyncio.to_thread(lambda: self.model.tokenizer(prompt).input_ids) if prompt else []
+            return await asyncio.to_thread(self.model.encode, prompt) if prompt else []
         if not all(0 <= t < self.model.vocab_size for t in prompt):
             raise P.RequestError(f"prompt token ids must lie in [0, {self.model.vocab_size})", param="prompt")
         return list(prompt)
@@ -175,7 +184,7 @@ class Server:
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # a template may raise on message orders it does not accept (jinja2 errors)
             raise P.RequestError(f"the chat template rejected the messages: {e}", param="messages") from e
-        return tok(text, add_special_tokens=False).input_ids
+        return self.model.encode(text, add_special_tokens=False)
 
     # ------------------------------------------------------------------------- generation
     async def generate(self, prep: Prepared, endpoint: str) -> AsyncIterator[RequestOutput]:

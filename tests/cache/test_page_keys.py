@@ -192,3 +192,21 @@ def test_key_memo_from_several_threads():
         for got, want in pool.map(keys, prompts * 4):
             assert got == want
     assert len(memo._held) <= 3
+
+
+def test_held_ids_give_each_prompt_as_int32():
+    """``HeldIds`` (the admission's int32 prompts): each prompt's array equals a fresh conversion — follow-ups built
+    on a held prompt's list (the same ints), equal values in new objects, a changed token inside, a prefix of a held
+    prompt, interleaved conversations; what the caller does to its list afterwards changes nothing held."""
+    from oscarkv.engine.admission import HeldIds
+
+    rng, held = random.Random(3), HeldIds(size=2)
+    doc = [rng.randrange(70000) for _ in range(300)]
+    other = [rng.randrange(70000) for _ in range(50)]
+    turn = doc + [5, 6]
+    prompts = [doc, turn, [int(str(t)) for t in turn] + [7], turn[:100] + [1] + turn[101:], other, turn + [8], doc[:10]]
+    for p in prompts:
+        got = held.int32(tuple(p))
+        assert got.dtype == np.int32 and got.tolist() == p
+        p.append(99)  # the caller's list, reused: the held tuple does not see it
+    assert len(held._held) == 2 and held.int32(tuple(turn[:-1])).tolist() == turn[:-1]

@@ -249,3 +249,21 @@ def test_pages_needed_steps_vectorized_equal_one_by_one(method, sink_pages, rece
     t0 = np.array(sched.starts() + list(range(sched.prompt_len, sched.prompt_len + gen)), dtype=np.int64)
     t1 = sched.ends(t0)
     assert mgr._bf16_pages_in_steps(t0, t1).tolist() == [_one_step(mgr, a, b) for a, b in zip(t0.tolist(), t1.tolist())]
+
+
+@given(st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True), st.lists(st.integers(0, 7), max_size=8))
+def test_lookup_all_is_lookup_of_each(keys, used):
+    """``lookup_all`` (the prefix hit's loop) leaves two pools in the same state as ``lookup`` key by key: the same
+    pages, references and eviction order (cached pages revived, used ones shared)."""
+    pools = [PagePool(10), PagePool(10)]
+    for pool in pools:
+        for k in range(8):
+            page = pool.allocate()
+            pool.register(page, bytes([k]))
+            if k not in used:
+                pool.release(page)
+    assert pools[0].lookup_all([bytes([k]) for k in keys]) == [pools[1].lookup(bytes([k])) for k in keys]
+    for pool in pools:
+        pool.check()
+    assert [pools[0].ref(p) for p in range(10)] == [pools[1].ref(p) for p in range(10)]
+    assert list(pools[0]._evictable) == list(pools[1]._evictable)

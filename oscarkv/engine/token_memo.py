@@ -1,0 +1,139 @@
+"""Token ids of a text that repeats an earlier one: a chat's follow-up turn encodes only what is new.
+
+Role: the text → token ids step of :meth:`LLMEngine.validate <oscarkv.engine.engine.LLMEngine.validate>` and of the
+server's completions and chat endpoints. A client of a chat API sends the whole conversation every turn: over a
+cached 100K-token document, tokenizing it again took ~190 ms a turn on a CPU core (the default model's tokenizer,
+126K tokens), where the engine's first step takes 6-30 ms.
+
+Why a cut is exact: a fast (Rust) tokenizer splits its input at every added token (``<|im_start|>``,
+``<|start_header_id|>``, … — what chat templates mark turns with) before it normalizes, pre-tokenizes and runs its
+model on each piece between them, so the tokens before an added token depend on nothing after it. A new text that
+repeats a held text up to and past such a token (by the longest added token's length: the leftmost-longest match
+there is then decided the same way) takes the held ids before that token and encodes the rest alone, with no special
+tokens of its own (the held ids have any the tokenizer puts first). :class:`TokenMemo` cuts only where a tokenizer
+passes a probe of exactly that (:func:`cuts_exactly`), and where its special tokens go only in front.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+MIN_CHARS = 4096
+"""Texts shorter than this are encoded whole (a cut saves nothing worth the bookkeeping)."""
+
+
+@dataclass(frozen=True)
+class _Held:
+    text: str
+    ids: list[int]
+    cuts: tuple[tuple[int, int], ...]
+    """``(char, token)`` for each added token of ``ids`` (a token that encodes text): where a later text may cut."""
+
+
+class TokenMemo:
+    """``encode(text)`` as ``tokenizer(text).input_ids``, reusing the ids of the last ``size`` texts encoded (per
+    ``add_special_tokens``) up to their last added token that a new text repeats (module docstring). Thread-safe
+    (a server tokenizes on worker threads); ``reused``: tokens taken from held texts instead of encoded."""
+
+    def __init__(self, tokenizer, size: int = 4) -> None:
+        self.tokenizer, self.size = tokenizer, size
+        added = _raw_added(tokenizer)
+        self.added_ids = frozenset(added.values())
+        self.reach = max(map(len, added), default=0) + 1  # the longest added token and one more character
+        self._held: dict[bool, list[_Held]] = {True: [], False: []}
+        self._lock = threading.Lock()
+        self.reused = 0
+        self.enabled = bool(self.added_ids) and cuts_exactly(self)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The token ids of ``text`` (exactly ``tokenizer(text, add_special_tokens=...).input_ids``)."""
+        if not self.enabled or len(text) < MIN_CHARS or (add_special_tokens and not self._front_only()):
+            return (self.tokenizer(text) if add_special_tokens else self.tokenizer(text, add_special_tokens=False)).input_ids
+        with self._lock:
+            held = list(self._held[add_special_tokens])
+        cut = max((c for h in held for c in [_cut(h, text, self.reach)] if c), default=None, key=lambda c: c[1])
+        entry = self._extend(text, *cut) if cut else self._whole(text, add_special_tokens)
+        with self._lock:
+            kept = [h for h in self._held[add_special_tokens] if not text.startswith(h.text)]
+            self._held[add_special_tokens] = kept[max(0, len(kept) - self.size + 1):] + [entry]
+            self.reused += cut[1] if cut else 0
+        return list(entry.ids)
+
+    def _whole(self, text: str, add_special_tokens: bool) -> _Held:
+        enc = self.tokenizer(text, add_special_tokens=add_special_tokens)
+        return _Held(text, enc.input_ids, self._cuts(enc, 0, 0))
+
+    def _extend(self, text: str, held: _Held, j: int, p: int) -> _Held:
+        """``held``'s ids before its token ``j`` (at character ``p``), then ``text[p:]`` encoded alone."""
+        enc = self.tokenizer(text[p:], add_special_tokens=False)
+        cuts = tuple(c for c in held.cuts if c[1] < j) + self._cuts(enc, p, j)
+        return _Held(text, held.ids[:j] + enc.input_ids, cuts)
+
+    def _cuts(self, enc, char0: int, token0: int) -> tuple[tuple[int, int], ...]:
+        out = []
+        for k, t in enumerate(enc.input_ids):
+            if t in self.added_ids and (span := enc.token_to_chars(k)) is not None:
+                out.append((char0 + span.start, token0 + k))
+        return tuple(out)
+
+    def _front_only(self) -> bool:
+        """Whether the tokenizer's own special tokens (``add_special_tokens``) all go before the text's."""
+        if not hasattr(self, "_front"):
+            bare = self.tokenizer("a b", add_special_tokens=False).input_ids
+            full = self.tokenizer("a b", add_special_tokens=True).input_ids
+            self._front = full[len(full) - len(bare):] == bare
+        return self._front
+
+
+def _raw_added(tokenizer) -> dict[str, int]:
+    """The added tokens a fast tokenizer matches in the raw text, before normalizing (``normalized=False``): the
+    splits a cut may use (a normalized one is matched inside pieces that a normalizer may prefix)."""
+    if not getattr(tokenizer, "is_fast", False):
+        return {}
+    return {t.content: i for i, t in tokenizer.added_tokens_decoder.items() if not getattr(t, "normalized", True)}
+
+
+def _cut(held: _Held, text: str, reach: int) -> tuple[_Held, int, int] | None:
+    """``(held, token, char)``: the last added token of ``held`` that ``text`` repeats, with ``reach`` characters
+    after it; ``None`` if none."""
+    same = common_prefix(held.text, text)
+    for p, j in reversed(held.cuts):
+        if p + reach <= same and j > 0:
+            return held, j, p
+    return None
+
+
+def common_prefix(a: str, b: str, block: int = 8192) -> int:
+    """How many leading characters ``a`` and ``b`` share (block by block, then by halves: C speed)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo = 0
+    while a[lo:lo + block] == b[lo:lo + block]:
+        lo += block
+    hi = min(lo + block, n)  # a[:lo] equal; they differ before hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[lo:mid] == b[lo:mid] else (lo, mid)
+    return lo
+
+
+_PROBE = ("The first turn names a town; the harbour of Aberdour lies east. ", " and a second line, with 3 numbers: 1, 22, 333.\n")
+
+
+def cuts_exactly(memo: TokenMemo) -> bool:
+    """Whether cutting at added tokens gives ``memo.tokenizer``'s own ids on probe texts: each added token (the chat
+    template's first) after plain text, a space and a newline, the texts differing three characters after it
+    (``False``: encode whole texts); with the tokenizer's special tokens too where they all go in front."""
+    tok = memo.tokenizer
+    names = sorted(_raw_added(tok), key=lambda n: (n not in (getattr(tok, "chat_template", None) or ""), n))
+    for name in names[:24]:
+        for glue, special in ((g, s) for g in ("", " ", "\n") for s in (False, True) if not s or memo._front_only()):
+            head = _PROBE[0] * 2 + glue + name
+            held = memo._whole(head + _PROBE[1], special)
+            text = head + _PROBE[1][:3] + name + _PROBE[0]
+            cut = next(((j, p) for p, j in reversed(held.cuts) if j > 0 and p + len(name) < len(head) + 3), None)
+            if cut is not None and memo._extend(text, held, *cut).ids != tok(text, add_special_tokens=special).input_ids:
+                return False
+    return True
