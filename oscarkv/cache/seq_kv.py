@@ -161,9 +161,11 @@ class KeyMemo:
         with self._lock:
             held = list(self._held)
         best, same = None, 0
-        for entry in held:
+        for entry in reversed(held):  # NOTE: the newest first; one that holds half the records will do
             if (m := _same_rows(entry, records, salt)) > same:
                 best, same = entry, m
+                if 2 * same >= len(records):
+                    break
         keys = best[2][:same] if best is not None else []
         keys += chain_keys(keys[-1] if keys else b"", records[same:], salt)
         if same == len(records):  # a prefix of a held prompt: nothing new to hold

@@ -52,7 +52,12 @@ class TokenMemo:
             return (self.tokenizer(text) if add_special_tokens else self.tokenizer(text, add_special_tokens=False)).input_ids
         with self._lock:
             held = list(self._held[add_special_tokens])
-        cut = max((c for h in held for c in [_cut(h, text, self.reach)] if c), default=None, key=lambda c: c[1])
+        cut = None
+        for h in reversed(held):  # NOTE: the newest first; a cut past half the text will do
+            if (c := _cut(h, text, self.reach)) and (cut is None or c[1] > cut[1]):
+                cut = c
+                if 2 * c[2] >= len(text):
+                    break
         entry = self._extend(text, *cut) if cut else self._whole(text, add_special_tokens)
         with self._lock:
             kept = [h for h in self._held[add_special_tokens] if not text.startswith(h.text)]
@@ -104,16 +109,18 @@ def _cut(held: _Held, text: str, reach: int) -> tuple[_Held, int, int] | None:
     return None
 
 
-def common_prefix(a: str, b: str, block: int = 8192) -> int:
-    """How many leading characters ``a`` and ``b`` share (block by block, then by halves: C speed)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+def common_prefix(a, b, block: int = 4096) -> int:
+    """How many leading items two sequences (strings, tuples) share: blocks that double in size, then halves of
+    the block that differs (C speed; a difference early costs little)."""
+    n, lo = min(len(a), len(b)), 0
+    while lo < n:
+        hi = min(lo + block, n)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, block = hi, 2 * block
+    else:
         return n
-    lo = 0
-    while a[lo:lo + block] == b[lo:lo + block]:
-        lo += block
-    hi = min(lo + block, n)  # a[:lo] equal; they differ before hi
-    while hi - lo > 1:
+    while hi - lo > 1:  # a[:lo] equal; they differ before hi
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if a[lo:mid] == b[lo:mid] else (lo, mid)
     return lo

@@ -205,8 +205,10 @@ def test_held_ids_give_each_prompt_as_int32():
     other = [rng.randrange(70000) for _ in range(50)]
     turn = doc + [5, 6]
     prompts = [doc, turn, [int(str(t)) for t in turn] + [7], turn[:100] + [1] + turn[101:], other, turn + [8], doc[:10]]
-    for p in prompts:
+    reused = [0, 300, 302, 100, 0, 100, 10]  # the longest shared start among the held (two) prompts
+    for p, r in zip(prompts, reused):
+        before = held.reused
         got = held.int32(tuple(p))
-        assert got.dtype == np.int32 and got.tolist() == p
+        assert got.dtype == np.int32 and got.tolist() == p and held.reused - before == r
         p.append(99)  # the caller's list, reused: the held tuple does not see it
     assert len(held._held) == 2 and held.int32(tuple(turn[:-1])).tolist() == turn[:-1]

@@ -148,3 +148,4 @@ def test_common_prefix_is_the_shared_length(a, x, y, block):
     s, t = a + x, a + y
     want = next((i for i, (c, d) in enumerate(zip(s, t)) if c != d), min(len(s), len(t)))
     assert common_prefix(s, t, block) == want
+    assert common_prefix(tuple(map(ord, s)), tuple(map(ord, t)), block) == want
