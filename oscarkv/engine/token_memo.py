@@ -8,9 +8,9 @@ cached 100K-token document, tokenizing it again took ~190 ms a turn on a CPU cor
 Why a cut is exact: a fast (Rust) tokenizer splits its input at every added token (``<|im_start|>``,
 ``<|start_header_id|>``, … — what chat templates mark turns with) before it normalizes, pre-tokenizes and runs its
 model on each piece between them, so the tokens before an added token depend on nothing after it. A new text that
-repeats a held text up to and past such a token (by the longest added token's length: the leftmost-longest match
-there is then decided the same way) takes the held ids before that token and encodes the rest alone, with no special
-tokens of its own (the held ids have any the tokenizer puts first). :class:`TokenMemo` cuts only where a tokenizer
+repeats a held text up to the longest added token's length past the start of such a token (a match there, or one
+overlapping it, is then decided the same way) takes the held ids before that token and encodes the rest alone,
+with no special tokens of its own (the held ids have any the tokenizer puts first). :class:`TokenMemo` cuts only where a tokenizer
 passes a probe of exactly that (:func:`cuts_exactly`), and where its special tokens go only in front.
 """
 
@@ -40,7 +40,10 @@ class TokenMemo:
         self.tokenizer, self.size = tokenizer, size
         added = _raw_added(tokenizer)
         self.added_ids = frozenset(added.values())
-        self.reach = max(map(len, added), default=0) + 1  # the longest added token and one more character
+        # NOTE: the longest added token (a match overlapping the cut ends inside the shared text), one character
+        # more where a token matches as a single word only (its match reads the character after it)
+        words = any(getattr(t, "single_word", False) for t in tokenizer.added_tokens_decoder.values()) if added else False
+        self.reach = max(map(len, added), default=0) + words
         self._held: dict[bool, list[_Held]] = {True: [], False: []}
         self._lock = threading.Lock()
         self.reused = 0

@@ -149,3 +149,19 @@ def test_common_prefix_is_the_shared_length(a, x, y, block):
     want = next((i for i, (c, d) in enumerate(zip(s, t)) if c != d), min(len(s), len(t)))
     assert common_prefix(s, t, block) == want
     assert common_prefix(tuple(map(ord, s)), tuple(map(ord, t)), block) == want
+
+
+def test_never_cut_where_a_longer_added_token_could_overlap():
+    """Added tokens ``<a>`` and ``x<a>`` + 20 ``y`` (the longest): a held ``…x<a>`` + 19 ``y`` + ``q`` matched ``<a>``;
+    a new text with 20 ``y`` matches the longer token a character before — cutting at ``<a>`` would split it, so
+    texts sharing less than the longest added token's length from ``<a>`` on are not cut there."""
+    from tokenizers import AddedToken
+
+    from tests.byte_llama import byte_tokenizer
+
+    tok, long = byte_tokenizer(), "x<a>" + "y" * 20
+    tok.add_tokens([AddedToken("<a>", normalized=False), AddedToken(long, normalized=False)])
+    memo = TokenMemo(tok)
+    assert memo.enabled and memo.reach == len(long)
+    head = DOC[:5000] + "<|user|>" + DOC[5000:5100]
+    check(memo, tok, [head + long[:-1] + "q and more", head + long + " and more", head + long + "y"], special=False)

@@ -93,3 +93,24 @@ def test_client_sees_errors(served):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2)
     assert e.value.body["param"] == "n"
+
+
+def test_chat_follow_ups_reuse_the_earlier_turns_ids(served, model, tok, monkeypatch):
+    """A chat's next turn (the whole conversation sent again) is tokenized only past the earlier prompt's last
+    added token (``TokenMemo``; short texts allowed here): usage and greedy answers equal the engine's on the whole
+    text's ids, turn after turn."""
+    from oscarkv.engine import token_memo
+
+    monkeypatch.setattr(token_memo, "MIN_CHARS", 16)
+    memo = served.app.state.server.model.tokens
+    assert memo is not None and memo.enabled
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0)
+    msgs, before = [{"role": "user", "content": "tell me about the harbour " * 4}], memo.reused
+    for turn in range(3):
+        r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0)
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False).input_ids
+        want = offline(model, tok, [ids], 6)[0]
+        assert r.usage.prompt_tokens == len(ids) and r.choices[0].message.content == want.text
+        msgs += [{"role": "assistant", "content": want.text}, {"role": "user", "content": f"and then {turn}?"}]
+    assert memo.reused - before > 2 * 100  # turns 2 and 3 took the earlier prompts' ids
