@@ -229,5 +229,11 @@ chat() { timeout 400 python3 -m lab.scripts.chat_followup --tokenizer .tok --out
 fold() { (cd ab_old && timeout 300 python3 -m oscarkv.cli bench followup --shapes qwen3-4b --contexts 32768,102400 \
   --new-tokens ${FSERVED_KS:-1,8,64,512} --methods bf16,oscar --prefill-chunk 512 --resume-turns --repeats 3 \
   --out "$OUT/fold.json" > "$OUT/fold.log" 2>&1); echo "== fold: exit $?"; grep "^|" "$OUT/fold.log"; }
+#      schat: lab.scripts.served_chat (the same turns through the server and the openai client; carry .tok and .wh:
+#      `pip download` of the serve extra, the openai client and their dependencies for Python 3.12)
+schat() { pip install -q --no-index --find-links .wh --target /tmp/sv fastapi uvicorn openai prometheus_client httpx \
+  > "$OUT/schat_pip.log" 2>&1; PYTHONPATH=/tmp/sv:${PYTHONPATH:-} timeout 400 python3 -m lab.scripts.served_chat \
+  --tokenizer .tok --out "$OUT/schat" > "$OUT/schat.log" 2>&1; echo "== schat: exit $?"; grep "^|" "$OUT/schat.log"
+  tail -n 3 "$OUT/schat.log"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done

@@ -1,0 +1,93 @@
+"""Chat follow-ups on a cached document through the server, as a client of ``serve`` sees them (issue 29): the
+official ``openai`` client over loopback, the whole conversation sent every turn. Per context and KV method, one
+engine (random weights at a real shape, prefix caching, 512-token chunks) with the default model's tokenizer
+(``--tokenizer DIR``, its ``save_pretrained``) behind ``create_app``; the document question is cached first (filled
+as the benches fill), then one untimed turn pair and ``--turns`` new turns with
+:class:`~oscarkv.engine.token_memo.TokenMemo` on and off in turn: wall time of a ``max_tokens = 1`` chat
+completion (the request's JSON, tokenizing, validation, the step, the response; client in the same process).
+
+    python -m lab.scripts.served_chat --tokenizer DIR --contexts 32768,102400 --methods bf16,oscar --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from oscarkv.bench import e2e
+from oscarkv.bench.followup import followup_engine
+from oscarkv.config import ServerConfig
+from oscarkv.config.serving import PIECEWISE_BUCKETS
+from oscarkv.engine.async_engine import AsyncEngine
+from oscarkv.engine.request import SamplingParams
+from oscarkv.server.app import create_app, served_model
+from oscarkv.server.launch import serving_in_thread
+from lab.scripts.chat_followup import QUESTION, document
+
+
+def one(model, tok, method: str, context: int, turns: int, kv_bytes: int = 24 << 30) -> list[dict]:
+    import openai
+
+    llm = followup_engine(model, method, kv_bytes, 512, 512, PIECEWISE_BUCKETS, tokenizer=tok)
+    msgs = [{"role": "user", "content": document(tok, context) + "\n" + QUESTION}]
+    llm.add_request("doc", tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+                    SamplingParams(max_tokens=1, ignore_eos=True))
+    e2e.drive(llm)
+    cfg = ServerConfig(served_model_name="m", default_max_tokens=1)
+    engine, rows = AsyncEngine(llm), []
+    try:
+        with serving_in_thread(create_app(engine, served_model(llm, model.config, tok, "m", cfg), cfg)) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+            for i in range(turns + 1):
+                for memo in (True, False):
+                    llm.tokens.enabled = memo
+                    ask = msgs + [{"role": "assistant", "content": f"Answer {i}{memo}: it lies east, by the pier."},
+                                  {"role": "user", "content": f"Question {i} ({memo}): and what lies west of it?"}]
+                    t = time.perf_counter()
+                    r = client.chat.completions.create(model="m", messages=ask, max_tokens=1, temperature=0)
+                    row = dict(method=method, context=context, memo=memo, turn=i, wall_s=time.perf_counter() - t,
+                               prompt_tokens=r.usage.prompt_tokens)
+                    if i:  # NOTE: turn 0 warms up (its staged graph is captured on the second sighting)
+                        rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        engine.close()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| context | kv | prompt tokens | first token, memo ms | first token, whole ms |", "|---:|---|---:|---:|---:|"]
+    for c, m in dict.fromkeys((r["context"], r["method"]) for r in rows):
+        sel = [r for r in rows if (r["context"], r["method"]) == (c, m)]
+        med = lambda memo: 1e3 * statistics.median(r["wall_s"] for r in sel if r["memo"] == memo)  # noqa: E731
+        out.append(f"| {c} | {m} | {sel[0]['prompt_tokens']} | {med(True):.1f} | {med(False):.1f} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("--shape", default="qwen3-4b")
+    ap.add_argument("--contexts", default="32768,102400")
+    ap.add_argument("--methods", default="bf16,oscar")
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(a.tokenizer)
+    model, rows = e2e.random_model(a.shape), []
+    for context in (int(c) for c in a.contexts.split(",")):
+        for method in a.methods.split(","):
+            rows += one(model, tok, method, context, a.turns)
+            e2e.release()
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "served_chat.json").write_text(json.dumps(rows, indent=1))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
