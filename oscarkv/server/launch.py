@@ -69,7 +69,7 @@ def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket; ``port`` 0 lets the OS choose (read it with ``getsockname``).
     ``OSError`` when the address is taken or cannot be bound."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # NOTE: asyncio sets TCP_NODELAY on what it accepts only then
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # NOTE: Linux still refuses a port someone listens on
         sock.bind((host, port))

@@ -114,3 +114,28 @@ def test_chat_follow_ups_reuse_the_earlier_turns_ids(served, model, tok, monkeyp
         assert r.usage.prompt_tokens == len(ids) and r.choices[0].message.content == want.text
         msgs += [{"role": "assistant", "content": want.text}, {"role": "user", "content": f"and then {turn}?"}]
     assert memo.reused - before > 2 * 100  # turns 2 and 3 took the earlier prompts' ids
+
+
+def test_accepted_connections_send_without_waiting_for_acks():
+    """The listening socket of ``serve`` (``launch.bind``) makes the connections the event loop accepts send
+    small writes at once (``TCP_NODELAY``): a response's body written after its headers, or an SSE chunk after
+    the last, never waits for the client's delayed ACK (40 ms on Linux loopback, every response)."""
+    import socket
+
+    from oscarkv.server.launch import bind
+
+    sock = bind("127.0.0.1", 0)
+
+    async def accepted_nodelay() -> int:
+        got = asyncio.get_running_loop().create_future()
+        server = await asyncio.start_server(
+            lambda r, w: got.set_result(w.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)),
+            sock=sock)
+        _, writer = await asyncio.open_connection(*sock.getsockname())
+        try:
+            return await asyncio.wait_for(got, 10)
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0
