@@ -103,8 +103,8 @@ def _raw_added(tokenizer) -> dict[str, int]:
 
 
 def _cut(held: _Held, text: str, reach: int) -> tuple[_Held, int, int] | None:
-    """``(held, token, char)``: the last added token of ``held`` that ``text`` repeats, with ``reach`` characters
-    after it; ``None`` if none."""
+    """``(held, token, char)``: the last added token of ``held`` (not its first) that ``text`` repeats with the
+    ``reach`` characters from its start; ``None`` if none."""
     same = common_prefix(held.text, text)
     for p, j in reversed(held.cuts):
         if p + reach <= same and j > 0:
