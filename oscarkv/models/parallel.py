@@ -42,6 +42,9 @@ from oscarkv.models.llama import Backbone, PagedLM
 from oscarkv.models.prefetch import issue
 from oscarkv.quant.codec import LayerCodec, TensorCodec, with_bits
 
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+"""``all_gather_single`` where torch has it (2.13 deprecates ``all_gather_into_tensor``, its old name)."""
+
 
 @dataclass(frozen=True)
 class TensorParallel:
@@ -157,7 +160,7 @@ def graph_logits(model: PagedLM, hidden: torch.Tensor, tp: TensorParallel) -> to
     local = model.vocab_logits(hidden, tp.q_heads(vocab)).contiguous()  # vocabulary rows split like heads of width 1
     n, part = local.shape
     parts = local.new_empty(tp.size * n, part)  # rank r's rows at [r n, (r + 1) n)
-    dist.all_gather_into_tensor(parts, local, group=tp.group)
+    _all_gather_single(parts, local, group=tp.group)
     return parts.view(tp.size, n, part).permute(1, 0, 2).reshape(n, vocab).float() if tp.rank == 0 else None
 
 
