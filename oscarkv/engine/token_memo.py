@@ -42,12 +42,12 @@ class TokenMemo:
         self.added_ids = frozenset(added.values())
         # NOTE: the longest added token (a match overlapping the cut ends inside the shared text), one character
         # more where a token matches as a single word only (its match reads the character after it)
-        words = any(getattr(t, "single_word", False) for t in tokenizer.added_tokens_decoder.values()) if added else False
+        words = any(getattr(t, "single_word", False) for t in tokenizer.added_tokens_decoder.values()) if added else 0
         self.reach = max(map(len, added), default=0) + words
         self._held: dict[bool, list[_Held]] = {True: [], False: []}
         self._lock = threading.Lock()
         self.reused = 0
-        self.enabled = bool(self.added_ids) and cuts_exactly(self)
+        self.enabled = bool(self.added_ids) and _probe(self)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The token ids of ``text`` (exactly ``tokenizer(text, add_special_tokens=...).input_ids``)."""
@@ -99,7 +99,8 @@ def _raw_added(tokenizer) -> dict[str, int]:
     splits a cut may use (a normalized one is matched inside pieces that a normalizer may prefix)."""
     if not getattr(tokenizer, "is_fast", False):
         return {}
-    return {t.content: i for i, t in tokenizer.added_tokens_decoder.items() if not getattr(t, "normalized", True)}
+    tokens = getattr(tokenizer, "added_tokens_decoder", {})
+    return {t.content: i for i, t in tokens.items() if not getattr(t, "normalized", True)}
 
 
 def _cut(held: _Held, text: str, reach: int) -> tuple[_Held, int, int] | None:
@@ -130,6 +131,14 @@ def common_prefix(a, b, block: int = 4096) -> int:
 
 
 _PROBE = ("The first turn names a town; the harbour of Aberdour lies east. ", " and a second line, with 3 numbers: 1, 22, 333.\n")
+
+
+def _probe(memo: TokenMemo) -> bool:
+    """:func:`cuts_exactly`, ``False`` where the probe itself fails (a tokenizer that only looks fast)."""
+    try:
+        return cuts_exactly(memo)
+    except Exception:  # NOTE: any failure of a third-party tokenizer: encode whole texts, never refuse to start
+        return False
 
 
 def cuts_exactly(memo: TokenMemo) -> bool:

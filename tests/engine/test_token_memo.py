@@ -165,3 +165,17 @@ def test_never_cut_where_a_longer_added_token_could_overlap():
     assert memo.enabled and memo.reach == len(long)
     head = DOC[:5000] + "<|user|>" + DOC[5000:5100]
     check(memo, tok, [head + long[:-1] + "q and more", head + long + " and more", head + long + "y"], special=False)
+
+
+def test_a_tokenizer_whose_probe_fails_encodes_whole_texts():
+    """A tokenizer that looks fast but cannot give character spans: the engine still starts, texts are encoded
+    whole."""
+
+    class NoSpans(_Global):
+        def __call__(self, text, add_special_tokens=True):
+            enc = super().__call__(text, add_special_tokens)
+            enc.token_to_chars = lambda k: (_ for _ in ()).throw(NotImplementedError("no offsets"))
+            return enc
+
+    memo = TokenMemo(NoSpans())
+    assert not memo.enabled and memo.encode("x" * 5000) == NoSpans()("x" * 5000).input_ids
