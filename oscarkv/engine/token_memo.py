@@ -16,6 +16,7 @@ passes a probe of exactly that (:func:`cuts_exactly`), and where its special tok
 
 from __future__ import annotations
 
+import bisect
 import threading
 from dataclasses import dataclass
 
@@ -32,12 +33,13 @@ class _Held:
 
 
 class TokenMemo:
-    """``encode(text)`` as ``tokenizer(text).input_ids``, reusing the ids of the last ``size`` texts encoded (per
-    ``add_special_tokens``) up to their last added token that a new text repeats (module docstring). Thread-safe
-    (a server tokenizes on worker threads); ``reused``: tokens taken from held texts instead of encoded."""
+    """``encode(text)`` as ``tokenizer(text).input_ids``, reusing the ids of the last texts encoded (per
+    ``add_special_tokens``: at most ``size`` of them and ``max_tokens`` ids, so a server's many conversations each
+    keep their last turn) up to their last added token that a new text repeats (module docstring). Thread-safe (a
+    server tokenizes on worker threads); ``reused``: tokens taken from held texts instead of encoded."""
 
-    def __init__(self, tokenizer, size: int = 4) -> None:
-        self.tokenizer, self.size = tokenizer, size
+    def __init__(self, tokenizer, size: int = 64, max_tokens: int = 1 << 21) -> None:
+        self.tokenizer, self.size, self.max_tokens = tokenizer, size, max_tokens
         added = _raw_added(tokenizer)
         self.added_ids = frozenset(added.values())
         # NOTE: the longest added token (a match overlapping the cut ends inside the shared text), one character
@@ -63,8 +65,10 @@ class TokenMemo:
                     break
         entry = self._extend(text, *cut) if cut else self._whole(text, add_special_tokens)
         with self._lock:
-            kept = [h for h in self._held[add_special_tokens] if not text.startswith(h.text)]
-            self._held[add_special_tokens] = kept[max(0, len(kept) - self.size + 1):] + [entry]
+            kept = [h for h in self._held[add_special_tokens] if not text.startswith(h.text)] + [entry]
+            while len(kept) > 1 and (len(kept) > self.size or sum(len(h.ids) for h in kept) > self.max_tokens):
+                kept.pop(0)  # NOTE: the oldest first
+            self._held[add_special_tokens] = kept
             self.reused += cut[1] if cut else 0
         return list(entry.ids)
 
@@ -106,11 +110,8 @@ def _raw_added(tokenizer) -> dict[str, int]:
 def _cut(held: _Held, text: str, reach: int) -> tuple[_Held, int, int] | None:
     """``(held, token, char)``: the last added token of ``held`` (not its first) that ``text`` repeats with the
     ``reach`` characters from its start; ``None`` if none."""
-    same = common_prefix(held.text, text)
-    for p, j in reversed(held.cuts):
-        if p + reach <= same and j > 0:
-            return held, j, p
-    return None
+    i = bisect.bisect_right(held.cuts, common_prefix(held.text, text) - reach, key=lambda c: c[0])
+    return (held, held.cuts[i - 1][1], held.cuts[i - 1][0]) if i and held.cuts[i - 1][1] > 0 else None
 
 
 def common_prefix(a, b, block: int = 4096) -> int:

@@ -179,3 +179,20 @@ def test_a_tokenizer_whose_probe_fails_encodes_whole_texts():
 
     memo = TokenMemo(NoSpans())
     assert not memo.enabled and memo.encode("x" * 5000) == NoSpans()("x" * 5000).input_ids
+
+
+def test_many_conversations_each_keep_their_last_turn(default_tokenizer):
+    """A server interleaves conversations: with room for them, each one's next turn reuses its last; over the
+    token budget the oldest go first (and their next turn is encoded whole, still exactly)."""
+    tok = default_tokenizer
+    chats = [list(conversations(seed, turns=2)) for seed in range(6)]
+    texts = [[tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in c] for c in chats]
+    reused = {}
+    for budget in (1 << 21, 4000):  # room for all, then for one text (every chat starts with the same system turn)
+        memo = TokenMemo(tok, max_tokens=budget)
+        for t in (t for turn in zip(*texts) for t in turn):  # turn 1 of every chat, then turn 2 of every chat
+            check(memo, tok, [t], special=False)
+        reused[budget] = memo.reused
+        held = memo._held[False]
+        assert len(held) >= 6 if budget > 4000 else (len(held) == 1 or sum(len(h.ids) for h in held) <= budget)
+    assert reused[1 << 21] > 10 * reused[4000]
