@@ -150,7 +150,7 @@ class KeyMemo:
     only. Holds the last ``size`` prompts (one that the newest extends is dropped);
     thread-safe (a server validates requests on several threads)."""
 
-    def __init__(self, size: int = 4) -> None:
+    def __init__(self, size: int = 16) -> None:
         self.size = size
         self._held: list[tuple[bytes, np.ndarray, list[bytes]]] = []  # (salt, records, keys), newest last
         self._lock = threading.Lock()
@@ -186,8 +186,14 @@ def _same_rows(entry: tuple[bytes, np.ndarray, list[bytes]], records: np.ndarray
     m = min(len(held), len(records))
     if held_salt != salt or held.shape[1:] != records.shape[1:] or not m or not np.array_equal(held[0], records[0]):
         return 0
-    differ = np.flatnonzero((held[:m] != records[:m]).any(axis=1))
-    return int(differ[0]) if len(differ) else m
+    lo, block = 1, 16
+    while lo < m:  # NOTE: blocks that double: prompts that part early (chats sharing a system turn) cost little
+        hi = min(lo + block, m)
+        differ = np.flatnonzero((held[lo:hi] != records[lo:hi]).any(axis=1))
+        if len(differ):
+            return lo + int(differ[0])
+        lo, block = hi, 2 * block
+    return m
 
 
 @dataclass

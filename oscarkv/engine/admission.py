@@ -114,7 +114,7 @@ class HeldIds:
     CPU core; built on an earlier prompt's list, as clients and :class:`~oscarkv.engine.token_memo.TokenMemo` build
     follow-ups, its ints are the same objects and the comparison runs at pointer speed). Thread-safe."""
 
-    def __init__(self, size: int = 4) -> None:
+    def __init__(self, size: int = 16) -> None:
         self.size = size
         self._held: list[tuple[tuple[int, ...], np.ndarray]] = []
         self._lock = threading.Lock()

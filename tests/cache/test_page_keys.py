@@ -212,3 +212,17 @@ def test_held_ids_give_each_prompt_as_int32():
         assert got.dtype == np.int32 and got.tolist() == p and held.reused - before == r
         p.append(99)  # the caller's list, reused: the held tuple does not see it
     assert len(held._held) == 2 and held.int32(tuple(turn[:-1])).tolist() == turn[:-1]
+
+
+@pytest.mark.parametrize("page", [1, 2, 16, 17, 40, 79])
+def test_key_memo_reuses_up_to_the_first_page_that_differs(page):
+    """Wherever two prompts part (the rows are compared in blocks that double), the keys before that page are
+    reused and the rest hashed: the keys ``page_keys`` gives."""
+    P, rng = 4, random.Random(page)
+    base = [rng.randrange(500) for _ in range(80 * P)]
+    other = base[:page * P + 1] + [999] + base[page * P + 2:]
+    memo, sched = seq_kv.KeyMemo(), ChunkSchedule(80 * P, 16)
+    records = [seq_kv.page_records(t, range(80), sched, P, np.zeros_like) for t in (base, other)]
+    memo.keys(records[0], b"")
+    assert memo.keys(records[1], b"") == page_keys(b"", other, range(80), sched, P, np.zeros_like)
+    assert memo.reused == page
