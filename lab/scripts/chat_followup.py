@@ -94,7 +94,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
+def grid(one_fn, table_fn, name: str) -> None:
+    """The command line of this script and ``lab.scripts.served_chat``: ``one_fn`` per context and method, rows to
+    ``NAME.json`` under ``--out``, then ``table_fn``'s table."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", type=Path, required=True)
     ap.add_argument("--shape", default="qwen3-4b")
@@ -109,12 +111,12 @@ def main() -> None:
     model, rows = e2e.random_model(a.shape), []
     for context in (int(c) for c in a.contexts.split(",")):
         for method in a.methods.split(","):
-            rows += one(model, tok, method, context, a.turns)
+            rows += one_fn(model, tok, method, context, a.turns)
             e2e.release()
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "chat_followup.json").write_text(json.dumps(rows, indent=1))
-    print(table(rows))
+    (a.out / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    print(table_fn(rows))
 
 
 if __name__ == "__main__":
-    main()
+    grid(one, table, "chat_followup")

@@ -11,11 +11,9 @@ completion (the request's JSON, tokenizing, validation, the step, the response; 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 from oscarkv.bench import e2e
 from oscarkv.bench.followup import followup_engine
@@ -25,7 +23,7 @@ from oscarkv.engine.async_engine import AsyncEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.server.app import create_app, served_model
 from oscarkv.server.launch import serving_in_thread
-from lab.scripts.chat_followup import QUESTION, document
+from lab.scripts.chat_followup import QUESTION, document, grid
 
 
 def one(model, tok, method: str, context: int, turns: int, kv_bytes: int = 24 << 30) -> list[dict]:
@@ -67,27 +65,5 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizer", type=Path, required=True)
-    ap.add_argument("--shape", default="qwen3-4b")
-    ap.add_argument("--contexts", default="32768,102400")
-    ap.add_argument("--methods", default="bf16,oscar")
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(a.tokenizer)
-    model, rows = e2e.random_model(a.shape), []
-    for context in (int(c) for c in a.contexts.split(",")):
-        for method in a.methods.split(","):
-            rows += one(model, tok, method, context, a.turns)
-            e2e.release()
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "served_chat.json").write_text(json.dumps(rows, indent=1))
-    print(table(rows))
-
-
 if __name__ == "__main__":
-    main()
+    grid(one, table, "served_chat")
