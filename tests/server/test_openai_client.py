@@ -6,6 +6,7 @@ requests arrive one by one or concurrently (sharing continuous batches), streame
 
 import asyncio
 
+import httpx
 import openai
 import pytest
 
@@ -114,6 +115,8 @@ def test_chat_follow_ups_reuse_the_earlier_turns_ids(served, model, tok, monkeyp
         assert r.usage.prompt_tokens == len(ids) and r.choices[0].message.content == want.text
         msgs += [{"role": "assistant", "content": want.text}, {"role": "user", "content": f"and then {turn}?"}]
     assert memo.reused - before > 2 * 100  # turns 2 and 3 took the earlier prompts' ids
+    metrics = httpx.get(served.url + "/metrics").text
+    assert f"oscarkv_prompt_tokens_reused_total {float(memo.reused)}" in metrics
 
 
 def test_accepted_connections_send_without_waiting_for_acks():
