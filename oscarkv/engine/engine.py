@@ -169,7 +169,8 @@ class LLMEngine:
         return EngineStats(tiers, 2 * geo.num_layers * geo.num_kv_heads * n * geo.head_dim,
                            self.describe()["bpe_at_capacity"], manager.hit_tokens, self.num_prompt_tokens,
                            self.num_generated_tokens, sched.num_preemptions, len(sched.waiting), len(sched.running),
-                           self.num_ahead_steps, dataclasses.replace(self.spec.stats) if self.spec else None)
+                           self.num_ahead_steps, dataclasses.replace(self.spec.stats) if self.spec else None,
+                           self.tokens.reused if self.tokens else 0)
 
     # ------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,

@@ -60,6 +60,8 @@ class EngineStats:
     """Decode steps launched before the previous step's tokens reached the host (overlap)."""
     speculative: SpecStats | None = None
     """Speculative decoding's counters (a copy), or None when it is off."""
+    prompt_tokens_reused: int = 0
+    """Prompt tokens taken from an earlier text's ids instead of tokenized (``TokenMemo.reused``)."""
 
     @property
     def prefix_hit_rate(self) -> float:

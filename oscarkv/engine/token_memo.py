@@ -54,7 +54,7 @@ class TokenMemo:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The token ids of ``text`` (exactly ``tokenizer(text, add_special_tokens=...).input_ids``)."""
         if not self.enabled or len(text) < MIN_CHARS or (add_special_tokens and not self._front_only()):
-            return (self.tokenizer(text) if add_special_tokens else self.tokenizer(text, add_special_tokens=False)).input_ids
+            return whole_ids(self.tokenizer, text, add_special_tokens)
         with self._lock:
             held = list(self._held[add_special_tokens])
         cut = None
@@ -96,6 +96,12 @@ class TokenMemo:
             full = self.tokenizer("a b", add_special_tokens=True).input_ids
             self._front = full[len(full) - len(bare):] == bare
         return self._front
+
+
+def whole_ids(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+    """``tokenizer(text).input_ids``, passing ``add_special_tokens`` only when off (a tokenizer-like callable need
+    not take it)."""
+    return (tokenizer(text) if add_special_tokens else tokenizer(text, add_special_tokens=False)).input_ids
 
 
 def _raw_added(tokenizer) -> dict[str, int]:

@@ -49,9 +49,8 @@ class EngineCollector:
                                   value=s.prefix_hit_tokens)
         yield GaugeMetricFamily("oscarkv_prefix_cache_hit_rate", "Prefix-cache hit tokens / prompt tokens",
                                 value=s.prefix_hit_rate)
-        memo = self.engine.engine.tokens
         yield CounterMetricFamily("oscarkv_prompt_tokens_reused", "Prompt tokens taken from an earlier text's ids "
-                                  "instead of tokenized (a chat's earlier turns)", value=memo.reused if memo else 0)
+                                  "instead of tokenized (a chat's earlier turns)", value=s.prompt_tokens_reused)
         yield CounterMetricFamily("oscarkv_preemptions", "Sequences preempted (by recompute) for KV pages",
                                   value=s.preemptions)
         yield CounterMetricFamily("oscarkv_decode_steps_ahead", "Decode steps launched before the previous "

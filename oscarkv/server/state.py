@@ -36,7 +36,7 @@ from oscarkv.engine.admission import ValidRequest
 from oscarkv.engine.async_engine import AsyncEngine, RequestFailed
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
-from oscarkv.engine.token_memo import TokenMemo
+from oscarkv.engine.token_memo import TokenMemo, whole_ids
 from oscarkv.server import protocol as P
 from oscarkv.config import ServerConfig
 from oscarkv.server.metrics import ServerMetrics
@@ -56,17 +56,16 @@ class ServedModel:
     """The engine's :class:`~oscarkv.engine.token_memo.TokenMemo` (a chat's follow-up encodes only its new turns)."""
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if self.tokens is not None and self.tokens.tokenizer is self.tokenizer:
+        if self.tokens is not None and self.tokens.tokenizer is self.tokenizer:  # NOTE: not a tokenizer swapped in
             return self.tokens.encode(text, add_special_tokens)
-        return (self.tokenizer(text) if add_special_tokens else self.tokenizer(text, add_special_tokens=False)).input_ids
+        return whole_ids(self.tokenizer, text, add_special_tokens)
 
 
 def served_model(engine: LLMEngine, hf_config, tokenizer, name: str, cfg: ServerConfig) -> ServedModel:
     """Resolve the context limit: ``cfg.max_model_len`` or the model's positions, never beyond the pools."""
     limit = min(engine.max_pool_tokens, getattr(hf_config, "max_position_embeddings", None) or 1 << 62)
-    memo = engine.tokens if engine.tokenizer is tokenizer else None
     return ServedModel(name, tokenizer, min(cfg.max_model_len or limit, limit), hf_config.vocab_size,
-                       longest_token_chars(tokenizer), memo)
+                       longest_token_chars(tokenizer), engine.tokens)
 
 
 def longest_token_chars(tokenizer) -> int:
