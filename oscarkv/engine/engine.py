@@ -69,6 +69,7 @@ class _Step:
     tokens: sampler.DeviceTokens | None = None
     error: Exception | None = None
     verify_logits: torch.Tensor | None = None  # [rows, V] of the verify chunks (after the others), speculation only
+    verify_greedy: torch.Tensor | None = None  # [2, rows]: their greedy_pair, where the step formed it
 
 
 class LLMEngine:
@@ -262,7 +263,7 @@ class LLMEngine:
         step = _Step(out)
         try:
             if any(c.drafts for c in out.chunks):
-                step.res, step.verify_logits = self._run_verify(out)
+                step.res, step.verify_logits, step.verify_greedy = self._run_verify(out)
             else:
                 step.res = self.runner.run(out.chunks, pending)
             seqs = [c.seq for c in out.chunks if c.samples and not c.drafts]
@@ -273,10 +274,11 @@ class LLMEngine:
             step.error = e
         return step
 
-    def _run_verify(self, out: SchedulerOutput) -> tuple[RunnerOutput, torch.Tensor]:
+    def _run_verify(self, out: SchedulerOutput) -> tuple[RunnerOutput, torch.Tensor, torch.Tensor | None]:
         """Run a step with verify chunks (``oscarkv.engine.speculative``): they go last (``out.chunks`` is
         reordered), each as ``1 + k`` one-token rows — or, alone in its step and covered by an extend graph
-        (``ExtendGraphs.verifies``), as one chunk; the logits of the other chunks, then of every row."""
+        (``ExtendGraphs.verifies``), as one chunk; the logits of the other chunks, then of every row, and
+        those rows' ``greedy_pair`` where the graph formed it."""
         out.chunks = [c for c in out.chunks if not c.drafts] + [c for c in out.chunks if c.drafts]
         graphs = self.runner.extend_graphs
         if graphs is not None and graphs.verifies([c.plan for c in out.chunks]):
@@ -294,7 +296,7 @@ class LLMEngine:
             for c in verify:
                 del c.seq.token_ids[len(c.seq.token_ids) - len(c.drafts):]
         n = sum(c.samples for c in out.chunks) - len(verify)
-        return res, res.sample_logits[n:]
+        return res, res.sample_logits[n:], None if res.greedy is None else res.greedy[:, n:]
 
     def _accept(self, cur: _Step) -> list[RequestOutput]:
         """Choose each verify chunk's tokens, truncate its plan to what they store, commit it, check stops.
@@ -302,11 +304,11 @@ class LLMEngine:
         the last (as a decode step stores its input, not the token it samples)."""
         outputs, row = [], 0
         for c in (c for c in cur.out.chunks if c.drafts):
-            logits, row = cur.verify_logits[row:row + len(c.drafts) + 1], row + len(c.drafts) + 1
-            seq = c.seq
+            rows, row = slice(row, row + len(c.drafts) + 1), row + len(c.drafts) + 1
+            seq, pair = c.seq, None if cur.verify_greedy is None else cur.verify_greedy[:, rows]
             if seq.status is Status.FINISHED:
                 continue
-            tokens, logps = self.spec.accept(logits, c.drafts, seq.params, seq.generator, seq)
+            tokens, logps = self.spec.accept(cur.verify_logits[rows], c.drafts, seq.params, seq.generator, seq, pair)
             reason, kept = None, 0
             for tok, lp in zip(tokens, logps):
                 seq.token_ids.append(tok)

@@ -54,6 +54,7 @@ from oscarkv.attention.step import StepContext
 from oscarkv.cache.manager import WritePlan
 from oscarkv.cache.paged_layout import PageTables
 from oscarkv.engine.cuda_graphs import StagedTable, _capture
+from oscarkv.engine.speculative import greedy_pair
 from oscarkv.models.parallel import graph_logits
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ class _Graph:
     follow-up its last; the lm_head's weights are read once for any rows, and the step saves the row gather,
     its index copy and the eager head); a staged graph's up to 512 rows leave them to the runner."""
 
-    def __init__(self, runner, kb: int, pool, backend=None) -> None:
+    def __init__(self, runner, kb: int, pool, backend=None, greedy: bool = False) -> None:
         self.inputs = x = _Inputs(runner, kb)
         i32 = dict(dtype=torch.int32, device=runner.device)
         logits = backend is None and runner.tp.size == 1  # NOTE: tensor-parallel ranks form them after the replay
@@ -163,26 +164,30 @@ class _Graph:
 
         def forward():
             hidden = runner.model(x.ids, x.positions, step)
-            return hidden, graph_logits(runner.model, hidden, runner.tp) if logits else None
+            out = graph_logits(runner.model, hidden, runner.tp) if logits else None
+            return hidden, out, greedy_pair(out) if greedy and out is not None else None
 
         self.forward = forward
-        self.graph, (self.hidden, self.logits) = _capture(forward, runner.device, pool) if pool is not None else (
-            None, (None, None))
+        self.graph, self.outputs = _capture(forward, runner.device, pool) if pool is not None else (None, None)
 
-    def replay(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def replay(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``hidden [kb, D]``, ``logits [kb, V]`` and their ``greedy_pair [2, kb]`` (each ``None`` where not formed)."""
         if self.graph is None:  # no CUDA: the same forward, eagerly
             return self.forward()
         self.graph.replay()
-        return self.hidden, self.logits
+        return self.outputs
 
 
 class ExtendGraphs:
     """Lazily captured extend graphs of one sequence per token bucket (see the module docstring)."""
 
-    def __init__(self, runner, buckets: tuple[int, ...], staged: tuple[int, ...] = ()) -> None:
+    def __init__(self, runner, buckets: tuple[int, ...], staged: tuple[int, ...] = (), greedy: bool = False) -> None:
+        """``greedy``: short buckets' graphs also form their logits' ``speculative.greedy_pair`` (an engine that
+        speculates: a greedy verify step then reads its tokens with one copy, :meth:`take_greedy`)."""
         from oscarkv.kernels.chunk_splitk import serves
 
         self.runner, self.buckets, self.staged_buckets = runner, tuple(sorted(buckets)), tuple(sorted(staged))
+        self.greedy, self._pair = greedy, None
         self.graphs: dict[int, _Graph] = {}
         self.staged: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
         """Staged graphs by ``(bucket, BF16 prefix tokens, INT2 prefix tokens)``, least recently replayed first."""
@@ -274,8 +279,14 @@ class ExtendGraphs:
         if fill_ids is not None:  # with tensor parallelism, rank 0's ids (after the staging copy)
             fill_ids(g.inputs.ids)
         self.replays += 1
-        hidden, logits = g.replay()
+        hidden, logits, pair = g.replay()
+        self._pair = None if pair is None else pair[:, :len(ids)]
         return hidden[:len(ids)], None if logits is None else logits[:len(ids)]
+
+    def take_greedy(self) -> torch.Tensor | None:
+        """The ``greedy_pair [2, k]`` of the last :meth:`run`'s logits, once (``None`` if it formed none or was taken)."""
+        pair, self._pair = self._pair, None
+        return pair
 
     def _capture_staged(self, key: tuple[int, int, int]) -> str | None:
         """Capture the staged graph of ``key`` (the oldest dropped beyond ``STAGED_GRAPHS``); ``staged_memory`` if the
@@ -299,7 +310,7 @@ class ExtendGraphs:
         only the scratch page (the static inputs start as padding rows), so it may run at any time between steps."""
         kb = self.bucket(tokens)
         if kb not in self.graphs:
-            self.graphs[kb] = _Graph(self.runner, kb, self.pool)
+            self.graphs[kb] = _Graph(self.runner, kb, self.pool, greedy=self.greedy)
         return kb
 
 

@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 class RunnerOutput:
     sample_logits: torch.Tensor  # [n_sampling_chunks, V] fp32, in chunk order (decode graphs: valid until the next step)
     prompt_hidden: dict[int, torch.Tensor]  # chunk index -> [rows, D] final hidden states of prompt positions
+    greedy: torch.Tensor | None = None  # [2, rows]: speculative.greedy_pair of sample_logits, where a graph formed it
 
 
 @dataclass
@@ -165,17 +166,19 @@ class ModelRunner:
         assert pending is None or cu[-1] == len(pending.rows) == len(chunks), "pending ids: one token per chunk"
         sample = [i for i, c in enumerate(chunks) if c.samples]
         hidden, logits = self.forward(plans, ids, pending)
+        pair = self.extend_graphs.take_greedy() if self.extend_graphs is not None else None
         # the last row of a chunk, every row of a verify chunk (speculative: its drafts are in token_ids)
         rows = [r for i in sample for r in (range(cu[i], cu[i + 1]) if chunks[i].drafts else (cu[i + 1] - 1,))]
         if logits is None:
-            logits = self.model.compute_logits(hidden.index_select(0, device_tensor(rows, self.device)))
+            logits, pair = self.model.compute_logits(hidden.index_select(0, device_tensor(rows, self.device))), None
         elif rows and rows == list(range(rows[0], rows[-1] + 1)):
             # NOTE: views of a graph's outputs (a row per token), valid until its next replay; the engine samples a
             # step (or launches its device sampling) before it launches the next one
             logits = logits[rows[0]:rows[-1] + 1]
+            pair = None if pair is None else pair[:, rows[0]:rows[-1] + 1]
         else:  # NOTE: a host-list index would sync
-            logits = logits.index_select(0, device_tensor(rows, self.device))
-        return RunnerOutput(logits, self._prompt_hidden(chunks, hidden, cu))
+            logits, pair = logits.index_select(0, device_tensor(rows, self.device)), None
+        return RunnerOutput(logits, self._prompt_hidden(chunks, hidden, cu), pair)
 
     @torch.inference_mode()
     def forward(self, plans: list[WritePlan], ids: list[int] | None,
@@ -387,7 +390,7 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
     attach(model.model.layers, prefetch_points(cfg.l2_prefetch), cfg.l2_prefetch_mib << 20)  # after folding
     runner = ModelRunner(model, pools, storage, backend, graph_buckets, tp)
     if graph_buckets and cfg.extend_graph_buckets and p.device.type == "cuda" and isinstance(backend, TritonAttention):
-        runner.extend_graphs = ExtendGraphs(runner, extend_buckets(cfg))
+        runner.extend_graphs = ExtendGraphs(runner, extend_buckets(cfg), greedy=cfg.speculative.enabled)
     _attach_pieces(runner, cfg, bool(graph_buckets), tp is None or tp.size == 1)
     if runner.extend_graphs is not None and runner.piecewise is not None and (tp is None or tp.size == 1):
         runner.extend_graphs.staged_buckets = runner.piecewise.buckets  # NOTE: ranks would have to capture together

@@ -204,13 +204,16 @@ class SpeculativeDecoder:
         self.stats.decode_steps += 1
 
     def accept(self, logits: torch.Tensor, drafts: list[int], params: SamplingParams,
-               generator: torch.Generator | None, seq=None) -> tuple[list[int], list[float]]:
+               generator: torch.Generator | None, seq=None, greedy: torch.Tensor | None = None
+               ) -> tuple[list[int], list[float]]:
         """Emitted tokens (accepted drafts, then one more) and their log-probabilities from the rows'
-        ``logits [1 + k, V]``; ``seq``'s draft gate learns the acceptance."""
+        ``logits [1 + k, V]`` (``greedy``: their :func:`greedy_pair`, if the step formed it); ``seq``'s draft
+        gate learns the acceptance."""
         k = len(drafts)
         if params.greedy:
             # NOTE: every emitted token is its row's argmax, so one device-to-host copy brings tokens and log-probs
-            best, logp = _argmax_logp(logits)
+            host = (greedy if greedy is not None else greedy_pair(logits)).tolist()
+            best, logp = [int(b) for b in host[0]], host[1]
             a = next((j for j in range(k) if drafts[j] != best[j]), k)
             tokens, logp = drafts[:a] + [best[a]], logp[:a + 1]
         else:
@@ -225,13 +228,13 @@ class SpeculativeDecoder:
         return tokens, logp
 
 
-def _argmax_logp(logits: torch.Tensor) -> tuple[list[int], list[float]]:
-    """Each row's argmax of ``logits [R, V]`` (the decode sampler's choice) and its log-probability, through one
-    host copy (ids < 2^24 are exact in fp32)."""
+def greedy_pair(logits: torch.Tensor) -> torch.Tensor:
+    """``[2, R]`` fp32: each row's argmax of ``logits [R, V]`` (the decode sampler's choice; ids < 2^24 are exact
+    in fp32) and its log-probability — a greedy verify step's tokens and log-probs in one host copy. An extend
+    graph of a speculating engine forms it inside the graph (``ExtendGraphs(greedy=True)``): the ~6 launches
+    after the replay cost a verify step ~0.25 ms of host time with the GPU idle (H200 host, 2026-11-29)."""
     best = logits.argmax(-1)
-    logp = torch.log_softmax(logits.float(), -1).gather(1, best[:, None])[:, 0]
-    host = torch.stack([best.float(), logp]).tolist()
-    return [int(b) for b in host[0]], host[1]
+    return torch.stack([best.float(), torch.log_softmax(logits.float(), -1).gather(1, best[:, None])[:, 0]])
 
 
 def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None) -> list[int]:

@@ -24,8 +24,8 @@ def _engine(model, method, artifact, graphs: bool, backend=None, **kw) -> LLMEng
     kw = {"prefill_chunk": 40, **kw}  # chunks start at the document's end: a follow-up's prefix hit
     engine = LLMEngine.from_hf(model, engine_config(method, **kw), artifact if method == "oscar" else None,
                                backend=backend or _DecodeTorch())
-    if graphs:
-        engine.runner.extend_graphs = ExtendGraphs(engine.runner, BUCKETS)
+    if graphs:  # a speculating engine's graphs form the greedy pair (as model_runner builds them)
+        engine.runner.extend_graphs = ExtendGraphs(engine.runner, BUCKETS, greedy="speculative" in kw)
     return engine
 
 
@@ -102,9 +102,12 @@ def test_speculative_verify_chunks_match_without(llama, artifact, method, tol):
     ps = copy_prompts()
     base = [run(_engine(llama, method, artifact, False), [p], GREEDY)[0] for p in ps]
     engine = _engine(llama, method, artifact, True, speculative=spec)
+    pairs, accept = [], engine.spec.accept  # every verify step accepts from the pair its graph formed
+    engine.spec.accept = lambda *a: (pairs.append(a[-1] is not None), accept(*a))[1]
     outs = [run(engine, [p], GREEDY)[0] for p in ps]
     st = engine.spec.stats
     assert st.accepted > 5 and engine.runner.extend_graphs.replays == st.verify_steps == st.graph_steps
+    assert len(pairs) == st.verify_steps and all(pairs) and engine.runner.extend_graphs.take_greedy() is None
     for a, b in zip(base, outs):
         assert a.token_ids == b.token_ids
         assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < tol

@@ -12,7 +12,7 @@ import torch
 from oscarkv.config import SpeculativeConfig
 from oscarkv.engine.request import SamplingParams
 from oscarkv.engine.sampler import filter_logits
-from oscarkv.engine.speculative import DraftGate, NgramIndex, SpeculativeDecoder, rejection_sample
+from oscarkv.engine.speculative import DraftGate, NgramIndex, SpeculativeDecoder, greedy_pair, rejection_sample
 from oscarkv.server.metrics import speculative_metrics
 from tests.engine.conftest import make_engine, prompts, run
 from tests.engine.test_tensor_parallel import MEMORY, TIGHT, _pair
@@ -69,6 +69,8 @@ def test_accept_greedy_is_the_longest_agreeing_prefix():
     assert spec.accept(logits, [3, 1, 6], GREEDY, None)[0] == [3, 1, 6, 2]
     assert spec.accept(logits, [0, 1, 6], GREEDY, None)[0] == [3]
     assert (spec.stats.drafted, spec.stats.accepted) == (9, 5)
+    pair = greedy_pair(logits)  # what an extend graph forms: the same tokens and log-probs
+    assert spec.accept(logits * 0, [3, 1, 0], GREEDY, None, None, pair) == spec.accept(logits, [3, 1, 0], GREEDY, None)
 
 
 def test_draft_gate_judges_shadow_drafts_while_closed():
