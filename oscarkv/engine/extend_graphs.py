@@ -162,10 +162,15 @@ class _Graph:
         step = StepContext(backend, runner.pools, runner.storage, x.tables, torch.tensor([0, kb], **i32),
                            x.slots, runner.scale)
 
+        host = torch.empty(2, kb, pin_memory=True) if greedy and logits and pool is not None else None
+
         def forward():
             hidden = runner.model(x.ids, x.positions, step)
             out = graph_logits(runner.model, hidden, runner.tp) if logits else None
-            return hidden, out, greedy_pair(out) if greedy and out is not None else None
+            pair = greedy_pair(out) if greedy and out is not None else None
+            if host is not None:  # CUDA: the graph copies the pair to pinned memory itself (read after a stream sync)
+                pair = host.copy_(pair, non_blocking=True)
+            return hidden, out, pair
 
         self.forward = forward
         self.graph, self.outputs = _capture(forward, runner.device, pool) if pool is not None else (None, None)

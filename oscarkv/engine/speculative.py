@@ -212,7 +212,7 @@ class SpeculativeDecoder:
         k = len(drafts)
         if params.greedy:
             # NOTE: every emitted token is its row's argmax, so one device-to-host copy brings tokens and log-probs
-            host = (greedy if greedy is not None else greedy_pair(logits)).tolist()
+            host = _host_rows(greedy if greedy is not None else greedy_pair(logits))
             best, logp = [int(b) for b in host[0]], host[1]
             a = next((j for j in range(k) if drafts[j] != best[j]), k)
             tokens, logp = drafts[:a] + [best[a]], logp[:a + 1]
@@ -231,10 +231,18 @@ class SpeculativeDecoder:
 def greedy_pair(logits: torch.Tensor) -> torch.Tensor:
     """``[2, R]`` fp32: each row's argmax of ``logits [R, V]`` (the decode sampler's choice; ids < 2^24 are exact
     in fp32) and its log-probability — a greedy verify step's tokens and log-probs in one host copy. An extend
-    graph of a speculating engine forms it inside the graph (``ExtendGraphs(greedy=True)``): the ~6 launches
-    after the replay cost a verify step ~0.25 ms of host time with the GPU idle (H200 host, 2026-11-29)."""
+    graph of a speculating engine forms it inside the graph and copies it to pinned memory (``ExtendGraphs(greedy=
+    True)``): the ~6 launches and the copy after the replay cost a verify step ~0.2-0.35 ms of host time with the
+    GPU idle (H200 host, 2026-11-29, ``lab.scripts.verify_host``)."""
     best = logits.argmax(-1)
     return torch.stack([best.float(), torch.log_softmax(logits.float(), -1).gather(1, best[:, None])[:, 0]])
+
+
+def _host_rows(pair: torch.Tensor) -> list[list[float]]:
+    """``pair`` as lists; a pinned one (an extend graph copied it out itself) after the replay's stream finished."""
+    if pair.device.type == "cpu" and pair.is_pinned():
+        torch.cuda.current_stream().synchronize()
+    return pair.tolist()
 
 
 def rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None) -> list[int]:
