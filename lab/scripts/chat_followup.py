@@ -4,7 +4,9 @@ every turn (issue 29). Per context and KV method, one engine (random weights at 
 ids fit any larger vocabulary) serves the document question once (cached), one untimed turn pair, then
 ``--turns`` new turns with :class:`~oscarkv.engine.token_memo.TokenMemo` on and off in turn: each request's
 time from ``add_request(text)`` to its first token (tokenizing, validation, the step), and the tokenizer alone
-on the same text (whole against the memo, ids checked equal). Prints a table, writes ``chat_followup.json``.
+on the same text (whole against the memo, ids checked equal). ``--kind questions``: each follow-up a new
+conversation whose one message holds the document and another question (the memo cuts at a line start). Prints a
+table, writes ``chat_followup.json``.
 
     python -m lab.scripts.chat_followup --tokenizer DIR --contexts 32768,102400 --methods bf16,oscar --out DIR
 """
@@ -34,6 +36,16 @@ def document(tok, tokens: int) -> str:
     return (text * reps)[:int(tokens / per_char)]
 
 
+def asked(msgs: list[dict], kind: str, i: int, memo: bool) -> list[dict]:
+    """Follow-up ``i``'s messages: the conversation grown by an answer and a question (``turns``), or a new one asking
+    another question about the document in its one message (``questions``)."""
+    q = f"Question {i} ({memo}): and what lies west of the harbour?"
+    if kind == "questions":
+        return [{"role": "user", "content": msgs[0]["content"][:-len(QUESTION)] + q}]
+    return msgs + [{"role": "assistant", "content": f"Answer {i}{memo}: it lies east, by the pier."},
+                   {"role": "user", "content": q}]
+
+
 def turn(engine, text: str, rid: str) -> dict:
     hits, n = engine.manager.hit_tokens, len(engine.runner.launches)
     e2e.sync()
@@ -60,7 +72,7 @@ def tokenize_times(tok, held: str, text: str) -> dict:
     return dict(tokens=len(want), memo_s=cut, whole_s=whole)
 
 
-def one(model, tok, method: str, context: int, turns: int, kv_bytes: int = 24 << 30) -> list[dict]:
+def one(model, tok, method: str, context: int, turns: int, kind: str = "turns", kv_bytes: int = 24 << 30) -> list[dict]:
     engine = followup_engine(model, method, kv_bytes, 512, 512, PIECEWISE_BUCKETS, tokenizer=tok)
     msgs = [{"role": "user", "content": document(tok, context) + "\n" + QUESTION}]
     chat = lambda m: tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True)  # noqa: E731
@@ -70,10 +82,8 @@ def one(model, tok, method: str, context: int, turns: int, kv_bytes: int = 24 <<
     for i in range(turns + 1):
         for memo in (True, False):
             engine.tokens.enabled = memo
-            ask = msgs + [{"role": "assistant", "content": f"Answer {i}{memo}: it lies east, by the pier."},
-                          {"role": "user", "content": f"Question {i} ({memo}): and what lies west of the harbour?"}]
-            text = chat(ask)
-            r = turn(engine, text, f"t{i}{memo}") | dict(method=method, context=context, memo=memo, turn=i)
+            text = chat(asked(msgs, kind, i, memo))
+            r = turn(engine, text, f"t{i}{memo}") | dict(method=method, context=context, memo=memo, turn=i, kind=kind)
             r |= tokenize_times(tok, base, text)
             if i:  # NOTE: turn 0 is the warm-up (its staged graph captured on the second sighting)
                 rows.append(r)
@@ -103,6 +113,7 @@ def grid(one_fn, table_fn, name: str) -> None:
     ap.add_argument("--contexts", default="32768,102400")
     ap.add_argument("--methods", default="bf16,oscar")
     ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--kind", choices=("turns", "questions"), default="turns")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     from transformers import AutoTokenizer
@@ -111,7 +122,7 @@ def grid(one_fn, table_fn, name: str) -> None:
     model, rows = e2e.random_model(a.shape), []
     for context in (int(c) for c in a.contexts.split(",")):
         for method in a.methods.split(","):
-            rows += one_fn(model, tok, method, context, a.turns)
+            rows += one_fn(model, tok, method, context, a.turns, a.kind)
             e2e.release()
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / f"{name}.json").write_text(json.dumps(rows, indent=1))

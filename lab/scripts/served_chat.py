@@ -23,10 +23,10 @@ from oscarkv.engine.async_engine import AsyncEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.server.app import create_app, served_model
 from oscarkv.server.launch import serving_in_thread
-from lab.scripts.chat_followup import QUESTION, document, grid
+from lab.scripts.chat_followup import QUESTION, asked, document, grid
 
 
-def one(model, tok, method: str, context: int, turns: int, kv_bytes: int = 24 << 30) -> list[dict]:
+def one(model, tok, method: str, context: int, turns: int, kind: str = "turns", kv_bytes: int = 24 << 30) -> list[dict]:
     import openai
 
     llm = followup_engine(model, method, kv_bytes, 512, 512, PIECEWISE_BUCKETS, tokenizer=tok)
@@ -42,12 +42,11 @@ def one(model, tok, method: str, context: int, turns: int, kv_bytes: int = 24 <<
             for i in range(turns + 1):
                 for memo in (True, False):
                     llm.tokens.enabled = memo
-                    ask = msgs + [{"role": "assistant", "content": f"Answer {i}{memo}: it lies east, by the pier."},
-                                  {"role": "user", "content": f"Question {i} ({memo}): and what lies west of it?"}]
                     t = time.perf_counter()
-                    r = client.chat.completions.create(model="m", messages=ask, max_tokens=1, temperature=0)
+                    r = client.chat.completions.create(model="m", messages=asked(msgs, kind, i, memo), max_tokens=1,
+                                                       temperature=0)
                     row = dict(method=method, context=context, memo=memo, turn=i, wall_s=time.perf_counter() - t,
-                               prompt_tokens=r.usage.prompt_tokens)
+                               prompt_tokens=r.usage.prompt_tokens, kind=kind)
                     if i:  # NOTE: turn 0 warms up (its staged graph is captured on the second sighting)
                         rows.append(row)
                     print(json.dumps(row), flush=True)

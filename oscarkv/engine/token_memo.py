@@ -12,16 +12,28 @@ repeats a held text up to the longest added token's length past the start of suc
 overlapping it, is then decided the same way) takes the held ids before that token and encodes the rest alone,
 with no special tokens of its own (the held ids have any the tokenizer puts first). :class:`TokenMemo` cuts only where a tokenizer
 passes a probe of exactly that (:func:`cuts_exactly`), and where its special tokens go only in front.
+
+Line starts too, for byte-level BPE tokenizers whose pre-tokenizer is a regex split of GPT-2's, Llama 3's or Qwen's
+kind (:func:`_isolates_lines`) over unnormalized (or NFC) text: there every piece holding a newline is whitespace
+(or punctuation ending in newlines), so the first non-space character after a newline starts a piece, and the
+model merges within pieces only. So a question asked again over a document sent as plain text (``/v1/completions``,
+or a new chat whose one message holds the document) re-encodes from the last kept line start before the texts part
+(one every ``LINE_GAP`` characters), not the document. Probed as well (:func:`lines_exactly`).
 """
 
 from __future__ import annotations
 
 import bisect
+import json
+import re
 import threading
 from dataclasses import dataclass
 
 MIN_CHARS = 4096
 """Texts shorter than this are encoded whole (a cut saves nothing worth the bookkeeping)."""
+LINE_GAP = 2048
+"""Characters between the line starts a held text keeps as cuts: a cut re-encodes at most about this much of the
+text two requests share."""
 
 
 @dataclass(frozen=True)
@@ -29,7 +41,8 @@ class _Held:
     text: str
     ids: list[int]
     cuts: tuple[tuple[int, int], ...]
-    """``(char, token)`` for each added token of ``ids`` (a token that encodes text): where a later text may cut."""
+    """``(char, token)`` for each added token of ``ids`` (a token that encodes text) and kept line start, in order:
+    where a later text may cut."""
 
 
 class TokenMemo:
@@ -49,7 +62,10 @@ class TokenMemo:
         self._held: dict[bool, list[_Held]] = {True: [], False: []}
         self._lock = threading.Lock()
         self.reused = 0
-        self.enabled = bool(self.added_ids) and _probe(self)
+        self.at_added, self.lines = bool(self.added_ids), False  # NOTE: each kind of cut probed alone
+        self.at_added = self.at_added and _probe(self, cuts_exactly)
+        self.lines = _isolates_lines(tokenizer) and _probe(self, lines_exactly)
+        self.enabled = self.at_added or self.lines
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The token ids of ``text`` (exactly ``tokenizer(text, add_special_tokens=...).input_ids``)."""
@@ -74,20 +90,24 @@ class TokenMemo:
 
     def _whole(self, text: str, add_special_tokens: bool) -> _Held:
         enc = self.tokenizer(text, add_special_tokens=add_special_tokens)
-        return _Held(text, enc.input_ids, self._cuts(enc, 0, 0))
+        return _Held(text, enc.input_ids, self._cuts(text, enc, 0, 0))
 
     def _extend(self, text: str, held: _Held, j: int, p: int) -> _Held:
         """``held``'s ids before its token ``j`` (at character ``p``), then ``text[p:]`` encoded alone."""
         enc = self.tokenizer(text[p:], add_special_tokens=False)
-        cuts = tuple(c for c in held.cuts if c[1] < j) + self._cuts(enc, p, j)
+        cuts = tuple(c for c in held.cuts if c[1] < j) + self._cuts(text[p:], enc, p, j)
         return _Held(text, held.ids[:j] + enc.input_ids, cuts)
 
-    def _cuts(self, enc, char0: int, token0: int) -> tuple[tuple[int, int], ...]:
+    def _cuts(self, text: str, enc, char0: int, token0: int) -> tuple[tuple[int, int], ...]:
+        """The cuts of ``enc``, the encoding of ``text`` (at character ``char0``, token ``token0`` of a held text)."""
         out = []
-        for k, t in enumerate(enc.input_ids):
-            if t in self.added_ids and (span := enc.token_to_chars(k)) is not None:
-                out.append((char0 + span.start, token0 + k))
-        return tuple(out)
+        if self.at_added:
+            for k, t in enumerate(enc.input_ids):
+                if t in self.added_ids and (span := enc.token_to_chars(k)) is not None:
+                    out.append((char0 + span.start, token0 + k))
+        if self.lines:
+            out += ((char0 + c, token0 + k) for c, k in _line_starts(text, enc, LINE_GAP))
+        return tuple(sorted(out))
 
     def _front_only(self) -> bool:
         """Whether the tokenizer's own special tokens (``add_special_tokens``) all go before the text's."""
@@ -113,10 +133,49 @@ def _raw_added(tokenizer) -> dict[str, int]:
     return {t.content: i for i, t in tokens.items() if not getattr(t, "normalized", True)}
 
 
+def _line_starts(text: str, enc, gap: int) -> list[tuple[int, int]]:
+    """``(char, token)`` of line starts of ``text`` (a character after a newline that is not whitespace, where a
+    token of its encoding ``enc`` starts), about ``gap`` characters apart."""
+    out, i = [], text.find("\n", gap)
+    while 0 <= i < len(text) - 1:
+        c = i + 1
+        if not text[c].isspace() and (k := enc.char_to_token(c)) is not None and enc.token_to_chars(k).start == c:
+            out.append((c, k))
+            i = text.find("\n", c + gap)
+        else:
+            i = text.find("\n", c)
+    return out
+
+
+def _isolates_lines(tokenizer) -> bool:
+    """Whether ``tokenizer`` is a byte-level BPE over unnormalized or NFC text whose pieces are GPT-2's regex
+    (ByteLevel's own) or Split patterns of Llama 3's and Qwen's kind (whitespace runs as ``\\s+(?!\\S)``), Digits
+    beside them, so that a line's first non-space character starts a piece; and no token of its vocabulary holds a
+    newline followed by anything but whitespace, so that no merge joins a line start to what precedes it."""
+    try:
+        spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    except Exception:  # NOTE: not a fast tokenizer (or a fake one): no line cuts
+        return False
+    norm, pre = spec.get("normalizer"), spec.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    byte = [p for p in parts if p.get("type") == "ByteLevel"]
+    splits = [str((p.get("pattern") or {}).get("Regex", "")) for p in parts if p.get("type") == "Split"]
+    regex = all(r"\s+(?!\S)" in s for s in splits) if splits else all(p.get("use_regex") for p in byte)
+    return (spec.get("model", {}).get("type") == "BPE" and (norm is None or norm.get("type") == "NFC") and bool(byte)
+            and regex and {p.get("type") for p in parts} <= {"Split", "ByteLevel", "Digits"}
+            and not any(p.get("add_prefix_space") for p in byte)
+            and not any(map(_LINE_JOIN.search, spec["model"].get("vocab", {}))))
+
+
+_LINE_JOIN = re.compile("\u010a[^\u0120\u0109\u010a\u010d\u010b\u010c]")
+"""A byte-level token with a newline (``Ċ``) followed by a byte other than whitespace (space, tab, ``\\n``, ``\\r``,
+``\\v``, ``\\f`` in GPT-2's byte-to-character map)."""
+
+
 def _cut(held: _Held, text: str, reach: int) -> tuple[_Held, int, int] | None:
-    """``(held, token, char)``: the last added token of ``held`` (not its first) that ``text`` repeats with the
-    ``reach`` characters from its start; ``None`` if none."""
-    i = bisect.bisect_right(held.cuts, common_prefix(held.text, text) - reach, key=lambda c: c[0])
+    """``(held, token, char)``: the last cut of ``held`` (not at its first token) that ``text`` repeats with the
+    ``reach`` characters from it (at least one); ``None`` if none."""
+    i = bisect.bisect_right(held.cuts, common_prefix(held.text, text) - max(reach, 1), key=lambda c: c[0])
     return (held, held.cuts[i - 1][1], held.cuts[i - 1][0]) if i and held.cuts[i - 1][1] > 0 else None
 
 
@@ -140,12 +199,32 @@ def common_prefix(a, b, block: int = 4096) -> int:
 _PROBE = ("The first turn names a town; the harbour of Aberdour lies east. ", " and a second line, with 3 numbers: 1, 22, 333.\n")
 
 
-def _probe(memo: TokenMemo) -> bool:
-    """:func:`cuts_exactly`, ``False`` where the probe itself fails (a tokenizer that only looks fast)."""
+def _probe(memo: TokenMemo, probe) -> bool:
+    """``probe(memo)``, ``False`` where the probe itself fails (a tokenizer that only looks fast)."""
     try:
-        return cuts_exactly(memo)
+        return probe(memo)
     except Exception:  # NOTE: any failure of a third-party tokenizer: encode whole texts, never refuse to start
         return False
+
+
+def lines_exactly(memo: TokenMemo) -> bool:
+    """Whether cutting at a line start gives ``memo.tokenizer``'s own ids on probe texts: lines ending in letters,
+    spaces, punctuation, digits, ``\r`` or another newline, the next line starting with letters, digits, brackets,
+    quotes, an apostrophe, accented and non-Latin letters; with special tokens too where they all go in front."""
+    tok, kinds = memo.tokenizer, (False, True) if memo._front_only() else (False,)
+    for end in ("", " ", "  ", ".", ":", "\n", "\r", "9", "é"):
+        for first in ("Harbour", "3 boats", "(east)", "- a", "é", "'s x", "“q”", "Ωμ", "$1", "\u4e2d\u6587"):
+            head, c = _PROBE[0] + end + "\n", len(_PROBE[0] + end) + 1
+            text = head + first + _PROBE[1]
+            for special in kinds:
+                held = tok(head + first + " lies east", add_special_tokens=special)
+                k = held.char_to_token(c)
+                if k is None or held.token_to_chars(k).start != c:
+                    return False
+                cut = held.input_ids[:k] + tok(text[c:], add_special_tokens=False).input_ids
+                if cut != tok(text, add_special_tokens=special).input_ids:
+                    return False
+    return True
 
 
 def cuts_exactly(memo: TokenMemo) -> bool:

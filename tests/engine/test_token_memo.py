@@ -8,8 +8,9 @@ import random
 from importlib import resources
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
+from oscarkv.engine import token_memo
 from oscarkv.engine.token_memo import TokenMemo, common_prefix
 
 DOC = resources.files("oscarkv.data").joinpath("gazetteer.txt").read_text()
@@ -52,10 +53,30 @@ def test_default_tokenizer_chats_encode_exactly_and_reuse(default_tokenizer):
 
 
 def test_default_tokenizer_plain_documents_encode_exactly(default_tokenizer):
-    """No added token inside: whole texts (nothing to cut at), still exactly the tokenizer's ids."""
+    """No added token inside: a document asked about again as plain text is cut at a kept line start (``LINE_GAP``
+    apart), exactly; a text that parts before the first kept line start is encoded whole."""
     memo = TokenMemo(default_tokenizer)
-    check(memo, default_tokenizer, [DOC[:6000], DOC[:6000] + " more", DOC[:7000]], special=True)
-    assert memo.reused == 0
+    assert memo.lines
+    asks = [DOC[:9000] + q for q in ("\n\nQuestion: where?", "\nQuestion: who?", " and more", "\n  (why)")]
+    check(memo, default_tokenizer, asks + [DOC[:1000] + "x" + DOC[1001:9000]], special=True)
+    assert memo.reused > 3 * len(default_tokenizer(DOC[:6000]).input_ids)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_line_cuts_are_exact_on_edited_texts(default_tokenizer, data):
+    """Texts full of line ends (spaces, punctuation, digits, ``\\r``, blank lines, accents) and edits at random
+    places: every text encodes to the tokenizer's own ids, cut at line starts a few characters apart."""
+    alphabet = st.sampled_from(["\n", "\r\n", " ", "  ", ".", "é", "3", "ab", "The", "(x)", "'s", "\t", "\n\n", "Ω"])
+    base = "".join(data.draw(st.lists(alphabet, min_size=30, max_size=80)))
+    memo = TokenMemo(default_tokenizer)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(token_memo, "MIN_CHARS", 8)
+        mp.setattr(token_memo, "LINE_GAP", 3)
+        for _ in range(4):
+            at = data.draw(st.integers(0, len(base)))
+            base = base[:at] + "".join(data.draw(st.lists(alphabet, max_size=6)))
+            check(memo, default_tokenizer, [base], special=data.draw(st.booleans()))
 
 
 def test_cut_texts_differing_right_after_an_added_token(default_tokenizer):
@@ -76,7 +97,8 @@ def trained_tokenizers():
 
     special = ["<s>", "</s>", "<|user|>", "<|assistant|>"]
     kinds = {
-        "byte-bpe": (models.BPE(), trainers.BpeTrainer(vocab_size=600, special_tokens=special),
+        "byte-bpe": (models.BPE(), trainers.BpeTrainer(vocab_size=600, special_tokens=special,  # every byte: real ones do
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
                      None, pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()),
         "metaspace-unigram": (models.Unigram(), trainers.UnigramTrainer(vocab_size=400, special_tokens=special,
                                                                         unk_token="</s>"),
@@ -115,9 +137,10 @@ def trained():
 def test_trained_tokenizers_encode_exactly(trained, kind):
     tok = trained[kind]
     memo = TokenMemo(tok)
-    assert memo.enabled
+    assert memo.enabled and memo.lines == (kind == "byte-bpe")  # line cuts: byte-level BPE over regex pieces only
     texts = list(chat_texts(tok, range(2)))
     texts += [texts[1] + "<x> and", texts[1] + "<x>and more </s>"]  # an added token matched after normalizing
+    texts += [DOC[:9000] + "\nWhere?", DOC[:9000] + "\n Who?"]  # a plain document asked about again
     for special in (False, True):
         check(memo, tok, texts, special)
     assert memo.reused > 0
@@ -196,3 +219,24 @@ def test_many_conversations_each_keep_their_last_turn(default_tokenizer):
         held = memo._held[False]
         assert len(held) >= 6 if budget > 4000 else (len(held) == 1 or sum(len(h.ids) for h in held) <= budget)
     assert reused[1 << 21] > 10 * reused[4000]
+
+
+@pytest.mark.parametrize("pre", ["spaces", "no-regex", "prefix-space"])
+def test_no_line_cuts_where_pieces_or_merges_may_span_a_line_start(pre):
+    """Byte-level BPEs whose pieces are not GPT-2's or Llama 3's regex (split at spaces only, or not split) learn
+    merges across line starts (``.ĊThe``): never cut at lines. One that prefixes a space cannot cut at all."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    byte = pre_tokenizers.ByteLevel(add_prefix_space=pre == "prefix-space", use_regex=pre == "prefix-space")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(" "), "merged_with_next"), byte]) \
+        if pre == "spaces" else byte
+    tk.train_from_iterator([DOC[i:i + 2000] for i in range(0, 100000, 2000)],
+                           trainers.BpeTrainer(vocab_size=1500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk)
+    joins = [t for t in tok.get_vocab() if token_memo._LINE_JOIN.search(t)]
+    assert bool(joins) == (pre != "prefix-space")
+    memo = TokenMemo(tok)
+    assert not memo.lines and not memo.enabled
+    check(memo, tok, [DOC[:9000] + "\nWhere?", DOC[:9000] + "\nWho?"], special=False)
