@@ -13,19 +13,16 @@ log-probs formed inside the extend graph (``speculative.greedy_pair``, the defau
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import time
 from collections import defaultdict
-from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from oscarkv.bench import e2e
 from oscarkv.bench.speculative import ForcedDrafter, clear_span
-from oscarkv.config import SpeculativeConfig
+from lab.scripts.verify_profile import parser, spec_engine
 
 
 class Phases:
@@ -86,21 +83,11 @@ def timed(engine, ph: Phases, steps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="qwen3-4b")
-    ap.add_argument("--context", type=int, default=102400)
-    ap.add_argument("--ks", default="4")
+    ap = parser("4", 12)
     ap.add_argument("--method", default="oscar")
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--kv-gib", type=float, default=16)
-    ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     ks = [int(x) for x in a.ks.split(",")]
-    model = e2e.random_model(a.shape)
-    plain = e2e.build_engine(model, a.method, int(a.kv_gib * 2**30), 1, 8192)
-    engine = e2e.bench_engine(model, replace(plain.cfg, speculative=SpeculativeConfig(
-        "ngram", num_speculative_tokens=max(ks), min_acceptance=0.0)), e2e.random_artifact(model.config) if a.method == "oscar" else None)
-    plain.close()
+    engine = spec_engine(e2e.random_model(a.shape), a.method, a.kv_gib, max(ks), min_acceptance=0.0)
     e2e.add_prompts(engine, 1, a.context, 64 + len(ks) * 2 * (4 * a.steps + 2 + engine.manager.P + max(ks)),
                     seed=a.context)
     e2e.drive(engine, max_steps=4)

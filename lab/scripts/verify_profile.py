@@ -43,24 +43,37 @@ def rows(engine, ctx: int, ks: list[int], steps: int) -> list[dict]:
     return out
 
 
-def main() -> None:
+def parser(ks: str, steps: int) -> argparse.ArgumentParser:
+    """The command line this script shares with ``lab.scripts.verify_host``."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-4b")
     ap.add_argument("--context", type=int, default=102400)
-    ap.add_argument("--ks", default="2,8")
-    ap.add_argument("--methods", default="oscar,bf16")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--ks", default=ks)
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--kv-gib", type=float, default=16)
     ap.add_argument("--out", type=Path, required=True)
+    return ap
+
+
+def spec_engine(model, method: str, kv_gib: float, k: int, **spec):
+    """An engine of ``model`` with n-gram speculation of up to ``k`` drafts (``spec``: other ``SpeculativeConfig``
+    fields), one sequence; OSCAR with a random artifact."""
+    plain = e2e.build_engine(model, method, int(kv_gib * 2**30), 1, 8192)
+    engine = e2e.bench_engine(model, replace(plain.cfg, speculative=SpeculativeConfig(
+        "ngram", num_speculative_tokens=k, **spec)), e2e.random_artifact(model.config) if method == "oscar" else None)
+    plain.close()
+    return engine
+
+
+def main() -> None:
+    ap = parser("2,8", 6)
+    ap.add_argument("--methods", default="oscar,bf16")
     a = ap.parse_args()
     ks = [int(x) for x in a.ks.split(",")]
     model = e2e.random_model(a.shape)
     res, lines = [], []
     for method in a.methods.split(","):
-        plain = e2e.build_engine(model, method, int(a.kv_gib * 2**30), 1, 8192)
-        engine = e2e.bench_engine(model, replace(plain.cfg, speculative=SpeculativeConfig(
-            "ngram", num_speculative_tokens=max(ks))), e2e.random_artifact(model.config) if method == "oscar" else None)
-        plain.close()
+        engine = spec_engine(model, method, a.kv_gib, max(ks))
         for r in rows(engine, a.context, ks, a.steps):
             r.update(method=method, context=a.context, shape=a.shape)
             res.append(r)
