@@ -5,8 +5,9 @@ ids fit any larger vocabulary) serves the document question once (cached), one u
 ``--turns`` new turns with :class:`~oscarkv.engine.token_memo.TokenMemo` on and off in turn: each request's
 time from ``add_request(text)`` to its first token (tokenizing, validation, the step), and the tokenizer alone
 on the same text (whole against the memo, ids checked equal). ``--kind questions``: each follow-up a new
-conversation whose one message holds the document and another question (the memo cuts at a line start). Prints a
-table, writes ``chat_followup.json``.
+conversation whose one message holds the document and another question (the memo cuts at a line start);
+``questions+resume``: with ``EngineConfig.resume_questions`` (a chunk starts at the question's line). Prints a table,
+writes ``chat_followup.json``.
 
     python -m lab.scripts.chat_followup --tokenizer DIR --contexts 32768,102400 --methods bf16,oscar --out DIR
 """
@@ -17,12 +18,14 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
 from oscarkv.bench import e2e
 from oscarkv.bench.followup import followup_engine
 from oscarkv.config.serving import PIECEWISE_BUCKETS
+from oscarkv.engine.admission import LineStarts
 from oscarkv.engine.request import SamplingParams
 from oscarkv.engine.token_memo import TokenMemo
 
@@ -40,10 +43,19 @@ def asked(msgs: list[dict], kind: str, i: int, memo: bool) -> list[dict]:
     """Follow-up ``i``'s messages: the conversation grown by an answer and a question (``turns``), or a new one asking
     another question about the document in its one message (``questions``)."""
     q = f"Question {i} ({memo}): and what lies west of the harbour?"
-    if kind == "questions":
+    if kind.startswith("questions"):
         return [{"role": "user", "content": msgs[0]["content"][:-len(QUESTION)] + q}]
     return msgs + [{"role": "assistant", "content": f"Answer {i}{memo}: it lies east, by the pier."},
                    {"role": "user", "content": q}]
+
+
+def follow_engine(model, tok, method: str, kind: str, kv_bytes: int):
+    """The served engine of these follow-ups (512-token chunks, piecewise graphs); ``questions+resume``: with
+    ``EngineConfig.resume_questions``."""
+    engine = followup_engine(model, method, kv_bytes, 512, 512, PIECEWISE_BUCKETS, tokenizer=tok)
+    if kind.endswith("+resume"):
+        engine.admission = replace(engine.admission, lines=LineStarts.of(tok))
+    return engine
 
 
 def turn(engine, text: str, rid: str) -> dict:
@@ -73,7 +85,7 @@ def tokenize_times(tok, held: str, text: str) -> dict:
 
 
 def one(model, tok, method: str, context: int, turns: int, kind: str = "turns", kv_bytes: int = 24 << 30) -> list[dict]:
-    engine = followup_engine(model, method, kv_bytes, 512, 512, PIECEWISE_BUCKETS, tokenizer=tok)
+    engine = follow_engine(model, tok, method, kind, kv_bytes)
     msgs = [{"role": "user", "content": document(tok, context) + "\n" + QUESTION}]
     chat = lambda m: tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True)  # noqa: E731
     base = chat(msgs)
@@ -113,7 +125,7 @@ def grid(one_fn, table_fn, name: str) -> None:
     ap.add_argument("--contexts", default="32768,102400")
     ap.add_argument("--methods", default="bf16,oscar")
     ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--kind", choices=("turns", "questions"), default="turns")
+    ap.add_argument("--kind", choices=("turns", "questions", "questions+resume"), default="turns")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     from transformers import AutoTokenizer

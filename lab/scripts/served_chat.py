@@ -16,20 +16,18 @@ import statistics
 import time
 
 from oscarkv.bench import e2e
-from oscarkv.bench.followup import followup_engine
 from oscarkv.config import ServerConfig
-from oscarkv.config.serving import PIECEWISE_BUCKETS
 from oscarkv.engine.async_engine import AsyncEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.server.app import create_app, served_model
 from oscarkv.server.launch import serving_in_thread
-from lab.scripts.chat_followup import QUESTION, asked, document, grid
+from lab.scripts.chat_followup import QUESTION, asked, document, follow_engine, grid
 
 
 def one(model, tok, method: str, context: int, turns: int, kind: str = "turns", kv_bytes: int = 24 << 30) -> list[dict]:
     import openai
 
-    llm = followup_engine(model, method, kv_bytes, 512, 512, PIECEWISE_BUCKETS, tokenizer=tok)
+    llm = follow_engine(model, tok, method, kind, kv_bytes)
     msgs = [{"role": "user", "content": document(tok, context) + "\n" + QUESTION}]
     llm.add_request("doc", tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
                     SamplingParams(max_tokens=1, ignore_eos=True))

@@ -176,7 +176,8 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     # NOTE: unset windows and bits come from the artifact's recipe (oscarkv calibrate --max-bpe), else KVConfig's defaults
     p.set_defaults(sink=None, recent=None, key_bits=None, value_bits=None)
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
-                                 "enable_prefix_caching", "prefix_windows", "resume_turns", "overlap", "tensor_parallel_size",
+                                 "enable_prefix_caching", "prefix_windows", "resume_turns", "resume_questions", "overlap",
+                                 "tensor_parallel_size",
                                  "l2_prefetch", "l2_prefetch_mib", "piecewise_graph_buckets", "piecewise_batches"])
     p.add_argument("--speculative", choices=SPECULATIVE_METHODS, default="none",
                    help=field_docs(SpeculativeConfig)["method"] + " (default: none)")

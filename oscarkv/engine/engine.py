@@ -41,7 +41,7 @@ from oscarkv.cache.window import WindowCache
 from oscarkv.config import EngineConfig
 from oscarkv.engine import sampler
 from oscarkv.attention.step import AttentionBackend
-from oscarkv.engine.admission import Admission, ValidRequest, turn_marker
+from oscarkv.engine.admission import Admission, LineStarts, ValidRequest, turn_marker
 from oscarkv.engine.assembly import build_runner_and_codec, eos_ids
 from oscarkv.engine.detokenizer import Detokenizer, IncrementalText
 from oscarkv.engine.token_memo import TokenMemo
@@ -87,8 +87,10 @@ class LLMEngine:
                                       cfg.enable_prefix_caching, window)
         self.spec = SpeculativeDecoder(cfg.speculative) if cfg.speculative.enabled else None
         self.scheduler = Scheduler(cfg, self.manager, self.spec.propose if self.spec else None)
+        resume = cfg.enable_prefix_caching and tokenizer is not None
         self.admission = Admission(cfg, self.manager, self.max_model_len,
-                                   turn_marker(tokenizer) if cfg.resume_turns and cfg.enable_prefix_caching else ())
+                                   turn_marker(tokenizer) if resume and cfg.resume_turns else (),
+                                   LineStarts.of(tokenizer) if resume and cfg.resume_questions else None)
         self.eos = tuple(eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
         self.num_prompt_tokens = 0  # statistics: prompt tokens of added requests ...

@@ -80,3 +80,20 @@ def test_turn_marker_of_the_default_chat_template():
     whole = tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True), add_special_tokens=False).input_ids
     assert whole[:len(first)] == first and turn_ends(whole, marker) == (len(first), len(whole))
 
+
+
+def test_line_starts_of_the_default_tokenizer():
+    """A document and a question in one chat message: the last line start before the assistant prefix is the
+    question's first token (the newline after ``<|im_end|>`` is followed by a special token: not a line start)."""
+    import numpy as np
+
+    from oscarkv.engine.admission import LineStarts, turn_marker
+    from oscarkv.models.loader import load_model
+
+    tok = load_model("default", torch.float32).tokenizer
+    lines, marker = LineStarts.of(tok), turn_marker(tok)
+    msg = [{"role": "user", "content": "The harbour lies east.\nThe pier is old.\n\nQuestion: where is the pier?"}]
+    ids = tok(tok.apply_chat_template(msg, tokenize=False, add_generation_prompt=True), add_special_tokens=False).input_ids
+    p = lines.last(np.array(ids), len(ids) - len(marker))
+    assert tok.decode(ids[p:p + 1]) == "Question" and lines.last(np.array(ids), len(ids)) == p
+    assert lines.special[tok.convert_tokens_to_ids("<|im_start|>")] and lines.newline[tok("\n").input_ids[0]]

@@ -91,6 +91,45 @@ def test_chat_follow_up_resumes_where_the_turn_marker_ends(llama, artifact):
         assert engine.manager.hit_tokens == hit
 
 
+def test_a_new_question_on_a_document_resumes_at_its_line(llama, artifact):
+    """``Admission.lines``: a long single-turn prompt resumes at its last line, so another question on the same
+    document hits every page before that line, and gives what a cold run of it gives (a function of the prompt);
+    without it the hit stops at the last chunk start. Short or multi-turn prompts get no line resume point."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from oscarkv.engine.admission import LineStarts
+
+    nl = 5  # a stand-in newline token
+    lines = LineStarts(np.arange(64) == nl, np.zeros(64, dtype=bool))
+    doc = [t if t != nl else 6 for t in prompts(1, 150, seed=9)[0]] + [nl]  # the question's line starts at 151
+    asks = [doc + [3, 1, 4, 1], doc + [2, 7, 1, 8, 2]]
+    kw = dict(prefill_chunk=32, max_num_batched_tokens=48)
+
+    def engine(on: bool) -> LLMEngine:
+        e = make_engine(llama, "oscar", artifact, **kw)
+        e.admission = replace(e.admission, lines=lines if on else None)
+        return e
+
+    hot = {}
+    for on, hit in ((True, 144), (False, 128)):  # pages of 8: 151 rounds down to 144; chunks of 32 from 0: 128
+        warm = engine(on)
+        run(warm, [asks[0]])
+        hot[on] = run(warm, [asks[1]])[0]
+        assert warm.manager.hit_tokens == hit
+    cold = run(engine(True), [asks[1]])[0]
+    assert hot[True].token_ids == cold.token_ids and hot[True].logprobs == cold.logprobs
+    adm = engine(True).admission
+    assert adm.question(np.array(asks[0])) == (151,) and adm.question(np.array(asks[0][-60:])) == ()  # too short
+    turns = replace(adm, turn_marker=(7, 7))
+    assert turns.validate("t", doc[:100] + [7, 7] + asks[0][100:], GREEDY).schedule.resume == (96,)  # its turn only
+    from tests.byte_llama import byte_tokenizer  # EngineConfig.resume_questions: line starts from the tokenizer
+
+    built = [LLMEngine.from_hf(llama, engine_config(resume_questions=on), artifact, byte_tokenizer()) for on in (1, 0)]
+    assert built[0].admission.lines.newline[byte_tokenizer()("\n").input_ids[-1]] and built[1].admission.lines is None
+
+
 def test_preemption_resumes_exactly(llama, artifact):
     ps = [p[:24] for p in prompts(3, 24, seed=4)]
     params = [SamplingParams(max_tokens=20, temperature=0.8 if i % 2 else 0, seed=i, ignore_eos=True, logprobs=True)
