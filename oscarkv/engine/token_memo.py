@@ -15,8 +15,8 @@ passes a probe of exactly that (:func:`cuts_exactly`), and where its special tok
 
 Line starts too, for byte-level BPE tokenizers whose pre-tokenizer is a regex split of GPT-2's, Llama 3's or Qwen's
 kind (:func:`_isolates_lines`) over unnormalized (or NFC) text: there every piece holding a newline is whitespace
-(or punctuation ending in newlines), so the first non-space character after a newline starts a piece, and the
-model merges within pieces only. So a question asked again over a document sent as plain text (``/v1/completions``,
+(or punctuation ending in newlines), so the first non-space character after a newline starts a piece, and no
+token of the vocabulary joins a newline to a following non-space byte, so no merge crosses it. So a question asked again over a document sent as plain text (``/v1/completions``,
 or a new chat whose one message holds the document) re-encodes from the last kept line start before the texts part
 (one every ``LINE_GAP`` characters), not the document. Probed as well (:func:`lines_exactly`).
 """
