@@ -322,7 +322,9 @@ class EngineConfig:
     a tokenizer), so another question on the same document (a new chat, or plain text) recomputes its own line,
     not up to ``prefill_chunk`` tokens of the document before it (100K tokens, H200: first token 82 -> 34 ms via
     ``LLM``). Costs a cold prompt one more step; off by default, as the accuracy figures were measured without it (the
-    question then reads the document tokens before it beyond the recent window in INT2, as a follow-up turn does)."""
+    question then reads the document tokens before it beyond the recent window in INT2, as a follow-up turn does;
+    on development needles, CPU, default model, the answers were the same texts: 60 of 60 at 4K, 24 of 24 at 8K,
+    ``lab/results/resume_questions_ab``)."""
     prefix_windows: int = 4
     """With prefix caching and a quantized cache: BF16 room for this many cached windows (sink and recent pages)
     beyond what the running sequences need. A hit needs the BF16 window at its chunk start; without the room a
