@@ -152,19 +152,20 @@ def _isolates_lines(tokenizer) -> bool:
     (ByteLevel's own) or Split patterns of Llama 3's and Qwen's kind (whitespace runs as ``\\s+(?!\\S)``), Digits
     beside them, so that a line's first non-space character starts a piece; and no token of its vocabulary holds a
     newline followed by anything but whitespace, so that no merge joins a line start to what precedes it."""
-    try:
-        spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    try:  # NOTE: the parts' own states, not the whole tokenizer's JSON (its merges: megabytes at start-up)
+        bt = tokenizer.backend_tokenizer
+        norm, pre = (json.loads(p.__getstate__()) if p is not None else None for p in (bt.normalizer, bt.pre_tokenizer))
+        model, vocab = type(bt.model).__name__, bt.get_vocab(with_added_tokens=False)
     except Exception:  # NOTE: not a fast tokenizer (or a fake one): no line cuts
         return False
-    norm, pre = spec.get("normalizer"), spec.get("pre_tokenizer") or {}
+    pre = pre or {}
     parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
     byte = [p for p in parts if p.get("type") == "ByteLevel"]
     splits = [str((p.get("pattern") or {}).get("Regex", "")) for p in parts if p.get("type") == "Split"]
     regex = all(r"\s+(?!\S)" in s for s in splits) if splits else all(p.get("use_regex") for p in byte)
-    return (spec.get("model", {}).get("type") == "BPE" and (norm is None or norm.get("type") == "NFC") and bool(byte)
+    return (model == "BPE" and (norm is None or norm.get("type") == "NFC") and bool(byte)
             and regex and {p.get("type") for p in parts} <= {"Split", "ByteLevel", "Digits"}
-            and not any(p.get("add_prefix_space") for p in byte)
-            and not any(map(_LINE_JOIN.search, spec["model"].get("vocab", {}))))
+            and not any(p.get("add_prefix_space") for p in byte) and not any(map(_LINE_JOIN.search, vocab)))
 
 
 _LINE_JOIN = re.compile("\u010a[^\u0120\u0109\u010a\u010d\u010b\u010c]")

@@ -240,3 +240,22 @@ def test_no_line_cuts_where_pieces_or_merges_may_span_a_line_start(pre):
     memo = TokenMemo(tok)
     assert not memo.lines and not memo.enabled
     check(memo, tok, [DOC[:9000] + "\nWhere?", DOC[:9000] + "\nWho?"], special=False)
+
+
+def test_line_cuts_with_a_split_pattern_of_qwens_kind():
+    """Pieces from a Split pattern of Qwen's / Llama 3's kind beside a byte-level BPE: line cuts on, exact."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), "isolated"),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.train_from_iterator([DOC[i:i + 2000] for i in range(0, 100000, 2000)],
+                           trainers.BpeTrainer(vocab_size=1500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk)
+    memo = TokenMemo(tok)
+    assert memo.lines
+    check(memo, tok, [DOC[:9000] + "\nWhere?", DOC[:9000] + "\nWho is it?", DOC[:9000] + ".\n\n  (why)"], special=False)
+    assert memo.reused > 0
