@@ -6,6 +6,9 @@
 #   multi     the shipped recipe's multi-needle mean at 4K, then at 8K (three tasks, 20 per haystack each)
 #   spec      lab/scripts/gpu_spec.sh part2 (speculative decoding on the default model; verify-step cost)
 #   spectests spec, then the GPU tests of speculation;  gputests  those tests alone
+#   rq        --resume-questions' answers on development needles (lab/scripts/resume_questions_ab.py): RQ_SAMPLES
+#             (default 160) single needles at 4K and 8K, then RQ_MULTI (default 80) multi-key needles at 4K
+#   rqcold    rq's single needles, each request cold (--no-prefix-caching)
 #   timing    spec, then bench followup --prefill-chunk 512 (follow-up turns as served): run it as the only lane
 # FALLBACK_RECIPES (NAME=FILE,...) and FALLBACK_CONFIGS (default k4v2) set the fallback lane.
 # The GGUF travels in parts (lab/scripts/pack_default_model.sh): each of .spec_model/a, a2 carried by a call of its own
@@ -38,10 +41,18 @@ gputests() { timeout "$T" python3 -m pytest -q -p no:cacheprovider -m gpu -rA te
 timing() { spec; mkdir -p "$W/followup"; timeout $(( T - ($(date +%s) - START) )) python3 -m oscarkv.cli bench followup \
   --shapes qwen3-4b --contexts 32768,102400 --new-tokens 1,8,64,512 --methods bf16,oscar --kv-gib 24 \
   --prefill-chunk 512 --out "$W/followup/followup_served.json" > "$W/followup.log" 2>&1; }
+rq() { mkdir -p "$W/rq"; timeout "$T" $PY -m lab.scripts.resume_questions_ab --model "$MODEL" --contexts 4096,8192 \
+    --samples "${RQ_SAMPLES:-160}" --out "$W/rq/single" > "$W/rq.log" 2>&1
+  timeout $(( T - ($(date +%s) - START) )) $PY -m lab.scripts.resume_questions_ab --model "$MODEL" --contexts 4096 \
+    --samples "${RQ_MULTI:-80}" --tasks niah_multikey --out "$W/rq/multi" >> "$W/rq.log" 2>&1; }
+# rqcold: rq's single needles with prefix caching off (each request cold; the split made all the same)
+rqcold() { mkdir -p "$W/rq"; timeout "$T" $PY -m lab.scripts.resume_questions_ab --model "$MODEL" --contexts 4096,8192 \
+    --samples "${RQ_SAMPLES:-160}" --no-prefix-caching --out "$W/rq/cold" > "$W/rq.log" 2>&1; }
 START=$(date +%s)
 shift; for lane in ${*:-fallback multi spec}; do $lane & done; wait
 { nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md "$W"/spec/spec.md; do
     echo "== $f"; cat "$f"; done; echo "== followup"; grep '^|' "$W/followup.log" 2>/dev/null
+  echo "== rq"; grep '^{' "$W/rq.log" 2>/dev/null
   echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1
 find "$W" -name "*.safetensors" -delete
 tar -czf "$OUT/lanes.tgz" -C /tmp "$(basename "$W")"

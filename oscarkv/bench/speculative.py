@@ -48,6 +48,7 @@ from oscarkv.config import EngineConfig, KVConfig, SpeculativeConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.engine.speculative import SpecStats
+from oscarkv.quant.artifact import apply_recipe
 
 TASKS = {"copy": "Repeat the text above exactly, word for word, from its first line.",
          "no-copy": "Now, without quoting the text above, write a short story about a fox who learns to play the violin."}
@@ -144,10 +145,13 @@ def divergence(ref: tuple[list[int], list[float]], got: tuple[list[int], list[fl
 
 
 def model_engine_factory(loaded, artifact, kv_bytes: int = 1 << 28):
-    """``make_engine(method, K)`` for :func:`task_rows` on a loaded real model (ngram drafts when K > 0)."""
+    """``make_engine(method, K)`` for :func:`task_rows` on a loaded real model (ngram drafts when K > 0); OSCAR with
+    the artifact's recipe, as ``LLM`` and ``serve`` apply it (the default model's: pages of 16, 4-bit keys in 45
+    heads)."""
     def make(method: str, k: int) -> LLMEngine:
         spec = SpeculativeConfig("ngram", num_speculative_tokens=k) if k else SpeculativeConfig()
-        cfg = EngineConfig(KVConfig(method), kv_memory_bytes=kv_bytes, max_num_seqs=4, speculative=spec)
+        kv = apply_recipe(KVConfig(method), artifact if method == "oscar" else None)
+        cfg = EngineConfig(kv, kv_memory_bytes=kv_bytes, max_num_seqs=4, speculative=spec)
         return LLMEngine.from_hf(loaded.model, cfg, artifact if method == "oscar" else None, loaded.tokenizer)
     return make
 

@@ -210,6 +210,10 @@ class KVPools:
         return LayerKV(self.bf16_k[i], self.bf16_v[i], first.int2_k, first.int2_v,
                        HeadSplit(second.lo, last.int2_k, last.int2_v))
 
+    def model_layers(self) -> list[int]:
+        """Every model layer the pools serve (:meth:`parts` of each: its head ranges, or its window)."""
+        return sorted(self._index)
+
     def parts(self, layer: int) -> list[tuple[HeadPart, LayerKV]]:
         """Model layer ``layer``'s head ranges, each with its view (BF16 pages of its heads, its history pages):
         one range covering every head unless a per-head allocation splits the layer (a sliding layer: its window)."""

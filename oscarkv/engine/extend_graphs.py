@@ -50,7 +50,7 @@ from dataclasses import replace
 import torch
 
 from oscarkv.attention.backends import TritonAttention
-from oscarkv.attention.step import StepContext
+from oscarkv.attention.step import StepContext, by_head_ranges
 from oscarkv.cache.manager import WritePlan
 from oscarkv.cache.paged_layout import PageTables
 from oscarkv.engine.cuda_graphs import StagedTable, _capture
@@ -61,7 +61,8 @@ log = logging.getLogger(__name__)
 
 
 class _FixedSplitK(TritonAttention):
-    """The Triton backend whose ``extend`` is always the split-K chunk kernel at ``max_chunk`` (a fixed grid)."""
+    """The Triton backend whose ``extend`` is always the split-K chunk kernel at ``max_chunk`` (a fixed grid); a layer
+    a per-head allocation splits, one launch per head range (as the eager route takes it)."""
 
     def __init__(self, max_chunk: int) -> None:
         self.max_chunk = max_chunk
@@ -70,6 +71,9 @@ class _FixedSplitK(TritonAttention):
         from oscarkv.kernels.chunk_splitk import chunk_attention
         from oscarkv.kernels.pools import rows_contiguous
 
+        if kv.split is not None:
+            return by_head_ranges(kv, lambda q_, k_, v_, kv_: self.extend(q_, k_, v_, kv_, tables, cu_seqlens, scale),
+                                  q, (k_new, v_new))
         return chunk_attention(rows_contiguous(q), rows_contiguous(k_new), rows_contiguous(v_new), kv, tables,
                                cu_seqlens, scale, max_chunk=self.max_chunk)
 
@@ -201,7 +205,8 @@ class ExtendGraphs:
         self.pool = torch.cuda.graph_pool_handle() if runner.device.type == "cuda" else None
         # NOTE: another backend (the CPU's oracles) has one extend route for every shape
         self.splitk = isinstance(runner.backend, TritonAttention)
-        self.serves = not self.splitk or serves(runner.pools.parts(0)[0][1])
+        self.serves = not self.splitk or all(serves(kv) for i in runner.pools.model_layers()
+                                                 for _, kv in runner.pools.parts(i))
         self.replays = 0
         self.fallbacks: Counter[str] = Counter()
         """Extend steps that ran eagerly, by :meth:`reason`."""

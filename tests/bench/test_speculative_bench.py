@@ -72,6 +72,19 @@ def test_a_bench_json_replays_through_the_draft_gate_sim(rows, tmp_path, monkeyp
     assert r["verify"] >= 1 and r["steps"] < 19 and json.loads(out.read_text())["prompts"]["copy"][:3] == a[:3]
 
 
+def test_model_engines_serve_the_artifacts_recipe():
+    """The real-model part's OSCAR engines take the artifact's recipe, as ``LLM`` and ``serve`` do; BF16 none."""
+    from types import SimpleNamespace
+
+    llama = tiny_model()
+    artifact = make_artifact(llama.config)
+    artifact.manifest["recipe"] = dict(sink=0, recent=8, page_size=8, layer_key_heads=[[1], [0]])
+    make = sb.model_engine_factory(SimpleNamespace(model=llama, tokenizer=None), artifact, kv_bytes=1 << 22)
+    kv = make("oscar", 2).cfg.kv
+    assert (kv.sink, kv.recent, kv.page_size, kv.layer_key_heads) == (0, 8, 8, ((1,), (0,)))
+    assert make("bf16", 0).cfg.kv.layer_key_heads == ()
+
+
 def test_verify_cost_steps_verify_k_drafts():
     """At a tiny shape on the CPU: K = 0 steps run one row, K steps 1 + K rows (timed clear of a demotion)."""
     cfg = SpeculativeBench(methods=("oscar",), num_speculative_tokens=(3,), contexts=(700,), steps=6, kv_gib=1 / 64)

@@ -37,8 +37,8 @@ def model():
     return _tiny(0, 4096)
 
 
-def _engine(model, method, extend: bool, **kw) -> LLMEngine:
-    kv = KVConfig(method, group_size=64 if method != "bf16" else None, sink=16, recent=32, page_size=16)
+def _engine(model, method, extend: bool, alloc: dict | None = None, **kw) -> LLMEngine:
+    kv = KVConfig(method, group_size=64 if method != "bf16" else None, sink=16, recent=32, page_size=16, **(alloc or {}))
     cfg = engine_config(method, kv=kv, kv_memory_bytes=1 << 24, prefill_chunk=48,
                         extend_graph_buckets=(2, 4, 8, 16, 32, 64) if extend else (), piecewise_graph_buckets=(), **kw)
     return LLMEngine.from_hf(model, cfg, random_artifact(model.config) if method == "oscar" else None)
@@ -58,6 +58,20 @@ def test_followups_through_graphs_match_eager_gpu(model, method):
     got = _followups(engine, ks)
     graphs = engine.runner.extend_graphs
     assert graphs is not None and graphs.replays == len(ks) and set(graphs.graphs) == {2, 4, 8}, graphs.fallbacks
+    _compare_prefix(eager, got, 0.1)
+
+
+def test_followups_through_graphs_split_layers_gpu(model):
+    """A per-head key allocation (each layer two head ranges, as the default model's shipped recipe splits them):
+    the short buckets' split-K graphs take the ranges one by one (they failed every such follow-up before)."""
+    from tests.engine.test_allocation import HEADS
+
+    ks = (2, 5, 8)
+    eager = _followups(_engine(model, "oscar", False, HEADS), ks)
+    engine = _engine(model, "oscar", True, HEADS)
+    got = _followups(engine, ks)
+    assert engine.runner.pools.geo.layer_parts and engine.runner.extend_graphs.replays == len(ks)
+    assert all(o.finish_reason == "length" for o in got)
     _compare_prefix(eager, got, 0.1)
 
 

@@ -146,3 +146,38 @@ def test_split_layer_extends_cpu():
 def test_split_layer_decodes_in_one_launch_gpu(rep):
     _check_split_decode("cuda", 128, rep, seed=rep)
     _check_split_extend("cuda", 128, rep, seed=rep)
+
+
+def _split_layer(lens: list[int], d: int, lo: int, seed: int):
+    """A layer of 3 KV heads a per-head allocation splits at ``lo``: heads ``[0, lo)`` with 2-bit keys, ``[lo, 3)``
+    with 4-bit keys in pages of their own (``HeadSplit``), one BF16 pool, one page table."""
+    from oscarkv.cache.paged_layout import HeadSplit
+
+    two, tables = random_cache(lens, 3, d, sink=32, recent=64, seed=seed, bits=(2, 2))
+    four, tables4 = random_cache(lens, 3, d, sink=32, recent=64, seed=seed, bits=(4, 2))
+    assert all(torch.equal(getattr(tables, f), getattr(tables4, f)) for f in ("bf16_table", "int2_table"))
+
+    def own(p: Int2Pages, a: int, b: int) -> Int2Pages:
+        return replace(p, **{f: getattr(p, f)[:, a:b].contiguous() for f in ("codes", "scale", "zero")})
+    split = HeadSplit(lo, own(four.int2_k, lo, 3), own(four.int2_v, lo, 3))
+    return LayerKV(two.bf16_k, two.bf16_v, own(two.int2_k, 0, lo), own(two.int2_v, 0, lo), split), tables
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter cases run on the CPU")
+def test_extend_graph_split_k_reads_a_split_layer_cpu():
+    """An extend graph's split-K backend (``extend_graphs._FixedSplitK``, a fixed grid) on a layer of two head ranges
+    ≡ the oracle range by range: the served default model's recipe splits layers so, and a short chunk after a prefix
+    hit replays that graph (on the GPU it failed every such request, 2026-11-29)."""
+    from oscarkv.attention.step import by_head_ranges
+    from oscarkv.engine.extend_graphs import _FixedSplitK
+
+    d, rep, t = 64, 2, 5
+    kv, tables = _split_layer([300], d, 1, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(t, 3 * n, d, generator=gen).bfloat16().float() for n in (rep, 1, 1))
+    cu = torch.tensor([0, t], dtype=torch.int32)
+    out = _FixedSplitK(8).extend(q, k, v, kv, tables, cu, d**-0.5)
+    ref = by_head_ranges(kv, lambda q_, k_, v_, kv_: extend_attention_ref(q_, k_, v_, kv_, tables, cu, d**-0.5), q, (k, v))
+    tol = max(max(2 * _bf16_error(q[:, a * rep:b * rep], k[:, a:b], v[:, a:b], part, tables, cu, d**-0.5,
+                                  ref[:, a * rep:b * rep]) for a, b, part in kv.ranges()), 1e-3)
+    assert out.shape == ref.shape and _rel(out, ref) <= tol
