@@ -75,19 +75,25 @@ def test_followups_through_graphs_split_layers_gpu(model):
     _compare_prefix(eager, got, 0.1)
 
 
-@pytest.mark.parametrize("method", ["bf16", "oscar"])
+@pytest.mark.parametrize("method", ["bf16", "oscar", "oscar-heads"])
 def test_speculative_verify_chunks_gpu(model, method):
+    """``oscar-heads``: a per-head key allocation (the verify chunks' graphs take its layers range by range)."""
+    from tests.engine.test_allocation import HEADS
+
     doc = prompts(1, DOC, seed=4)[0]
     a = prompts(1, 10, seed=5)[0]
     ps = [doc + a * 4, doc + a[:5] * 6]  # copies: drafts found in the prompt
     spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=3, min_acceptance=0.0)
-    base = [run(_engine(model, method, True), [p], GREEDY)[0] for p in ps]
-    engine = _engine(model, method, True, speculative=spec)
+    method, alloc = method.split("-")[0], HEADS if method.endswith("heads") else None
+    base = [run(_engine(model, method, True, alloc), [p], GREEDY)[0] for p in ps]
+    engine = _engine(model, method, True, alloc, speculative=spec)
     outs = [run(engine, [p], GREEDY)[0] for p in ps]
     _compare_prefix(base, outs, 0.25)
     st = engine.spec.stats
-    # NOTE: the second prompt's 30 tokens after its cached document replay a graph too (split-K up to 32 tokens)
-    assert st.accepted > 5 and st.verify_steps == st.graph_steps <= engine.runner.extend_graphs.replays
+    # NOTE: the second prompt's 30 tokens after its cached document replay a graph too (split-K up to 32 tokens); the
+    # allocation's texts copy less (4 of 107 drafts accepted on an H200, 2026-11-29): some accepted is what it shows
+    assert st.accepted > (5 if alloc is None else 0)
+    assert st.verify_steps == st.graph_steps <= engine.runner.extend_graphs.replays
 
 
 def test_padded_step_stores_only_its_slots_gpu(model):
