@@ -235,5 +235,13 @@ schat() { pip install -q --no-index --find-links .wh --target /tmp/sv fastapi uv
   > "$OUT/schat_pip.log" 2>&1; PYTHONPATH=/tmp/sv:${PYTHONPATH:-} timeout 400 python3 -m lab.scripts.served_chat \
   --tokenizer .tok --out "$OUT/schat" > "$OUT/schat.log" 2>&1; echo "== schat: exit $?"; grep "^|" "$OUT/schat.log"
   tail -n 3 "$OUT/schat.log"; }
+#   (twenty-third session) startup: the start-up calibration's GPU test alone (failed in s23_call12, its message cut);
+#      suite1 / suite2: the GPU suite in two halves (calibration and the engine; the kernels and models), -rfE
+startup() { timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -x -rfE tests/calibrate/test_startup.py \
+  > "$OUT/startup.log" 2>&1; echo "== startup: exit $?"; grep -E "^E |passed|failed|Error" "$OUT/startup.log" | head -40; }
+suite() { name=$1; shift; timeout "${SUITE_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE "$@" \
+  > "$OUT/$name.log" 2>&1; echo "== $name: exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/$name.log" | tail -20; }
+suite1() { suite suite1 tests/calibrate tests/engine; }
+suite2() { suite suite2 tests/kernels tests/models --ignore=tests/models/test_hub.py --ignore=tests/models/test_gemma_multimodal.py; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 for part in ${*:-tests span chunk}; do $part; done
