@@ -364,7 +364,7 @@ class EngineConfig:
     piecewise_batches: bool = True
     """The piecewise graphs also serve steps of several sequences (a prompt chunk beside other requests' decode
     tokens, up to the largest bucket, with one more bucket for a chunk beside ``max_num_seqs`` decoding tokens where
-    the chunk fits the buckets: ``model_runner.piece_buckets``), attention with the step's tables. Two cold 16K
+    the chunk fits the buckets: ``runner_build.piece_buckets``), attention with the step's tables. Two cold 16K
     prompts arriving while a request decodes (one H200, 2026-11-28, ``lab.scripts.pieces_batch_check``): TTFT BF16
     2.6 / 6.6 s eager, 1.1 / 2.1 s so; the decoder's steps meanwhile 59 -> 30 ms (OSCAR 2.0 / 6.9 -> 1.2 / 2.4 s,
     61 -> 35 ms)."""

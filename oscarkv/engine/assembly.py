@@ -15,7 +15,7 @@ from oscarkv.attention.backends import default_backend
 from oscarkv.attention.step import AttentionBackend
 from oscarkv.config import EngineConfig
 from oscarkv.engine.cuda_graphs import DEFAULT_BUCKETS
-from oscarkv.engine.model_runner import build_runner
+from oscarkv.engine.runner_build import build_runner
 from oscarkv.engine.runner import Runner
 from oscarkv.engine.workers import ParallelRunner
 from oscarkv.models.llama import PagedLM

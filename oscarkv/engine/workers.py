@@ -61,7 +61,8 @@ import torch.multiprocessing as mp
 
 from oscarkv.attention.step import AttentionBackend
 from oscarkv.config import EngineConfig
-from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput, build_runner, history_page_bytes
+from oscarkv.engine.model_runner import ModelRunner, PendingIds, RunnerOutput
+from oscarkv.engine.runner_build import build_runner, history_page_bytes
 from oscarkv.engine.rank_profile import FUNCTIONS, OFF, OPERATORS, HostProfile, kernel_profile
 from oscarkv.engine.rendezvous import Rendezvous, join
 from oscarkv.engine.scheduler import ScheduledChunk

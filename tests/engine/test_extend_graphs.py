@@ -181,7 +181,7 @@ def test_speculation_adds_its_verify_bucket():
     from dataclasses import replace
 
     from oscarkv.config import EngineConfig
-    from oscarkv.engine.model_runner import extend_buckets
+    from oscarkv.engine.runner_build import extend_buckets
 
     spec = SpeculativeConfig("ngram", num_speculative_tokens=8)
     assert extend_buckets(EngineConfig(speculative=spec)) == (2, 4, 8, 9, 16, 32, 64)

@@ -107,7 +107,7 @@ def test_what_the_pieces_leave_to_eager_steps(llama, artifact):
 def test_a_served_mixed_step_has_a_bucket():
     """A prompt chunk beside the other requests' decode tokens is one bucket's worth (the GPU's served mix: every
     such step was 513 tokens, over the 512 bucket, and ran eagerly)."""
-    from oscarkv.engine.model_runner import mixed_bucket
+    from oscarkv.engine.runner_build import mixed_bucket
 
     assert mixed_bucket(EngineConfig()) == 576  # 512 + 32 decoders
     assert mixed_bucket(EngineConfig(max_num_seqs=8, max_num_batched_tokens=520)) == 576
@@ -119,7 +119,7 @@ def test_a_served_mixed_step_has_a_bucket():
 def test_the_mixed_bucket_only_for_chunks_the_buckets_hold():
     """``piece_buckets``: the defaults with CUDA graphs, plus the mixed bucket; chunks longer than every bucket add
     none (an 8192-token chunk's would hold GiBs of buffers); explicit buckets keep theirs; no graphs, none."""
-    from oscarkv.engine.model_runner import piece_buckets
+    from oscarkv.engine.runner_build import piece_buckets
 
     assert piece_buckets(EngineConfig(), True) == (64, 128, 256, 512, 576)
     assert piece_buckets(EngineConfig(prefill_chunk=8192, max_num_batched_tokens=8224), True) == (64, 128, 256, 512)
@@ -162,7 +162,7 @@ def test_tensor_parallel_ranks_run_the_pieces_alike(llama, artifact):
     """Two gloo ranks, each with the buckets (``build_runner`` on every rank, captured at start-up: the ``CAPTURE``
     message), against one eager process: the session's tokens equal, log-probs within the ranks' partial-sum order
     and the padding's rounding."""
-    from oscarkv.engine.model_runner import piece_buckets
+    from oscarkv.engine.runner_build import piece_buckets
     from oscarkv.llm import LLM
     from oscarkv.models.loader import LoadedModel
 

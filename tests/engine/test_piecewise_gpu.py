@@ -10,7 +10,7 @@ import torch
 from oscarkv.config import KVConfig
 from oscarkv.bench.e2e import random_artifact
 from oscarkv.engine.engine import LLMEngine
-from oscarkv.engine.model_runner import mixed_bucket
+from oscarkv.engine.runner_build import mixed_bucket
 from oscarkv.engine.request import SamplingParams
 from tests.engine.conftest import engine_config, prompts, run
 from tests.engine.test_extend_graphs_gpu import DOC, model  # noqa: F401 (a fixture)
