@@ -50,11 +50,10 @@ def asked(msgs: list[dict], kind: str, i: int, memo: bool) -> list[dict]:
 
 
 def follow_engine(model, tok, method: str, kind: str, kv_bytes: int):
-    """The served engine of these follow-ups (512-token chunks, piecewise graphs); ``questions+resume``: with
-    ``EngineConfig.resume_questions``."""
+    """The served engine of these follow-ups (512-token chunks, piecewise graphs); ``EngineConfig.resume_questions``
+    (on by default since 2026-11-29) only for ``questions+resume``, so the other kinds measure what they did."""
     engine = followup_engine(model, method, kv_bytes, 512, 512, PIECEWISE_BUCKETS, tokenizer=tok)
-    if kind.endswith("+resume"):
-        engine.admission = replace(engine.admission, lines=LineStarts.of(tok))
+    engine.admission = replace(engine.admission, lines=LineStarts.of(tok) if kind.endswith("+resume") else None)
     return engine
 
 

@@ -150,9 +150,9 @@ def model_engine_factory(loaded, artifact, kv_bytes: int = 1 << 28):
     heads)."""
     def make(method: str, k: int) -> LLMEngine:
         spec = SpeculativeConfig("ngram", num_speculative_tokens=k) if k else SpeculativeConfig()
-        kv = apply_recipe(KVConfig(method), artifact if method == "oscar" else None)
-        cfg = EngineConfig(kv, kv_memory_bytes=kv_bytes, max_num_seqs=4, speculative=spec)
-        return LLMEngine.from_hf(loaded.model, cfg, artifact if method == "oscar" else None, loaded.tokenizer)
+        art = artifact if method == "oscar" else None
+        cfg = EngineConfig(apply_recipe(KVConfig(method), art), kv_memory_bytes=kv_bytes, max_num_seqs=4, speculative=spec)
+        return LLMEngine.from_hf(loaded.model, cfg, art, loaded.tokenizer)
     return make
 
 
