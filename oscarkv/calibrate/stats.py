@@ -101,10 +101,12 @@ def calibration_mode(model: torch.nn.Module) -> Iterator[None]:
 
 @torch.inference_mode()
 def run_forward(model: torch.nn.Module, batches: Sequence[torch.Tensor], observer: Observer, desc: str) -> None:
-    """One independent forward per ``[B, T]`` batch (positions from 0), feeding ``observer``."""
+    """One independent forward per ``[B, T]`` batch (positions from 0), feeding ``observer``; the ids go to
+    the device of the model's input embeddings (a model on a GPU takes the host's token ids)."""
+    device = model.get_input_embeddings().weight.device
     with calibration_mode(model):
         for ids in tqdm(batches, desc=desc, unit="chunk", leave=False):
-            model(ids, use_cache=False, logits_to_keep=1, oscar_stats=observer)
+            model(ids.to(device), use_cache=False, logits_to_keep=1, oscar_stats=observer)
 
 
 RETRIEVAL_SINK = KVConfig.sink
