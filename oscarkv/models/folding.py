@@ -26,13 +26,19 @@ log = logging.getLogger(__name__)
 
 
 def fold_layer(attn, value: TensorCodec) -> None:
-    """Fold one layer's value codec (rotation ``[H, d, d]``, mean ``[H, d]``) into ``attn`` in place."""
+    """Fold one layer's value codec (rotation ``[H, d, d]``, mean ``[H, d]``) into ``attn`` in place. Folding the
+    maps folded already does nothing (a second engine built from the same PagedLM and artifact); other maps over
+    folded ones (or none: :func:`fold_values`) would make the outputs wrong, and it says so."""
+    done = getattr(attn, "folded_value", None)  # NOTE: in place: the maps some engine folded earlier
+    if done is not None:
+        if not _same_maps(done, value):
+            log.warning("fold_layer: this layer's value maps were folded already (another engine built from the same "
+                        "PagedLM, another artifact); its outputs will be wrong: give each engine its own model "
+                        "(copy.deepcopy)")
+        return
     if value.rotation is None and value.mean is None:
         return
-    if getattr(attn, "values_folded", False):  # NOTE: in place: a second engine of one PagedLM folds twice
-        log.warning("fold_layer: this layer's value maps were folded already (another engine built from the same "
-                    "PagedLM); its outputs will be wrong: give each engine its own model (copy.deepcopy)")
-    attn.values_folded = True
+    attn.folded_value = value
     H, d, rep = attn.num_kv_heads, attn.head_dim, attn.num_heads // attn.num_kv_heads
     qkv = attn.qkv_proj
     eye = torch.eye(d, dtype=torch.float64, device=qkv.weight.device).expand(H, d, d)
@@ -52,6 +58,13 @@ def fold_layer(attn, value: TensorCodec) -> None:
         wo.copy_(torch.einsum("khrd,hde->khre", wo_h, r_inv_t).reshape(wo.shape))  # W_o[g]ᵀ R_h⁻ᵀ
 
 
+def _same_maps(a: TensorCodec, b: TensorCodec) -> bool:
+    """Whether two value codecs fold the same maps (rotation, inverse, mean)."""
+    def same(x, y):
+        return (x is None) == (y is None) and (x is None or torch.equal(x.cpu(), y.cpu()))
+    return same(a.rotation, b.rotation) and same(a.inverse, b.inverse) and same(a.mean, b.mean)
+
+
 def folded_value_codec(value: TensorCodec) -> TensorCodec:
     """The storage codec after folding: no rotation, mean ``mu_V R_V`` (rotated domain)."""
     if value.rotation is None:
@@ -66,7 +79,14 @@ def permute_kv_heads(attn, order: list[int]) -> None:
     """Reorder ``attn``'s KV heads in place: head ``order[j]`` becomes head ``j``, its query heads, k and v rows
     (weights and biases of ``qkv_proj``) and ``o_proj`` columns with it — an exact reparametrization (attention is
     per head; QK-norm weights are shared by the heads). A per-head key allocation uses it so that the heads of one
-    bit width form a contiguous range (``oscarkv.cache.kv_pools.HeadPart``)."""
+    bit width form a contiguous range (``oscarkv.cache.kv_pools.HeadPart``). ``order`` names the heads as loaded: on
+    a layer permuted before (a second engine of one PagedLM) only what is left to reach ``order`` is applied."""
+    done = getattr(attn, "kv_order", None)  # head j of the layer is head done[j] as loaded
+    attn.kv_order = list(order)
+    if done is not None:
+        order = [done.index(h) for h in order]
+    if order == sorted(order):
+        return
     H, d, rep = attn.num_kv_heads, attn.head_dim, attn.num_heads // attn.num_kv_heads
     dev = attn.qkv_proj.weight.device
     kv = torch.tensor(order, device=dev)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from oscarkv.config import KVConfig
-from oscarkv.models.folding import fold_values
+from oscarkv.models.folding import fold_values, permute_kv_heads
 from oscarkv.models.llama import PagedLM
 from oscarkv.quant.codec import TensorCodec
 from tests.engine.conftest import make_artifact, tiny_model
@@ -45,17 +45,37 @@ def test_folded_values_equal_unfolded_fp64(scaled):
     assert (out - ref).abs().max() < 1e-5 * ref.abs().max()
 
 
-def test_folding_one_model_twice_warns(caplog):
-    """Folding is in place: a second engine built from the same PagedLM would fold its values again (seen in a lab
-    script, 2026-11-28: two OSCAR engines of one model gave different tokens). It says so."""
+def test_folding_one_model_twice(caplog):
+    """Folding is in place: a second engine built from the same PagedLM and artifact folds nothing again (two OSCAR
+    engines of one model gave different tokens in a lab script, 2026-11-28); other maps over folded ones warn."""
     hf = tiny_model("Qwen3ForCausalLM")
-    codec = make_artifact(hf.config).codec(KVConfig("oscar", group_size=32), 32)
-    model = PagedLM.from_hf(hf)
+    art = make_artifact(hf.config)
+    codec = art.codec(KVConfig("oscar", group_size=32), 32)
+    once, twice = PagedLM.from_hf(hf), PagedLM.from_hf(hf)
+    fold_values(once, codec.layers)
     with caplog.at_level("WARNING", logger="oscarkv.models.folding"):
-        fold_values(model, codec.layers)
+        fold_values(twice, codec.layers)
+        fold_values(twice, art.codec(KVConfig("oscar", group_size=32), 32).layers)  # equal maps, other tensors
         assert "folded already" not in caplog.text
-        fold_values(model, codec.layers)
+        assert all(torch.equal(a, b) for a, b in zip(once.state_dict().values(), twice.state_dict().values()))
+        art.tensors["value.mean"] = art.tensors["value.mean"] + 1
+        fold_values(twice, art.codec(KVConfig("oscar", group_size=32), 32).layers)
     assert "folded already" in caplog.text and "copy.deepcopy" in caplog.text
+
+
+def test_permuting_heads_again_reaches_the_order_asked():
+    """``permute_kv_heads`` names heads as loaded: the same order twice is the order once; another order after it is
+    that order from the loaded weights."""
+    hf = tiny_model("Qwen3ForCausalLM")
+    attn = [PagedLM.from_hf(hf).model.layers[0].self_attn for _ in range(3)]
+    permute_kv_heads(attn[0], [1, 0])
+    permute_kv_heads(attn[1], [1, 0])
+    permute_kv_heads(attn[1], [1, 0])
+    def same(a, b):
+        return torch.equal(a.qkv_proj.weight, b.qkv_proj.weight) and torch.equal(a.o_proj.weight, b.o_proj.weight)
+    assert same(attn[0], attn[1]) and not same(attn[1], attn[2])
+    permute_kv_heads(attn[1], [0, 1])
+    assert same(attn[1], attn[2])
 
 
 def test_from_hf_matches_transformers_dense():
