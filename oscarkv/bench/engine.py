@@ -21,6 +21,7 @@ import torch
 from oscarkv.config import EngineConfig, KVConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.calibrate.default import artifact_for
+from oscarkv.quant.artifact import apply_recipe
 from oscarkv.engine.request import SamplingParams
 from oscarkv.bench.configs import EngineBench
 
@@ -40,10 +41,11 @@ def held_bytes(engine: LLMEngine) -> tuple[int, int, int]:
 
 
 def bench_one(loaded, method: str, batch: int, spec: EngineBench, artifact) -> dict:
-    cfg = EngineConfig(KVConfig(method), kv_memory_bytes=1 << 30, max_num_seqs=batch,
+    art = artifact if method == "oscar" else None  # OSCAR with the artifact's recipe, as `LLM` and `serve` apply it
+    cfg = EngineConfig(apply_recipe(KVConfig(method), art), kv_memory_bytes=1 << 30, max_num_seqs=batch,
                        max_num_batched_tokens=max(2048, spec.prompt_len + batch), prefill_chunk=512,
                        tensor_parallel_size=spec.tensor_parallel_size)
-    engine = LLMEngine.from_hf(loaded.model, cfg, artifact if method == "oscar" else None, loaded.tokenizer)
+    engine = LLMEngine.from_hf(loaded.model, cfg, art, loaded.tokenizer)
     try:
         return _timed(engine, method, batch, spec)
     finally:
