@@ -137,7 +137,8 @@ def split_heads(model: PagedLM, codecs: list[LayerCodec]) -> list[LayerCodec]:
     contiguous range, 2-bit heads first (the order of ``head_parts``); other layers unchanged."""
     out = []
     for layer, c in zip(model.model.layers, codecs):
-        if not c.key.head_bits:
+        if not c.key.head_bits:  # heads as loaded (an engine built earlier from this model may have permuted them)
+            permute_kv_heads(layer.self_attn, list(range(layer.self_attn.num_kv_heads)))
             out.append(c)
             continue
         order = [h for heads, _ in c.key.head_parts() for h in heads]

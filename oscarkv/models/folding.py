@@ -29,16 +29,18 @@ def fold_layer(attn, value: TensorCodec) -> None:
     """Fold one layer's value codec (rotation ``[H, d, d]``, mean ``[H, d]``) into ``attn`` in place. Folding the
     maps folded already does nothing (a second engine built from the same PagedLM and artifact); other maps over
     folded ones (or none: :func:`fold_values`) would make the outputs wrong, and it says so."""
-    done = getattr(attn, "folded_value", None)  # NOTE: in place: the maps some engine folded earlier
+    done = getattr(attn, "folded_value", None)  # NOTE: in place: the maps some engine folded earlier, their head order
+    order = getattr(attn, "kv_order", None) or list(range(attn.num_kv_heads))
     if done is not None:
-        if not _same_maps(done, value):
+        before, at = done
+        if not _same_maps(before.permute_heads([at.index(h) for h in order]), value):  # in the heads' order now
             log.warning("fold_layer: this layer's value maps were folded already (another engine built from the same "
                         "PagedLM, another artifact); its outputs will be wrong: give each engine its own model "
                         "(copy.deepcopy)")
         return
     if value.rotation is None and value.mean is None:
         return
-    attn.folded_value = value
+    attn.folded_value = value, order
     H, d, rep = attn.num_kv_heads, attn.head_dim, attn.num_heads // attn.num_kv_heads
     qkv = attn.qkv_proj
     eye = torch.eye(d, dtype=torch.float64, device=qkv.weight.device).expand(H, d, d)

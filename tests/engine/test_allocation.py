@@ -171,17 +171,18 @@ def test_per_head_allocation_matches_oscar_cache(llama, artifact):
 
 def test_engines_sharing_one_model_serve_what_one_engine_serves(llama, artifact):
     """Engines built in turn from one PagedLM (a bench's plain and speculating engines) permute its heads and fold its
-    values in place once between them: each serves the tokens and log-probs of an engine of its own."""
+    values in place once between them, whichever heads each splits: each serves the tokens and log-probs of an engine of
+    its own."""
     from oscarkv.engine.engine import LLMEngine
     from oscarkv.models.llama import PagedLM
 
-    cfg = engine_config("oscar", kv=replace(engine_config().kv, **HEADS))
     ps = prompts(2, 41)
-    want = run(make_engine(llama, "oscar", artifact, kv=cfg.kv), ps)
+    kvs = {"heads": replace(engine_config().kv, **HEADS), "uniform": engine_config().kv}
+    want = {name: run(make_engine(llama, "oscar", artifact, kv=kv), ps) for name, kv in kvs.items()}
     shared = PagedLM.from_hf(llama)
-    for _ in range(2):
-        got = run(LLMEngine.from_paged(shared, cfg, artifact), ps)
-        assert [(o.token_ids, o.logprobs) for o in got] == [(o.token_ids, o.logprobs) for o in want]
+    for name in ("heads", "heads", "uniform", "heads"):
+        got = run(LLMEngine.from_paged(shared, engine_config("oscar", kv=kvs[name]), artifact), ps)
+        assert [(o.token_ids, o.logprobs) for o in got] == [(o.token_ids, o.logprobs) for o in want[name]], name
 
 
 def test_per_head_pages_hold_oscar_cache_bytes(llama, artifact):
