@@ -9,6 +9,7 @@
 #   rq        --resume-questions' answers on development needles (lab/scripts/resume_questions_ab.py): RQ_SAMPLES
 #             (default 160) single needles at 4K and 8K, then RQ_MULTI (default 80) multi-key needles at 4K
 #   rqcold    rq's single needles, each request cold (--no-prefix-caching)
+#   text      free-running text after development documents per KV configuration (below)
 #   timing    spec, then bench followup --prefill-chunk 512 (follow-up turns as served): run it as the only lane
 # FALLBACK_RECIPES (NAME=FILE,...) and FALLBACK_CONFIGS (default k4v2) set the fallback lane.
 # The GGUF travels in parts (lab/scripts/pack_default_model.sh): each of .spec_model/a, a2 carried by a call of its own
@@ -23,7 +24,7 @@ if [ "${1:-run}" = keep ]; then mkdir -p "$MODEL_DIR" && cp .spec_model/a*/* "$M
 W=$(mktemp -d /tmp/lanes.XXXX); OUT=${OUT:-/tmp/served_lanes}; mkdir -p "$OUT"
 source lab/scripts/gpu_model_env.sh
 R=lab/scripts/twobit_recipe_8192
-fallback() { OUT=$W/fallback SAMPLES=40 CONFIGS=${FALLBACK_CONFIGS-k4v2} \
+fallback() { OUT=$W/fallback SAMPLES=${FALLBACK_SAMPLES:-40} CONFIGS=${FALLBACK_CONFIGS-k4v2} \
   RECIPES=${FALLBACK_RECIPES:-b3.7=${R}_b3.7.json,k4v4_r64=${R}_k4v4_r64.json} \
   timeout "$T" bash lab/scripts/gpu_twobit.sh eval 8192 single > "$W/fallback.log" 2>&1; }
 multi() { for c in ${MULTI_CONTEXTS:-4096 8192}; do OUT=$W/multi CONFIGS= RECIPES=${MULTI_RECIPES:-shipped=oscarkv/data/default_recipe.json} \
@@ -48,11 +49,16 @@ rq() { mkdir -p "$W/rq"; timeout "$T" $PY -m lab.scripts.resume_questions_ab --m
 # rqcold: rq's single needles with prefix caching off (each request cold; the split made all the same)
 rqcold() { mkdir -p "$W/rq"; timeout "$T" $PY -m lab.scripts.resume_questions_ab --model "$MODEL" --contexts 4096,8192 \
     --samples "${RQ_SAMPLES:-160}" --no-prefix-caching --out "$W/rq/cold" > "$W/rq.log" 2>&1; }
+# text: free-running text after development documents (lab.scripts.free_text_quality) at TEXT_TOKENS (default 4096 6144),
+# TEXT_CONFIGS (default bf16, the shipped recipe, it with sinks of 16 and 64, uniform INT2 + windows)
+text() { mkdir -p "$W/text"; for n in ${TEXT_TOKENS:-4096 6144}; do timeout $(( T - ($(date +%s) - START) )) $PY -m \
+  lab.scripts.free_text_quality --model "$MODEL" --tokens "$n" --gazetteers "${TEXT_GAZ:-12}" --prose "${TEXT_PROSE:-4}" \
+  --configs "${TEXT_CONFIGS:-bf16,shipped,shipped+sink16,shipped+sink64,int2+win}" --out "$W/text/t$n" >> "$W/text.log" 2>&1; done; }
 START=$(date +%s)
 shift; for lane in ${*:-fallback multi spec}; do $lane & done; wait
 { nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md "$W"/spec/spec.md; do
     echo "== $f"; cat "$f"; done; echo "== followup"; grep '^|' "$W/followup.log" 2>/dev/null
-  echo "== rq"; grep '^{' "$W/rq.log" 2>/dev/null
+  echo "== rq"; grep '^{' "$W/rq.log" 2>/dev/null; echo "== text"; grep ': n ' "$W/text.log" 2>/dev/null
   echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1
 find "$W" -name "*.safetensors" -delete
 tar -czf "$OUT/lanes.tgz" -C /tmp "$(basename "$W")"
