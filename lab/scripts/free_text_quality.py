@@ -91,9 +91,9 @@ def main() -> None:
                              text=tok.decode(ids)))
         llm.close()
         print(summary(name, [r for r in rows if r["config"] == name]), flush=True)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "free_text_quality.json").write_text(json.dumps(dict(tokens=a.tokens, documents=list(docs), rows=rows),
-                                                              indent=1))
+        a.out.mkdir(parents=True, exist_ok=True)  # after each configuration: a run cut short keeps what it wrote
+        (a.out / "free_text_quality.json").write_text(json.dumps(dict(tokens=a.tokens, documents=list(docs),
+                                                                      rows=rows), indent=1))
 
 
 def summary(name: str, sel: list[dict]) -> str:
