@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--configs", default="bf16,shipped,int2+win,k4v2+win")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    loaded = load_model(a.model)
+    loaded = load_model(a.model, "auto", device="auto")  # as LLM loads it: a GPU when there is one
     artifact, tok = artifact_for(loaded, "oscar", None), loaded.tokenizer
     docs = documents(tok, a.tokens, a.gazetteers, a.prose)
     outs, rows = {}, []
