@@ -8,7 +8,8 @@ request (a story unrelated to it, a summary of it, a copy of its first entry). R
 the share of output 4-grams (tokens) that already occurred earlier in the output (0: no repetition; a text stuck in a
 loop nears 1), ``stuck`` the share of outputs with ``loop`` >= 0.5, and ``agree``, the output tokens before the first
 that differs from the unquantized cache's (BF16 here, fp32 on a CPU). Configurations: ``bf16``; ``shipped`` (the
-artifact's recipe, as ``LLM`` serves it); ``shipped+sinkN`` (that recipe with a BF16 sink of N tokens);
+artifact's recipe, as ``LLM`` serves it); ``shipped+sinkN`` (that recipe with a BF16 sink of N tokens); ``NAME=FILE``
+(a recipe JSON's);
 ``int2+win`` (uniform INT2, sink 64, recent 256, pages of 64: ``KVConfig``'s defaults); ``k4v2+win`` (4-bit keys,
 the same windows). Writes ``free_text_quality.json``.
 
@@ -30,7 +31,7 @@ from oscarkv.data import read_text
 from oscarkv.engine.request import SamplingParams
 from oscarkv.llm import LLM
 from oscarkv.models.loader import load_model
-from oscarkv.quant.artifact import apply_recipe
+from oscarkv.quant.artifact import Artifact, apply_recipe
 
 ASKS = {"story": "Now, without quoting the text above, write a short story about a fox who learns to play the violin.",
         "summary": "Summarize the text above in a few paragraphs.",
@@ -42,15 +43,18 @@ def kv_config(name: str, artifact) -> KVConfig:
     """The KV configuration a name stands for (``shipped`` and ``shipped+sinkN`` from the artifact's recipe)."""
     if name in FIXED:
         return FIXED[name]
+    if "=" in name:  # NAME=FILE: a recipe JSON (``recipe`` as ``oscarkv calibrate`` writes it in a manifest)
+        recipe = json.loads(Path(name.partition("=")[2]).read_text())["recipe"]
+        return apply_recipe(KVConfig("oscar"), Artifact({**artifact.manifest, "recipe": recipe}, artifact.tensors))
     recipe, _, sink = name.partition("+sink")
     assert recipe == "shipped", f"unknown configuration {name!r}"
     kv = apply_recipe(KVConfig("oscar"), artifact)
     return replace(kv, sink=int(sink)) if sink else kv
 
 
-def documents(tok, n: int, gazetteers: int, prose: int) -> dict[str, str]:
+def documents(tok, n: int, gazetteers: range, prose: int) -> dict[str, str]:
     """Development documents of about ``n`` tokens each, cut at line ends."""
-    out = {f"gaz{i}": slices(tok, gazetteer(f"oscarkv gazetteer dev {i}"), n, 1)[0] for i in range(1, gazetteers + 1)}
+    out = {f"gaz{i}": slices(tok, gazetteer(f"oscarkv gazetteer dev {i}"), n, 1)[0] for i in gazetteers}
     out.update({f"prose{i}": text for i, text in enumerate(slices(tok, read_text("calibration.txt"), n, prose))})
     return out
 
@@ -70,13 +74,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--gazetteers", type=int, default=3)
+    ap.add_argument("--first-gazetteer", type=int, default=1, help="the development seed of the first")
     ap.add_argument("--prose", type=int, default=1)
     ap.add_argument("--configs", default="bf16,shipped,int2+win,k4v2+win")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     loaded = load_model(a.model, "auto", device="auto")  # as LLM loads it: a GPU when there is one
     artifact, tok = artifact_for(loaded, "oscar", None), loaded.tokenizer
-    docs = documents(tok, a.tokens, a.gazetteers, a.prose)
+    docs = documents(tok, a.tokens, range(a.first_gazetteer, a.first_gazetteer + a.gazetteers), a.prose)
     outs, rows = {}, []
     for name in a.configs.split(","):
         kv = kv_config(name, artifact)
@@ -87,10 +92,10 @@ def main() -> None:
         for (doc, task), ids in outs[name].items():
             ref = outs.get("bf16", {}).get((doc, task))
             agree = None if ref is None else next((i for i, (x, y) in enumerate(zip(ref, ids)) if x != y), len(ids))
-            rows.append(dict(config=name, document=doc, task=task, loop=loop_share(ids), agree=agree,
+            rows.append(dict(config=name.partition("=")[0], document=doc, task=task, loop=loop_share(ids), agree=agree,
                              text=tok.decode(ids)))
         llm.close()
-        print(summary(name, [r for r in rows if r["config"] == name]), flush=True)
+        print(summary(name, [r for r in rows if r["config"] == name.partition("=")[0]]), flush=True)
         a.out.mkdir(parents=True, exist_ok=True)  # after each configuration: a run cut short keeps what it wrote
         (a.out / "free_text_quality.json").write_text(json.dumps(dict(tokens=a.tokens, documents=list(docs),
                                                                       rows=rows), indent=1))
