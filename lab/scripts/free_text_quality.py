@@ -44,7 +44,8 @@ def kv_config(name: str, artifact) -> KVConfig:
     if name in FIXED:
         return FIXED[name]
     if "=" in name:  # NAME=FILE: a recipe JSON (``recipe`` as ``oscarkv calibrate`` writes it in a manifest)
-        recipe = json.loads(Path(name.partition("=")[2]).read_text())["recipe"]
+        recipe = json.loads(Path(name.partition("=")[2]).read_text())
+        recipe = recipe.get("recipe", recipe)  # a manifest's or the recipe alone
         return apply_recipe(KVConfig("oscar"), Artifact({**artifact.manifest, "recipe": recipe}, artifact.tensors))
     recipe, _, sink = name.partition("+sink")
     assert recipe == "shipped", f"unknown configuration {name!r}"
