@@ -134,10 +134,11 @@ def build_runner(model: PagedLM, codecs: list[LayerCodec], cfg: EngineConfig, ba
 def split_heads(model: PagedLM, codecs: list[LayerCodec]) -> list[LayerCodec]:
     """Under a per-head key allocation (``TensorCodec.head_bits``), permute each such layer's KV heads in the model
     (:func:`~oscarkv.models.folding.permute_kv_heads`) and in its codecs so that the heads of one bit width form a
-    contiguous range, 2-bit heads first (the order of ``head_parts``); other layers unchanged."""
+    contiguous range, 2-bit heads first (the order of ``head_parts``); other layers keep (or get back) their heads
+    as loaded."""
     out = []
     for layer, c in zip(model.model.layers, codecs):
-        if not c.key.head_bits:  # heads as loaded (an engine built earlier from this model may have permuted them)
+        if not c.key.head_bits:  # an engine built earlier from this model may have permuted them
             permute_kv_heads(layer.self_attn, list(range(layer.self_attn.num_kv_heads)))
             out.append(c)
             continue

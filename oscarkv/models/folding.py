@@ -87,7 +87,7 @@ def permute_kv_heads(attn, order: list[int]) -> None:
     attn.kv_order = list(order)
     if done is not None:
         order = [done.index(h) for h in order]
-    if order == sorted(order):
+    if order == list(range(len(order))):  # nothing left to move
         return
     H, d, rep = attn.num_kv_heads, attn.head_dim, attn.num_heads // attn.num_kv_heads
     dev = attn.qkv_proj.weight.device
