@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--first-gazetteer", type=int, default=1, help="the development seed of the first")
     ap.add_argument("--prose", type=int, default=1)
     ap.add_argument("--configs", default="bf16,shipped,int2+win,k4v2+win")
+    ap.add_argument("--kv-gib", type=float, default=1.0, help="the engine's KV memory (more: more requests at once)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     loaded = load_model(a.model, "auto", device="auto")  # as LLM loads it: a GPU when there is one
@@ -86,7 +87,7 @@ def main() -> None:
     outs, rows = {}, []
     for name in a.configs.split(","):
         kv = kv_config(name, artifact)
-        llm = LLM(loaded, kv=kv.method, config=EngineConfig(kv), artifact=artifact if kv.method == "oscar" else None)
+        llm = LLM(loaded, kv=kv.method, config=EngineConfig(kv, kv_memory_bytes=int(a.kv_gib * 2**30)), artifact=artifact if kv.method == "oscar" else None)
         prompts = {(d, t): llm.chat_prompt(f"{text}\n{ask}") for d, text in docs.items() for t, ask in ASKS.items()}
         gen = llm.generate(list(prompts.values()), SamplingParams(max_tokens=a.max_tokens, temperature=0, ignore_eos=True))
         outs[name] = {k: o.token_ids for k, o in zip(prompts, gen)}

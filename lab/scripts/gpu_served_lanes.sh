@@ -10,6 +10,7 @@
 #             (default 160) single needles at 4K and 8K, then RQ_MULTI (default 80) multi-key needles at 4K
 #   rqcold    rq's single needles, each request cold (--no-prefix-caching)
 #   text      free-running text after development documents per KV configuration (below)
+#   textpar   text, one process per configuration, results straight into $OUT
 #   timing    spec, then bench followup --prefill-chunk 512 (follow-up turns as served): run it as the only lane
 # FALLBACK_RECIPES (NAME=FILE,...) and FALLBACK_CONFIGS (default k4v2) set the fallback lane.
 # The GGUF travels in parts (lab/scripts/pack_default_model.sh): each of .spec_model/a, a2 carried by a call of its own
@@ -54,6 +55,13 @@ rqcold() { mkdir -p "$W/rq"; timeout "$T" $PY -m lab.scripts.resume_questions_ab
 text() { mkdir -p "$W/text"; for n in ${TEXT_TOKENS:-4096 6144}; do timeout $(( T - ($(date +%s) - START) )) $PY -m \
   lab.scripts.free_text_quality --model "$MODEL" --tokens "$n" --gazetteers "${TEXT_GAZ:-12}" --prose "${TEXT_PROSE:-4}" \
   --configs "${TEXT_CONFIGS:-bf16,shipped,shipped+sink16,shipped+sink64,int2+win}" --out "$W/text/t$n" >> "$W/text.log" 2>&1; done; }
+# textpar: text's documents, one process per configuration of TEXT_CONFIGS (NAME or NAME=FILE), all at once, each
+# writing into $OUT/textpar/tN/NAME as it goes (a lane cut short keeps what it wrote); TEXT_MAX (default 64) tokens
+textpar() { local c n; mkdir -p "$OUT/textpar"; for c in ${TEXT_CONFIGS//,/ }; do ( for n in ${TEXT_TOKENS:-4096}; do
+  timeout -k 5 $(( T - ($(date +%s) - START) )) $PY -m lab.scripts.free_text_quality --model "$MODEL" --tokens "$n" \
+  --gazetteers "${TEXT_GAZ:-12}" --prose "${TEXT_PROSE:-4}" --max-tokens "${TEXT_MAX:-64}" --kv-gib 8 --configs "$c" \
+  --out "$OUT/textpar/t$n/${c%%=*}" >> "$OUT/textpar/${c%%=*}.log" 2>&1; done ) & done; wait
+  tar czf "$OUT/textpar.tgz" -C "$OUT" textpar; }  # NOTE: nested folders and "+" in names do not come back from a device
 START=$(date +%s)
 shift; for lane in ${*:-fallback multi spec}; do $lane & done; wait
 { nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md "$W"/spec/spec.md; do

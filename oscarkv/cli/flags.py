@@ -162,6 +162,10 @@ def artifact(loaded, args: argparse.Namespace):
         raise UserError(str(e)) from e
 
 
+RECIPE_FLAGS = ("sink", "recent", "page_size", "key_bits", "value_bits")
+"""The ``KVConfig`` fields the engine's flags set over the artifact's recipe (``engine_config``)."""
+
+
 def engine_args(p: argparse.ArgumentParser) -> None:
     """The engine's flags (``generate`` and ``serve``): model, KV method and artifact, KVConfig windows,
     EngineConfig sizes."""
@@ -173,8 +177,8 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
                    help=f"where artifacts calibrated at start-up are cached, by model fingerprint (default: {CACHE_DIR})")
     add_fields(p, KVConfig, ["sink", "recent", "page_size", "key_bits", "value_bits"])
-    # NOTE: unset windows and bits come from the artifact's recipe (oscarkv calibrate --max-bpe), else KVConfig's defaults
-    p.set_defaults(sink=None, recent=None, key_bits=None, value_bits=None)
+    # NOTE: unset windows, pages and bits come from the artifact's recipe (oscarkv calibrate --max-bpe), else KVConfig's
+    p.set_defaults(**dict.fromkeys(RECIPE_FLAGS))
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
                                  "enable_prefix_caching", "prefix_windows", "resume_turns", "resume_questions", "overlap",
                                  "tensor_parallel_size",
@@ -186,20 +190,19 @@ def engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
     """The :class:`EngineConfig` the flags of :func:`engine_args` name; a bad value is a UserError.
-    Windows (and bits) the flags leave unset come from the artifact's recipe when it holds one
-    (``oscarkv.quant.artifact.apply_recipe``), else from ``KVConfig``'s defaults."""
+    Windows, pages and bits the flags leave unset come from the artifact's recipe when it holds one
+    (``oscarkv.quant.artifact.apply_recipe``), else from ``KVConfig``'s defaults: ``--sink 16`` adds a sink to the
+    recipe and keeps its per-head bits; ``--key-bits``/``--value-bits`` replace its allocation."""
     from oscarkv.quant.artifact import apply_recipe
 
     if args.rotations is not None and args.kv != "oscar":
         raise UserError(f"--rotations {args.rotations}: only --kv oscar uses a rotation artifact, and --kv {args.kv} "
                         "would ignore it; drop --rotations or use --kv oscar")
-    base = KVConfig()
-    given = {k: getattr(args, k) for k in ("sink", "recent", "key_bits", "value_bits") if getattr(args, k) is not None}
-    kv = config_from(KVConfig, argparse.Namespace(method=args.kv, page_size=args.page_size, **{
-        k: given.get(k, getattr(base, k)) for k in ("sink", "recent", "key_bits", "value_bits")}))
-    if args.sink is None and args.recent is None:  # the recipe's windows and bits; bits the flags set win
-        mine = {f"layer_{k}": () for k in given if k.endswith("_bits")}  # a flag's bits replace the recipe's allocation
-        kv = config_from(KVConfig, argparse.Namespace(**{**asdict(apply_recipe(kv, artifact)), **given, **mine}))
+    given = {k: getattr(args, k) for k in RECIPE_FLAGS if getattr(args, k) is not None}
+    recipe = asdict(apply_recipe(config_from(KVConfig, argparse.Namespace(method=args.kv)), artifact))
+    mine = {f"layer_{k}": () for k in given if k.endswith("_bits")}  # a flag's bits replace the recipe's allocation
+    mine |= {"layer_key_heads": ()} if "key_bits" in given else {}
+    kv = config_from(KVConfig, argparse.Namespace(**{**recipe, **given, **mine}))
     spec = config_from(SpeculativeConfig, argparse.Namespace(method=args.speculative, **{
         k: getattr(args, k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_acceptance")}))
     return config_from(EngineConfig, args, kv=kv, speculative=spec,

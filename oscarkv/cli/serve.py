@@ -74,6 +74,22 @@ def build(args: argparse.Namespace):
         raise UserError(str(e)) from e
 
 
+def recipe_page_size(args: argparse.Namespace) -> int:
+    """The page size an OSCAR replica would take from its artifact's recipe without loading the model: that of
+    ``--rotations``' manifest or, for ``--model default``, of the shipped one; else ``KVConfig``'s."""
+    import json
+
+    from oscarkv.config import KVConfig
+    from oscarkv.data import default_recipe
+
+    recipe = None
+    if args.kv == "oscar" and args.rotations is not None and (args.rotations / "manifest.json").is_file():
+        recipe = json.loads((args.rotations / "manifest.json").read_text()).get("recipe")
+    elif args.kv == "oscar" and args.model == "default":
+        recipe = default_recipe()["recipe"]
+    return (recipe or {}).get("page_size", KVConfig().page_size)
+
+
 def run_node(args: argparse.Namespace) -> int:
     """``--node-rank N > 0``: host this node's tensor-parallel ranks for node 0's server (no model load, no port)."""
     from oscarkv.engine.workers import run_node as node_main
@@ -107,6 +123,8 @@ def run_replicas(args: argparse.Namespace) -> int:
 
     cfg = config_from(ReplicaConfig, args)
     server_config(args), engine_config(args)  # bad flags are reported before anything starts
+    # the router's block size is the replicas' page size by construction: each replica gets it as a flag
+    args.page_size = args.page_size or recipe_page_size(args)
     if args.nnodes > 1:
         raise UserError("--data-parallel-size starts its replicas on this host; for replicas spread over several "
                         "hosts start each one (--nnodes ...) and vllm-router --worker-urls yourself")

@@ -53,3 +53,18 @@ def test_vllm_names_match_oscarkv_series(model_dir):
     assert series(m, "vllm:num_requests_running") == series(m, "oscarkv_running_requests") == 0
     assert series(m, "vllm:kv_cache_usage_perc") == series(m, "vllm:gpu_cache_usage_perc") == max(
         float(v) for v in re.findall(r"^oscarkv_kv_pool_occupancy{[^}]*} (\S+)$", m, re.M))
+
+
+def test_the_router_blocks_are_the_replicas_pages(monkeypatch):
+    """Without ``--page-size`` the default model's replicas serve the shipped recipe's pages: the router is told
+    that block size and every replica gets it as a flag (an explicit ``--page-size`` wins for both)."""
+    from oscarkv.data import default_recipe
+
+    monkeypatch.setattr(replicas, "router_available", lambda: True)
+    seen = []
+    monkeypatch.setattr(replicas, "run", lambda cfg, argv, where, block: seen.append((argv, block)) or 0)
+    pages = default_recipe()["recipe"]["page_size"]
+    for extra, want in (([], pages), (["--page-size", "32"], 32)):
+        assert main(["serve", "--data-parallel-size", "2", *extra]) == 0
+        argv, (block, _) = seen.pop()
+        assert block == want and argv[argv.index("--page-size") + 1] == str(want)
