@@ -18,7 +18,7 @@ from oscarkv.config import CACHE_DIR, EngineConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import RequestOutput, SamplingParams
 from oscarkv.models.loader import load_model
-from oscarkv.quant.artifact import Artifact, apply_recipe, describe_recipe
+from oscarkv.quant.artifact import Artifact, describe_recipe, recipe_with
 
 log = logging.getLogger("oscarkv")
 
@@ -28,7 +28,8 @@ class LLM:
 
     def __init__(self, model="default", kv: str = "oscar", rotations: str | Path | None = None,
                  config: EngineConfig | None = None, dtype: str = "auto", artifact: Artifact | None = None,
-                 tensor_parallel_size: int | None = None, device: str = "auto", cache_dir: Path = CACHE_DIR) -> None:
+                 tensor_parallel_size: int | None = None, device: str = "auto", cache_dir: Path = CACHE_DIR,
+                 recipe_overrides: dict | None = None) -> None:
         """``model``: a spec for :func:`~oscarkv.models.loader.load_model` or a ``LoadedModel``;
         ``kv`` overrides ``config.kv.method``; ``rotations``: the artifact directory for ``oscar``
         (or ``artifact``, one already loaded); without either, the default model's shipped artifact, or for
@@ -39,14 +40,19 @@ class LLM:
         builds this needs the ``if __name__ == "__main__":`` guard). Without ``config``, an OSCAR
         artifact's recipe (the windows ``oscarkv calibrate --max-bpe`` chose, in its manifest) sets
         the windows; the line describing them is logged at start-up and kept as ``self.recipe``.
+        ``recipe_overrides``: ``KVConfig`` fields set over that recipe, as the flags do (``{"sink": 16}`` adds a
+        sink and keeps the per-head bits; ``key_bits``/``value_bits`` replace the allocation).
         ``device``: where a model named by a spec runs (:data:`oscarkv.config.DEVICES`; ``auto``: the
         first CUDA device when one is visible); a ``LoadedModel`` runs where its weights are."""
+        if config is not None and recipe_overrides:
+            raise ValueError("LLM: recipe_overrides set fields over the artifact's recipe, which serves only without "
+                             "config; set them in config.kv instead")
         if isinstance(model, str):
             tp = tensor_parallel_size or (config or EngineConfig()).tensor_parallel_size
             model = load_model(model, dtype, device=device, tensor_parallel_size=tp)
         artifact = artifact if artifact is not None else artifact_for(model, kv, rotations, cache_dir)
         kv_cfg = replace((config or EngineConfig()).kv, method=kv)
-        kv_cfg = apply_recipe(kv_cfg, artifact) if config is None else kv_cfg
+        kv_cfg = recipe_with(kv_cfg, artifact, recipe_overrides or {}) if config is None else kv_cfg
         config = replace(config or EngineConfig(), kv=kv_cfg)
         if tensor_parallel_size is not None:
             config = replace(config, tensor_parallel_size=tensor_parallel_size)

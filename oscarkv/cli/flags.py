@@ -17,7 +17,7 @@ import ast
 import inspect
 import re
 import textwrap
-from dataclasses import MISSING, asdict, fields
+from dataclasses import MISSING, fields
 from functools import cache
 from pathlib import Path
 
@@ -193,16 +193,16 @@ def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
     Windows, pages and bits the flags leave unset come from the artifact's recipe when it holds one
     (``oscarkv.quant.artifact.apply_recipe``), else from ``KVConfig``'s defaults: ``--sink 16`` adds a sink to the
     recipe and keeps its per-head bits; ``--key-bits``/``--value-bits`` replace its allocation."""
-    from oscarkv.quant.artifact import apply_recipe
+    from oscarkv.quant.artifact import recipe_with
 
     if args.rotations is not None and args.kv != "oscar":
         raise UserError(f"--rotations {args.rotations}: only --kv oscar uses a rotation artifact, and --kv {args.kv} "
                         "would ignore it; drop --rotations or use --kv oscar")
     given = {k: getattr(args, k) for k in RECIPE_FLAGS if getattr(args, k) is not None}
-    recipe = asdict(apply_recipe(config_from(KVConfig, argparse.Namespace(method=args.kv)), artifact))
-    mine = {f"layer_{k}": () for k in given if k.endswith("_bits")}  # a flag's bits replace the recipe's allocation
-    mine |= {"layer_key_heads": ()} if "key_bits" in given else {}
-    kv = config_from(KVConfig, argparse.Namespace(**{**recipe, **given, **mine}))
+    try:
+        kv = recipe_with(config_from(KVConfig, argparse.Namespace(method=args.kv)), artifact, given)
+    except ValueError as e:
+        raise UserError(str(e)) from e
     spec = config_from(SpeculativeConfig, argparse.Namespace(method=args.speculative, **{
         k: getattr(args, k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_acceptance")}))
     return config_from(EngineConfig, args, kv=kv, speculative=spec,

@@ -359,6 +359,15 @@ def apply_recipe(kv: KVConfig, artifact: Artifact | None) -> KVConfig:
                    layer_key_heads=tuple(map(tuple, recipe.get("layer_key_heads", ()))))
 
 
+def recipe_with(kv: KVConfig, artifact: Artifact | None, given: dict) -> KVConfig:
+    """``kv`` with the artifact's recipe (:func:`apply_recipe`), then the ``KVConfig`` fields ``given`` sets over it: a
+    window or page size changes only itself (the per-head bits and the clip stay); key or value bits replace the
+    recipe's allocation. A bad value is ``KVConfig``'s ValueError."""
+    mine = {f"layer_{k}": () for k in given if k in ("key_bits", "value_bits")}
+    mine |= {"layer_key_heads": ()} if "key_bits" in given else {}
+    return replace(apply_recipe(kv, artifact), **given, **mine)
+
+
 def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
     """One start-up line: the windows in use and where they come from."""
     bits = "" if kv.method in FIXED_BITS else f"key bits {kv.key_bits}, value bits {kv.value_bits}, "

@@ -1,4 +1,4 @@
-"""The engine's window, page and bit flags over the shipped artifact's recipe (``flags.engine_config``): unset ones
+"""The engine's window, page and bit flags (and ``LLM``'s ``recipe_overrides``) over the shipped artifact's recipe: unset ones
 come from the recipe; a set window or page size changes only itself (the per-head 4-bit keys, the clip and the
 other windows stay); set bits replace the recipe's allocation."""
 
@@ -45,3 +45,17 @@ def test_a_sink_off_the_recipes_pages_is_refused(shipped):
 
     with pytest.raises(UserError, match=r"sink \(12\) must be a multiple of EngineConfig.kv.page_size \(16\)"):
         kv_for(["--sink", "12"], shipped)
+
+
+def test_llm_sets_fields_over_the_recipe_as_the_flags_do(shipped):
+    """``LLM(recipe_overrides=...)`` serves what the same flags serve; with a ``config`` it is refused."""
+    from oscarkv.config import EngineConfig
+    from oscarkv.llm import LLM
+    from oscarkv.models.loader import load_model
+
+    loaded = load_model("default", "float32", device="cpu")
+    with LLM(loaded, artifact=shipped, recipe_overrides={"sink": 16}) as llm:
+        assert llm.engine.cfg.kv == kv_for(["--sink", "16"], shipped)
+        assert "set by the caller" in llm.recipe
+    with pytest.raises(ValueError, match="recipe_overrides"):
+        LLM(loaded, artifact=shipped, config=EngineConfig(), recipe_overrides={"sink": 16})
