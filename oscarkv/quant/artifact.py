@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -381,15 +381,15 @@ def describe_recipe(kv: KVConfig, artifact: Artifact | None) -> str:
         line += f", per-layer bits keys {_bits_row(kv.layer_key_bits)} values {_bits_row(kv.layer_value_bits)}"
     if kv.layer_key_heads:
         line += f", 4-bit key heads per layer {'/'.join(''.join(map(str, h)) or '-' for h in kv.layer_key_heads)}"
-    mine = (kv.sink, kv.recent, *kv.bits, kv.key_clip, kv.levels, kv.layer_key_bits, kv.layer_value_bits,
-            kv.layer_key_heads)
-    if recipe and mine == (recipe["sink"], recipe["recent"], recipe.get("key_bits", 2), recipe.get("value_bits", 2),
-                           recipe.get("key_clip"), recipe.get("levels", "uniform"),
-                           tuple(recipe.get("layer_key_bits", ())), tuple(recipe.get("layer_value_bits", ())),
-                           tuple(map(tuple, recipe.get("layer_key_heads", ())))):
+    if not recipe:
+        return line + " (no recipe in the artifact)"
+    theirs = apply_recipe(kv, artifact)
+    differ = [n if isinstance(v, tuple) else f"{n} {v}" for n, v in ((f.name, getattr(kv, f.name)) for f in fields(KVConfig))
+              if v != getattr(theirs, n)]
+    if not differ:
         return (f"{line} (the artifact's recipe: {recipe['bpe']} bits per element at {recipe['context']} tokens, "
                 f"chosen on {recipe['objective']} over {recipe.get('dev_samples', '?')} development samples)")
-    return line + (" (set by the caller; the artifact's recipe differs)" if recipe else " (no recipe in the artifact)")
+    return f"{line} (set by the caller: the artifact's recipe but {', '.join(differ)})"
 
 
 def _bits_row(bits: tuple[int, ...]) -> str:

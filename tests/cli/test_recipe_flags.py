@@ -56,6 +56,6 @@ def test_llm_sets_fields_over_the_recipe_as_the_flags_do(shipped):
     loaded = load_model("default", "float32", device="cpu")
     with LLM(loaded, artifact=shipped, recipe_overrides={"sink": 16}) as llm:
         assert llm.engine.cfg.kv == kv_for(["--sink", "16"], shipped)
-        assert "set by the caller" in llm.recipe
+        assert llm.recipe.endswith("(set by the caller: the artifact's recipe but sink 16)")
     with pytest.raises(ValueError, match="recipe_overrides"):
         LLM(loaded, artifact=shipped, config=EngineConfig(), recipe_overrides={"sink": 16})
