@@ -347,7 +347,7 @@ def _clip(c: float) -> float | None:
 def apply_recipe(kv: KVConfig, artifact: Artifact | None) -> KVConfig:
     """``kv`` with the windows, key/value bits, key clip and levels the artifact's manifest chose (``recipe``, written by
     ``oscarkv calibrate --max-bpe``/``--tolerance``; bits absent: 2) when ``kv`` is OSCAR and the manifest holds one;
-    otherwise ``kv`` unchanged. Callers apply it only where the user set no windows."""
+    otherwise ``kv`` unchanged. Fields a user sets go over it: :func:`recipe_with`."""
     recipe = artifact.manifest.get("recipe") if artifact is not None else None
     if kv.method != "oscar" or not recipe:
         return kv
