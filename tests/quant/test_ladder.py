@@ -97,7 +97,7 @@ def test_generate_and_serve_flags_choose_the_bits_over_the_recipe():
     assert (kv().bits, kv().recent) == ((4, 2), 128)  # the recipe's windows and bits
     assert (kv("--value-bits", "4").bits, kv("--value-bits", "4").recent) == ((4, 4), 128)  # a flag overrides one
     assert kv("--recent", "256", "--key-bits", "4", "--value-bits", "4").bits == (4, 4)
-    assert kv("--recent", "256").bits == (2, 2)  # windows set by hand: no recipe, KVConfig's bits
+    assert (kv("--recent", "256").bits, kv("--recent", "256").recent) == ((4, 2), 256)  # a window over the recipe
     assert kv("--kv", "int4").method == "int4"
     with pytest.raises(UserError, match="fixes its own bits"):
         kv("--kv", "int4", "--key-bits", "4")
