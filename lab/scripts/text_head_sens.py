@@ -12,6 +12,11 @@ ranks the heads by their mean gain and sets it beside the needle ranking.
     OMP_NUM_THREADS=1 python -m lab.scripts.text_head_sens run --shard 0 --shards 2 --out DIR &
     OMP_NUM_THREADS=1 python -m lab.scripts.text_head_sens run --shard 1 --shards 2 --out DIR &
     wait; python -m lab.scripts.text_head_sens summary --out DIR
+    python -m lab.scripts.text_head_sens recipes --top 10 --out DIR   # candidates for development as served
+
+``recipes`` writes two candidate recipes (development, for the GPU lanes): ``recipe_text{N}.json``, the shipped recipe
+plus the ``N`` heads of most text gain (more bytes), and ``recipe_swap{N}.json``, those heads in place of the shipped
+recipe's ``N`` heads of least needle gain (the same bytes).
 """
 
 from __future__ import annotations
@@ -97,9 +102,40 @@ def summary(a) -> None:
     print("\n".join(lines))
 
 
+def text_ranking(out: Path) -> list[tuple[int, int]]:
+    """``(layer, head)`` of positive mean text gain over the shipped recipe, the largest first."""
+    rows = [json.loads(x) for p in sorted(out.glob("sens_*.jsonl")) for x in p.read_text().splitlines() if x]
+    gains = {k: sum(r["nll"]["shipped"] - r["nll"][k] for r in rows) for k in rows[0]["nll"] if "." in k}
+    return [tuple(map(int, k.split("."))) for k in sorted(gains, key=lambda k: -gains[k]) if gains[k] > 0]
+
+
+def recipes(a) -> None:
+    from lab.scripts.twobit_artifacts import SHIPPED
+    from oscarkv.calibrate.default import frontier_artifacts
+
+    entry = json.loads(Path("oscarkv/data/default_recipe.json").read_text())
+    ship = [(li, h) for li, hs in enumerate(entry["recipe"]["layer_key_heads"]) for h in hs]
+    needle = [k for k in ranked_heads() if k in ship]  # the shipped heads, most needle gain first
+    text = text_ranking(a.out)[:a.top]
+    art = frontier_artifacts(Artifact.load(SHIPPED))["int2"]
+    for name, heads, what in ((f"text{a.top}", ship + text, f"the shipped recipe plus the {a.top} 2-bit heads of most text gain"),
+                              (f"swap{a.top}", needle[:len(needle) - a.top] + text, f"the {a.top} 2-bit heads of most text gain in "
+                               f"place of the shipped recipe's {a.top} of least needle gain")):
+        rec = {**entry["recipe"], "layer_key_heads": [sorted(h for li, h in heads if li == i) for i in range(len(entry["recipe"]["layer_key_heads"]))]}
+        kv = apply_recipe(KVConfig("oscar", group_size=art.manifest["group_size"]), Artifact({**art.manifest, "recipe": rec}, art.tensors))
+        codec = build_codec(kv, *art.fingerprint.kv_dims, art)
+        bpe = [round(codec.bpe(n), 4) for n in (4096, 8192, 102400)]
+        rec["bpe"] = bpe[1]
+        (a.out / f"recipe_{name}.json").write_text(json.dumps({"provenance": (
+            f"a development candidate, not shipped: {what} (lab.scripts.text_head_sens, {a.out}); {len(heads)} heads, "
+            f"{bpe[0]} / {bpe[1]} / {bpe[2]} BPE at 4K / 8K / 100K by the codec"), "recipe": rec}, indent=1) + "\n")
+        print(f"{name}: {len(heads)} heads, {bpe} BPE at 4K / 8K / 100K")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=("run", "summary"))
+    ap.add_argument("mode", choices=("run", "summary", "recipes"))
+    ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--gazetteers", type=int, default=8)
@@ -108,7 +144,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    run(a) if a.mode == "run" else summary(a)
+    {"run": run, "summary": summary, "recipes": recipes}[a.mode](a)
 
 
 if __name__ == "__main__":
