@@ -56,10 +56,11 @@ text() { mkdir -p "$W/text"; for n in ${TEXT_TOKENS:-4096 6144}; do timeout $(( 
   lab.scripts.free_text_quality --model "$MODEL" --tokens "$n" --gazetteers "${TEXT_GAZ:-12}" --prose "${TEXT_PROSE:-4}" \
   --configs "${TEXT_CONFIGS:-bf16,shipped,shipped+sink16,shipped+sink64,int2+win}" --out "$W/text/t$n" >> "$W/text.log" 2>&1; done; }
 # textpar: text's documents, one process per configuration of TEXT_CONFIGS (NAME or NAME=FILE), all at once, each
-# writing into $OUT/textpar/tN/NAME as it goes (a lane cut short keeps what it wrote); TEXT_MAX (default 64) tokens
+# writing into $OUT/textpar/tN/NAME as it goes (a lane cut short keeps what it wrote); TEXT_MAX (default 64) tokens,
+# TEXT_FIRST the first gazetteer's development seed (default 1; fresh documents: past 36, the twenty-fifth session's)
 textpar() { local c n; mkdir -p "$OUT/textpar"; for c in ${TEXT_CONFIGS//,/ }; do ( for n in ${TEXT_TOKENS:-4096}; do
   timeout -k 5 $(( T - ($(date +%s) - START) )) $PY -m lab.scripts.free_text_quality --model "$MODEL" --tokens "$n" \
-  --gazetteers "${TEXT_GAZ:-12}" --prose "${TEXT_PROSE:-4}" --max-tokens "${TEXT_MAX:-64}" --kv-gib 8 --configs "$c" \
+  --gazetteers "${TEXT_GAZ:-12}" --first-gazetteer "${TEXT_FIRST:-1}" --prose "${TEXT_PROSE:-4}" --max-tokens "${TEXT_MAX:-64}" --kv-gib 8 --configs "$c" \
   --out "$OUT/textpar/t$n/${c%%=*}" >> "$OUT/textpar/${c%%=*}.log" 2>&1; done ) & done; wait
   tar czf "$OUT/textpar.tgz" -C "$OUT" textpar; }  # NOTE: nested folders and "+" in names do not come back from a device
 START=$(date +%s)
