@@ -35,7 +35,7 @@ from lab.scripts.spec_draft_policies import slices
 from lab.scripts.twobit_heads import ranked_heads
 from oscarkv.cli.flags import load
 from oscarkv.config import KVConfig
-from oscarkv.data import default_rotations_dir
+from oscarkv.data import default_recipe, default_rotations_dir
 from oscarkv.eval.runner import prefill, score_sample
 from oscarkv.quant.artifact import Artifact, ModelFingerprint, apply_recipe
 from oscarkv.quant.codec import build_codec
@@ -113,7 +113,7 @@ def recipes(a) -> None:
     from lab.scripts.twobit_artifacts import SHIPPED
     from oscarkv.calibrate.default import frontier_artifacts
 
-    entry = json.loads(Path("oscarkv/data/default_recipe.json").read_text())
+    entry = default_recipe()
     ship = [(li, h) for li, hs in enumerate(entry["recipe"]["layer_key_heads"]) for h in hs]
     needle = [k for k in ranked_heads() if k in ship]  # the shipped heads, most needle gain first
     text = text_ranking(a.out)[:a.top]

@@ -176,7 +176,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                         "another model, one calibrated once at start-up and cached under --cache-dir)")
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
                    help=f"where artifacts calibrated at start-up are cached, by model fingerprint (default: {CACHE_DIR})")
-    add_fields(p, KVConfig, ["sink", "recent", "page_size", "key_bits", "value_bits"])
+    add_fields(p, KVConfig, list(RECIPE_FLAGS))
     # NOTE: unset windows, pages and bits come from the artifact's recipe (oscarkv calibrate --max-bpe), else KVConfig's
     p.set_defaults(**dict.fromkeys(RECIPE_FLAGS))
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",

@@ -81,10 +81,11 @@ def recipe_page_size(args: argparse.Namespace) -> int:
 
     from oscarkv.config import KVConfig
     from oscarkv.data import default_recipe
+    from oscarkv.quant.artifact import MANIFEST_FILE
 
     recipe = None
-    if args.kv == "oscar" and args.rotations is not None and (args.rotations / "manifest.json").is_file():
-        recipe = json.loads((args.rotations / "manifest.json").read_text()).get("recipe")
+    if args.kv == "oscar" and args.rotations is not None and (args.rotations / MANIFEST_FILE).is_file():
+        recipe = json.loads((args.rotations / MANIFEST_FILE).read_text()).get("recipe")
     elif args.kv == "oscar" and args.model == "default":
         recipe = default_recipe()["recipe"]
     return (recipe or {}).get("page_size", KVConfig().page_size)
