@@ -13,6 +13,7 @@
 #          Without the first half (a cold machine: part1 ran on another), it says so and stops.
 #
 # Usage (repository root, a CUDA torch): bash lab/scripts/gpu_spec.sh part1|part2 [PYTHON]
+# SPEC_ARGS: more flags for part2's bench (later ones win), e.g. "--methods oscar --sink 16 --shapes="
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 STAGE="${1:?part1 or part2}"
@@ -44,6 +45,6 @@ else
 fi
 timeout 500 "$PY" -m oscarkv.cli bench speculative --model "$GGUF" --device cuda --methods bf16,oscar \
     --num-speculative-tokens 2,4,8 --document-tokens 6144 --max-tokens 128 --repeats 3 --shapes qwen3-4b \
-    --contexts 32768,102400 --steps 16 --kv-gib 24 --out "$OUT/spec.json" 2>&1 | tee "$OUT/spec.log" || status=1
+    --contexts 32768,102400 --steps 16 --kv-gib 24 ${SPEC_ARGS:-} --out "$OUT/spec.json" 2>&1 | tee "$OUT/spec.log" || status=1
 grep '^|\|^measured\|^projected' "$OUT/spec.log" > "$OUT/spec.md"
 exit $status

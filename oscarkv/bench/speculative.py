@@ -48,7 +48,7 @@ from oscarkv.config import EngineConfig, KVConfig, SpeculativeConfig
 from oscarkv.engine.engine import LLMEngine
 from oscarkv.engine.request import SamplingParams
 from oscarkv.engine.speculative import SpecStats
-from oscarkv.quant.artifact import apply_recipe
+from oscarkv.quant.artifact import recipe_with
 
 TASKS = {"copy": "Repeat the text above exactly, word for word, from its first line.",
          "no-copy": "Now, without quoting the text above, write a short story about a fox who learns to play the violin."}
@@ -144,14 +144,15 @@ def divergence(ref: tuple[list[int], list[float]], got: tuple[list[int], list[fl
     return dict(first_diff=i, drift=drift, margin=None if i is None else la[i] - lb[i])
 
 
-def model_engine_factory(loaded, artifact, kv_bytes: int = 1 << 28):
+def model_engine_factory(loaded, artifact, given: dict | None = None, kv_bytes: int = 1 << 28):
     """``make_engine(method, K)`` for :func:`task_rows` on a loaded real model (ngram drafts when K > 0); OSCAR with
     the artifact's recipe, as ``LLM`` and ``serve`` apply it (the default model's: pages of 16, 4-bit keys in 45
-    heads)."""
+    heads), and the fields ``given`` sets over it (``quant.artifact.recipe_with``; ``{"sink": 16}`` as ``--sink 16``)."""
     def make(method: str, k: int) -> LLMEngine:
         spec = SpeculativeConfig("ngram", num_speculative_tokens=k) if k else SpeculativeConfig()
         art = artifact if method == "oscar" else None
-        cfg = EngineConfig(apply_recipe(KVConfig(method), art), kv_memory_bytes=kv_bytes, max_num_seqs=4, speculative=spec)
+        kv = recipe_with(KVConfig(method), art, given or {}) if art is not None else KVConfig(method)
+        cfg = EngineConfig(kv, kv_memory_bytes=kv_bytes, max_num_seqs=4, speculative=spec)
         return LLMEngine.from_hf(loaded.model, cfg, art, loaded.tokenizer)
     return make
 
@@ -263,10 +264,11 @@ def projection(model_rows: list[dict], shape_rows_: list[dict]) -> list[dict]:
     return out
 
 
-def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None) -> str:
-    """Both parts (the shapes only on CUDA), their tables and the projection; JSON to ``out``."""
+def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None, given: dict | None = None) -> str:
+    """Both parts (the shapes only on CUDA), their tables and the projection; JSON to ``out``; ``given``: fields over
+    OSCAR's recipe on the real model (the bench's ``--sink`` etc.)."""
     prompts = task_prompts(loaded.tokenizer, cfg.document_tokens)
-    rows = [r for m in cfg.methods for r in task_rows(model_engine_factory(loaded, artifact), prompts, m,
+    rows = [r for m in cfg.methods for r in task_rows(model_engine_factory(loaded, artifact, given), prompts, m,
                                                        cfg.num_speculative_tokens, cfg.max_tokens, cfg.repeats)]
     if cfg.shapes and not torch.cuda.is_available():
         raise ValueError("bench speculative --shapes needs a CUDA device")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from oscarkv.bench.configs import (AttentionBench, CapacityBench, DecodeBench, EngineBench, FollowupBench, JobsBench,
                                    PrefillBench, ServeBench, SpeculativeBench)
-from oscarkv.cli.flags import UserError, add_fields, config_from, load, model_args
+from oscarkv.cli.flags import UserError, add_fields, config_from, load, model_args, recipe_args, recipe_given
 
 BENCHES = {
     "attention": (AttentionBench, "GPU: decode attention time and bandwidth, BF16 vs INT2 vs PyTorch SDPA",
@@ -54,6 +54,7 @@ def setup(p: argparse.ArgumentParser) -> None:
         add_fields(b, cls, names)
         if name == "speculative":
             model_args(b)
+            recipe_args(b)  # over OSCAR's recipe, as generate's and serve's flags
         elif name in ("engine", "serve"):
             b.add_argument("--model", default="default", help="model spec (default: default)")
         if name in ("engine", "serve", "speculative"):
@@ -100,7 +101,7 @@ def _speculative(cfg: SpeculativeBench, args: argparse.Namespace) -> int:
     loaded = load(args.model, args.dtype, args.device)
     try:
         art = artifact_for(loaded, "oscar", args.rotations) if "oscar" in cfg.methods else None
-        print(speculative.run(cfg, loaded, art, args.out))
+        print(speculative.run(cfg, loaded, art, args.out, recipe_given(args)))
     except ValueError as e:
         raise UserError(str(e)) from e
     return 0

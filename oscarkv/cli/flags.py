@@ -166,6 +166,18 @@ RECIPE_FLAGS = ("sink", "recent", "page_size", "key_bits", "value_bits")
 """The ``KVConfig`` fields the engine's flags set over the artifact's recipe (``engine_config``)."""
 
 
+def recipe_args(p: argparse.ArgumentParser) -> None:
+    """The flags that set ``RECIPE_FLAGS`` over the artifact's recipe (:func:`recipe_given` reads them)."""
+    add_fields(p, KVConfig, list(RECIPE_FLAGS))
+    # NOTE: unset windows, pages and bits come from the artifact's recipe (oscarkv calibrate --max-bpe), else KVConfig's
+    p.set_defaults(**dict.fromkeys(RECIPE_FLAGS))
+
+
+def recipe_given(args: argparse.Namespace) -> dict:
+    """The ``KVConfig`` fields the flags of :func:`recipe_args` set (``quant.artifact.recipe_with``'s ``given``)."""
+    return {k: getattr(args, k) for k in RECIPE_FLAGS if getattr(args, k) is not None}
+
+
 def engine_args(p: argparse.ArgumentParser) -> None:
     """The engine's flags (``generate`` and ``serve``): model, KV method and artifact, KVConfig windows,
     EngineConfig sizes."""
@@ -176,9 +188,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                         "another model, one calibrated once at start-up and cached under --cache-dir)")
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
                    help=f"where artifacts calibrated at start-up are cached, by model fingerprint (default: {CACHE_DIR})")
-    add_fields(p, KVConfig, list(RECIPE_FLAGS))
-    # NOTE: unset windows, pages and bits come from the artifact's recipe (oscarkv calibrate --max-bpe), else KVConfig's
-    p.set_defaults(**dict.fromkeys(RECIPE_FLAGS))
+    recipe_args(p)
     add_fields(p, EngineConfig, ["kv_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
                                  "enable_prefix_caching", "prefix_windows", "resume_turns", "resume_questions", "overlap",
                                  "tensor_parallel_size",
@@ -198,9 +208,8 @@ def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
     if args.rotations is not None and args.kv != "oscar":
         raise UserError(f"--rotations {args.rotations}: only --kv oscar uses a rotation artifact, and --kv {args.kv} "
                         "would ignore it; drop --rotations or use --kv oscar")
-    given = {k: getattr(args, k) for k in RECIPE_FLAGS if getattr(args, k) is not None}
     try:
-        kv = recipe_with(config_from(KVConfig, argparse.Namespace(method=args.kv)), artifact, given)
+        kv = recipe_with(config_from(KVConfig, argparse.Namespace(method=args.kv)), artifact, recipe_given(args))
     except ValueError as e:
         raise UserError(str(e)) from e
     spec = config_from(SpeculativeConfig, argparse.Namespace(method=args.speculative, **{

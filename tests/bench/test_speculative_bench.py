@@ -7,7 +7,7 @@ import pytest
 
 from oscarkv.bench import speculative as sb
 from oscarkv.bench.configs import SpeculativeBench
-from oscarkv.config import SpeculativeConfig
+from oscarkv.config import KVConfig, SpeculativeConfig
 from oscarkv.models.llama import PagedLM
 from tests.bench.test_followup import CONFIG
 from tests.engine.conftest import make_artifact, make_engine, prompts, tiny_model
@@ -83,6 +83,23 @@ def test_model_engines_serve_the_artifacts_recipe():
     kv = make("oscar", 2).cfg.kv
     assert (kv.sink, kv.recent, kv.page_size, kv.layer_key_heads) == (0, 8, 8, ((1,), (0,)))
     assert make("bf16", 0).cfg.kv.layer_key_heads == ()
+    over = sb.model_engine_factory(SimpleNamespace(model=llama, tokenizer=None), artifact, {"sink": 8}, kv_bytes=1 << 22)
+    kv = over("oscar", 2).cfg.kv  # the bench's --sink 8: that window over the recipe, its heads kept
+    assert (kv.sink, kv.recent, kv.page_size, kv.layer_key_heads) == (8, 8, 8, ((1,), (0,)))
+    assert over("bf16", 0).cfg.kv.sink == KVConfig("bf16").sink
+
+
+def test_bench_speculative_flags_set_fields_over_the_recipe():
+    """``oscarkv bench speculative --sink 16 --key-bits 4``: the fields the engine's flags set, none by default."""
+    import argparse
+
+    from oscarkv.cli import bench
+    from oscarkv.cli.flags import recipe_given
+
+    p = argparse.ArgumentParser()
+    bench.setup(p)
+    assert recipe_given(p.parse_args(["speculative"])) == {}
+    assert recipe_given(p.parse_args(["speculative", "--sink", "16", "--key-bits", "4"])) == {"sink": 16, "key_bits": 4}
 
 
 def test_verify_cost_steps_verify_k_drafts():
