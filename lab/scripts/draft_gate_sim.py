@@ -37,7 +37,7 @@ class Seq:
 def replay(mod, prompt: list[int], out: list[int], k: int, cost: tuple[float, float], lag: bool) -> dict:
     """Steps, verify steps and speed-up (tokens per cost unit) of one output under ``mod``'s gate."""
     v, u = cost
-    dec = mod.SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=k, min_acceptance=0.25))
+    dec = mod.SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=k))
     seq, pos, ahead_ok, spent, steps, verify = Seq(list(prompt) + out[:1]), 1, False, 0.0, 0, 0
     while pos < len(out):
         steps += 1

@@ -6,7 +6,7 @@ at 100K (Qwen3-4B shape, K = 2-8), where a decode step hides its host work. Here
 wait (a stream sync at the start of ``LLMEngine._complete``) and the host phases around it, timed by wrappers around
 the engine's own methods (inclusive times: ``plan`` runs inside ``schedule``), with Python's garbage collections
 counted and timed per generation (none ran in these steps, 2026-11-29); the same steps with the greedy tokens and
-log-probs formed inside the extend graph (``speculative.greedy_pair``, the default) and after the replay. The draft gate stays open (``min_acceptance`` 0: random drafts are rejected). Writes ``verify_host.json``.
+log-probs formed inside the extend graph (``speculative.greedy_pair``, the default) and after the replay. The draft gate stays open (``min_accepted_tokens`` 0: random drafts are rejected). Writes ``verify_host.json``.
 
     python -m lab.scripts.verify_host --shape qwen3-4b --context 102400 --ks 4 --out DIR
 """
@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--method", default="oscar")
     a = ap.parse_args()
     ks = [int(x) for x in a.ks.split(",")]
-    engine = spec_engine(e2e.random_model(a.shape), a.method, a.kv_gib, max(ks), min_acceptance=0.0)
+    engine = spec_engine(e2e.random_model(a.shape), a.method, a.kv_gib, max(ks), min_accepted_tokens=0.0)
     e2e.add_prompts(engine, 1, a.context, 64 + len(ks) * 2 * (4 * a.steps + 2 + engine.manager.P + max(ks)),
                     seed=a.context)
     e2e.drive(engine, max_steps=4)

@@ -238,20 +238,23 @@ class SpeculativeConfig:
     """Shortest n-gram matched (the longest is tried first)."""
     prompt_lookup_max: int = 4
     """Longest n-gram matched."""
-    min_acceptance: float = 0.25
-    """A sequence drafts while its recent acceptance (an exponential average of accepted / drafted over its verify
-    steps) is at least this. Below it, and from its first step, it drafts in *shadow* only: the drafts a step would
-    propose are judged against the tokens it then emits (no verify step, its steps run ahead), and one judged at
-    this rate or better resumes drafting, so text that does not copy costs plain decode steps; 0 always drafts.
-    Outputs do not depend on it."""
+    min_accepted_tokens: float = 0.45
+    """A sequence drafts while its recent accepted drafts per verify step (an exponential average) are at least this.
+    Below it, and from its first step, it drafts in *shadow* only: the drafts a step would propose are judged
+    against the tokens it then emits (no verify step, its steps run ahead), and one judged at this many or more
+    resumes drafting, so text that does not copy costs plain decode steps; 0 always drafts. A verify step pays when
+    it accepts more than its cost in plain steps, less one: 0.45 suits a large model at long context (a verify step
+    ~1.45 plain steps), 1.3 the default model (2.3); chosen over a share of the drafts (0.25) on development text
+    (``lab/results/draft_gate_floor/``). Outputs do not depend on it."""
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(f"SpeculativeConfig.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
         if self.num_speculative_tokens < 1:
             raise ValueError(f"SpeculativeConfig.num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
-        if not 0.0 <= self.min_acceptance <= 1.0:
-            raise ValueError(f"SpeculativeConfig.min_acceptance must be in [0, 1], got {self.min_acceptance}")
+        if not 0.0 <= self.min_accepted_tokens <= self.num_speculative_tokens:
+            raise ValueError("SpeculativeConfig.min_accepted_tokens must be in [0, "
+                             f"SpeculativeConfig.num_speculative_tokens ({self.num_speculative_tokens})], got {self.min_accepted_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("SpeculativeConfig needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                              f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")

@@ -119,8 +119,9 @@ class SpecStats:
 
 class DraftGate:
     """Whether one sequence drafts at its next decode step. Open: drafts are verified, and an exponential average of
-    their acceptance (accepted / drafted; a lookup that finds nothing counts as nothing accepted) below
-    ``SpeculativeConfig.min_acceptance`` closes it. Closed (also at first): every step's *shadow* draft — what it
+    the drafts a verify step accepts (a lookup that finds nothing counts as none) below
+    ``SpeculativeConfig.min_accepted_tokens`` closes it (a count, not a share: a verify step of 9 rows costs about
+    what one of 5 does). Closed (also at first): every step's *shadow* draft — what it
     would have proposed — is judged on its own against the tokens the sequence then emits (free: greedy verification
     accepts exactly the drafts' prefix equal to those tokens; sampling, each with the probability its token is
     drawn), and one judged at the floor or better reopens it. So text that does not copy pays no verify step (its
@@ -138,7 +139,7 @@ class DraftGate:
         return self.rate >= self.floor
 
     def update(self, drafted: int, accepted: int) -> None:
-        self.rate = self.DECAY * self.rate + (1 - self.DECAY) * accepted / drafted
+        self.rate = self.DECAY * self.rate + (1 - self.DECAY) * accepted
 
     def watch(self, tokens: list[int], index: NgramIndex, k: int) -> None:
         """While closed: judge the pending shadow drafts (one per token count seen) whose outcome is certain on the
@@ -153,10 +154,10 @@ class DraftGate:
             at, drafts = self.shadows[0]
             got = tokens[at:at + len(drafts)]
             a = next((j for j, (x, y) in enumerate(zip(drafts, got)) if x != y), len(got))
-            if a == len(got) < len(drafts) and a < self.floor * len(drafts):
+            if a == len(got) < len(drafts) and a < self.floor:
                 break  # every token so far agrees, too few yet to reopen: wait for the rest
             self.shadows.pop(0)
-            self.rate = a / len(drafts)  # NOTE: while closed each shadow is judged on its own, not averaged
+            self.rate = a  # NOTE: while closed each shadow is judged on its own, not averaged
         if self.is_open():
             return
         self.seen, drafts = n, index.propose(tokens, k)
@@ -176,7 +177,7 @@ class SpeculativeDecoder:
         """``seq``'s gate, its shadow drafts brought up to the tokens known now."""
         gate, index = self._gate.get(seq), self._index.get(seq)
         if gate is None:
-            gate = self._gate[seq] = DraftGate(self.cfg.min_acceptance)
+            gate = self._gate[seq] = DraftGate(self.cfg.min_accepted_tokens)
         if index is None:
             index = self._index[seq] = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
         gate.watch(seq.token_ids, index, self.cfg.num_speculative_tokens)

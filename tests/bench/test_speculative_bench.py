@@ -21,7 +21,7 @@ def rows():
     tasks = {"copy": a * 4 + b[:3], "no-copy": prompts(1, 45, seed=6)[0]}
 
     def make(method, k):
-        spec = (SpeculativeConfig("ngram", num_speculative_tokens=k, prompt_lookup_max=3, min_acceptance=0.0) if k
+        spec = (SpeculativeConfig("ngram", num_speculative_tokens=k, prompt_lookup_max=3, min_accepted_tokens=0.0) if k
                 else SpeculativeConfig())  # drafts at every match: counts every verify path
         return make_engine(llama, method, artifact, speculative=spec)
     return sb.task_rows(make, tasks, "oscar", (2, 4), max_tokens=20, repeats=2)

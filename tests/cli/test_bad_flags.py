@@ -43,6 +43,8 @@ CASES = [  # (argv, what the error line must say); TMP: a fresh empty folder
     (["bench", "engine", "--batches", "1,0"], "--batches must be >= 1, got (1, 0)"),
     (["bench", "serve", "--kv", "kivi"], f"--kv must be methods of {ENGINE_METHODS}, got ('kivi',)"),
     (["bench", "followup", "--new-tokens", "8,0"], "--new-tokens must be >= 1, got (8, 0)"),
+    (["generate", "--prompt", "x", "--speculative", "ngram", "--min-accepted-tokens", "9"],
+     "--min-accepted-tokens must be in [0, --num-speculative-tokens (4)], got 9.0"),
     (["bench", "speculative", "--speculative", "none"], "--speculative must be one of ('ngram',), got 'none'"),
 ]
 

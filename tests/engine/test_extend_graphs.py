@@ -98,7 +98,7 @@ def test_padded_rows_store_nothing(llama, artifact):
 def test_speculative_verify_chunks_match_without(llama, artifact, method, tol):
     """Verify chunks alone in their step run as one chunk through the graphs (kv=bf16 pools hold fp32 here, so
     the chunk's own K/V are its rows' stored values; oscar: bf16 slots, the chunk's rows use them unrounded)."""
-    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3, min_acceptance=0.0)
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3, min_accepted_tokens=0.0)
     ps = copy_prompts()
     base = [run(_engine(llama, method, artifact, False), [p], GREEDY)[0] for p in ps]
     engine = _engine(llama, method, artifact, True, speculative=spec)
@@ -119,7 +119,7 @@ def test_verify_without_decode_steps_stays_rows(llama, artifact):
     from oscarkv.attention.backends import TorchAttention
 
     engine = _engine(llama, "oscar", artifact, True, backend=TorchAttention(),
-                     speculative=SpeculativeConfig("ngram", num_speculative_tokens=4, min_acceptance=0.0))
+                     speculative=SpeculativeConfig("ngram", num_speculative_tokens=4, min_accepted_tokens=0.0))
     run(engine, copy_prompts()[:1], GREEDY)
     assert engine.spec.stats.verify_steps > 0 and engine.runner.extend_graphs.replays == 0
 
@@ -129,7 +129,7 @@ def test_verify_buckets_captured_before_steps(llama, artifact):
     too: drafts run out, ``draft_end`` stops before a demotion); the steps after it build none, and every verify
     step is counted as a graph hit."""
     spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3,
-                             min_acceptance=0.0)
+                             min_accepted_tokens=0.0)
     engine = _engine(llama, "oscar", artifact, True, speculative=spec)
     graphs = engine.runner.extend_graphs
     assert engine.runner.capture_graphs(5) == 3 and set(graphs.graphs) == {2, 4, 8}
@@ -158,7 +158,7 @@ def test_verify_chunks_store_what_decode_steps_store(llama, artifact, wrong):
         nxt = truth[len(seq.token_ids):len(seq.token_ids) + min(limit, 4)]
         keep = 0 if wrong else len(nxt) // 2
         return nxt[:keep] + [(t + 1) % 128 for t in nxt[keep:]]
-    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, min_acceptance=0.0)
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, min_accepted_tokens=0.0)
     engine = _engine(llama, "oscar", artifact, True, speculative=spec)
     demoting = _count_demoting_verify_steps(engine)
     got = _snapshots(engine, [p], drafter)

@@ -83,7 +83,7 @@ def test_speculative_verify_chunks_gpu(model, method):
     doc = prompts(1, DOC, seed=4)[0]
     a = prompts(1, 10, seed=5)[0]
     ps = [doc + a * 4, doc + a[:5] * 6]  # copies: drafts found in the prompt
-    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=3, min_acceptance=0.0)
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=3, min_accepted_tokens=0.0)
     method, alloc = method.split("-")[0], HEADS if method.endswith("heads") else None
     base = [run(_engine(model, method, True, alloc), [p], GREEDY)[0] for p in ps]
     engine = _engine(model, method, True, alloc, speculative=spec)

@@ -18,7 +18,7 @@ from tests.engine.conftest import make_engine, prompts, run
 from tests.engine.test_tensor_parallel import MEMORY, TIGHT, _pair
 
 NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3,
-                          min_acceptance=0.0)  # drafts at every match: the tests below exercise verification
+                          min_accepted_tokens=0.0)  # drafts at every match: the tests below exercise verification
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=True)
 
 
@@ -75,14 +75,17 @@ def test_accept_greedy_is_the_longest_agreeing_prefix():
 
 def test_draft_gate_judges_shadow_drafts_while_closed():
     """Closed at first; each token count's shadow draft is judged once the tokens it guessed are known (on its own):
-    half accepted reopens; rejected verifies (the average) close it again; a floor of 0 never closes."""
-    index, gate = NgramIndex(1, 4), DraftGate(0.25)
+    one accepted token reopens a floor of 0.45 (a count, whatever the draft's length); rejected verifies (the
+    average) close it again; a floor of 0 never closes."""
+    index, gate = NgramIndex(1, 4), DraftGate(0.45)
     tokens = [7, 1, 2, 3, 4, 9, 1, 2]  # the suffix [1, 2] occurred before: shadow [3, 4, 9, 1]
     gate.watch(tokens, index, 4)
     assert not gate.is_open() and gate.shadows == [(8, [3, 4, 9, 1])]
-    gate.watch(tokens + [3], index, 4)  # one of four agrees so far: it reopens at 0.25, without waiting for the rest
-    assert gate.is_open() and gate.rate == 0.25
-    gate.update(4, 0), gate.update(4, 0)
+    gate.watch(tokens + [3], index, 4)  # one of four agrees so far: it reopens, without waiting for the rest
+    assert gate.is_open() and gate.rate == 1
+    gate.update(8, 0)
+    assert gate.is_open() and gate.rate == 0.5  # the average of accepted tokens, not of the share (0 of 8)
+    gate.update(4, 0)
     assert not gate.is_open()
     gate.watch(tokens + [3, 4], index, 4)  # closed again: a fresh shadow from here ([9, 1, 2, 3])
     gate.watch(tokens + [3, 4, 5], index, 4)  # the text stops copying: judged at once, 0 of 4
@@ -96,7 +99,7 @@ def test_gate_keeps_outputs_and_skips_drafts_on_text_that_does_not_copy(llama, a
     """Random prompts (drafts rarely right): the gate drafts on far fewer steps; greedy tokens equal either way."""
     ps, kw = prompts(3, 40, seed=11), dict(kv_memory_bytes=4 * MEMORY["bf16"]["kv_memory_bytes"])
     always = make_engine(llama, "bf16", artifact, speculative=SpeculativeConfig(
-        "ngram", num_speculative_tokens=4, min_acceptance=0.0), **kw)
+        "ngram", num_speculative_tokens=4, min_accepted_tokens=0.0), **kw)
     gated = make_engine(llama, "bf16", artifact, speculative=SpeculativeConfig("ngram", num_speculative_tokens=4), **kw)
     params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
     a, b = run(always, ps, params), run(gated, ps, params)
@@ -113,7 +116,7 @@ def test_text_that_does_not_copy_never_verifies():
         def __init__(self, ids):
             self.token_ids = ids
 
-    spec = SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=4, min_acceptance=0.25))
+    spec = SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=4))
     fresh, copying, opens = Seq([]), Seq([1, 2, 3, 4, 5] * 4), []
     for t in range(100):
         fresh.token_ids.append(t)
@@ -125,7 +128,7 @@ def test_text_that_does_not_copy_never_verifies():
         opens.append(spec.drafts_next(copying) and bool(spec.propose(copying, 4)))
         copying.token_ids.append(copying.token_ids[-5])
     assert opens == [False] + [True] * 19
-    never = SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=4, min_acceptance=0.0))
+    never = SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=4, min_accepted_tokens=0.0))
     assert all(never.propose(fresh, 4) == [] and never.drafts_next(fresh) for _ in range(10))
 
 

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_greedy_equals_without_speculation_gpu(method):
     model = tiny_model().to("cuda", torch.bfloat16)
     art = make_artifact(model.config)
-    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=3, min_acceptance=0.0)
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=3, min_accepted_tokens=0.0)
     ps = copy_prompts()
     base = run(make_engine(model, method, art), ps + ps, GREEDY)
     engine = make_engine(model, method, art, speculative=spec)
