@@ -27,9 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import spec_draft_policies as P  # noqa: E402
-from spec_gate_sim import Seq  # noqa: E402
+import draft_gate_sim as sim  # noqa: E402
 
-from oscarkv.config import SpeculativeConfig  # noqa: E402
 from oscarkv.engine import speculative as S  # noqa: E402
 
 COSTS = {"default-h200": (2.3, 1.6), "qwen3-4b-100k": (1.45, 1.05)}
@@ -38,60 +37,16 @@ COSTS = {"default-h200": (2.3, 1.6), "qwen3-4b-100k": (1.45, 1.05)}
 class RatioGate(S.DraftGate):
     """The gate as shipped before (2026-11-29): its average and floor a share of the drafts (``min_acceptance``)."""
 
-    def update(self, drafted: int, accepted: int) -> None:
-        self.rate = self.DECAY * self.rate + (1 - self.DECAY) * accepted / drafted
-
-    def watch(self, tokens: list[int], index, k: int) -> None:
-        n = len(tokens)
-        if self.is_open():
-            self.shadows, self.seen = [], -1
-            return
-        if n == self.seen:
-            return
-        while self.shadows:
-            at, drafts = self.shadows[0]
-            got = tokens[at:at + len(drafts)]
-            a = next((j for j, (x, y) in enumerate(zip(drafts, got)) if x != y), len(got))
-            if a == len(got) < len(drafts) and a < self.floor * len(drafts):
-                break
-            self.shadows.pop(0)
-            self.rate = a / len(drafts)
-        if self.is_open():
-            return
-        self.seen, drafts = n, index.propose(tokens, k)
-        if drafts:
-            self.shadows.append((n, drafts))
+    def score(self, accepted: int, drafted: int) -> float:
+        return accepted / drafted
 
 
 def replay(prompt, out, k: int, rule: str, cost, limit) -> float:
-    """Tokens per cost unit of one output (``draft_gate_sim.replay`` with ``rule``'s gate and drafts capped)."""
-    v, u = cost
+    """Tokens per cost unit of one output: ``draft_gate_sim.replay`` with ``rule``'s gate, drafts capped by ``limit``."""
     token_rule = rule.startswith("tokens")
     floor = float(rule[6:]) if token_rule else float(rule)
-    dec = S.SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=k))
-    seq = Seq(list(prompt) + out[:1])
-    dec._gate[seq] = S.DraftGate(floor) if token_rule else RatioGate(floor)  # NOTE: the engine's gate counts tokens
-    pos, ahead_ok, spent = 1, False, 0.0
-    while pos < len(out):
-        if ahead_ok:
-            last = seq.token_ids.pop()
-            go = dec.drafts_next(seq)
-            seq.token_ids.append(last)
-            if not go:
-                dec.skip(seq)
-                spent, pos = spent + 1, pos + 1
-                seq.token_ids.append(out[pos - 1])
-                continue
-        drafts = dec.propose(seq, min(len(out) - pos, limit(len(seq.token_ids) + 1) if limit else len(out)))
-        if drafts:
-            a = next((j for j, d in enumerate(drafts) if d != out[pos + j]), len(drafts))
-            dec._gate[seq].update(len(drafts), a)
-            emitted, spent, ahead_ok = a + 1, spent + v, False
-        else:
-            emitted, spent, ahead_ok = 1, spent + u, True
-        seq.token_ids += out[pos:pos + emitted]
-        pos += emitted
-    return (len(out) - 1) / spent
+    gate = S.DraftGate(floor) if token_rule else RatioGate(floor)  # NOTE: the engine's gate counts tokens
+    return sim.replay(S, prompt, out, k, cost, True, gate, limit)["speedup"]
 
 
 def dev_set() -> dict[str, tuple[list[int], list[int]]]:

@@ -18,6 +18,7 @@ import json
 import math
 import sys
 from collections import defaultdict
+from types import SimpleNamespace
 
 import oscarkv.engine.speculative as current
 from oscarkv.config import SpeculativeConfig
@@ -34,11 +35,18 @@ class Seq:
         self.token_ids = ids
 
 
-def replay(mod, prompt: list[int], out: list[int], k: int, cost: tuple[float, float], lag: bool) -> dict:
-    """Steps, verify steps and speed-up (tokens per cost unit) of one output under ``mod``'s gate."""
+def replay(mod, prompt: list[int], out: list[int], k: int, cost: tuple[float, float], lag: bool, gate=None,
+           limit=None) -> dict:
+    """Steps, verify steps and speed-up (tokens per cost unit) of one output under ``mod``'s gate (``gate``: this
+    one instead); ``limit(t)``: the most drafts a step to ``t`` tokens may add (``KVCacheManager.draft_end``)."""
     v, u = cost
-    dec = mod.SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=k))
+    cfg = SpeculativeConfig("ngram", num_speculative_tokens=k)
+    if mod is before:  # NOTE: its gate read a share of the drafts, 0.25 then (min_acceptance)
+        cfg = SimpleNamespace(**vars(cfg), min_acceptance=0.25)
+    dec = mod.SpeculativeDecoder(cfg)
     seq, pos, ahead_ok, spent, steps, verify = Seq(list(prompt) + out[:1]), 1, False, 0.0, 0, 0
+    if gate is not None:
+        dec._gate[seq] = gate
     while pos < len(out):
         steps += 1
         if ahead_ok:
@@ -51,7 +59,7 @@ def replay(mod, prompt: list[int], out: list[int], k: int, cost: tuple[float, fl
                 spent, pos = spent + 1, pos + 1
                 seq.token_ids.append(out[pos - 1])
                 continue
-        drafts = dec.propose(seq, len(out) - pos)
+        drafts = dec.propose(seq, len(out) - pos if limit is None else min(len(out) - pos, limit(len(seq.token_ids) + 1)))
         if drafts:
             a = next((j for j, d in enumerate(drafts) if d != out[pos + j]), len(drafts))
             if seq in dec._gate:

@@ -138,8 +138,12 @@ class DraftGate:
     def is_open(self) -> bool:
         return self.rate >= self.floor
 
+    def score(self, accepted: int, drafted: int) -> float:
+        """What one verify step (or shadow draft) counts toward the average: its accepted drafts."""
+        return accepted
+
     def update(self, drafted: int, accepted: int) -> None:
-        self.rate = self.DECAY * self.rate + (1 - self.DECAY) * accepted
+        self.rate = self.DECAY * self.rate + (1 - self.DECAY) * self.score(accepted, drafted)
 
     def watch(self, tokens: list[int], index: NgramIndex, k: int) -> None:
         """While closed: judge the pending shadow drafts (one per token count seen) whose outcome is certain on the
@@ -154,10 +158,10 @@ class DraftGate:
             at, drafts = self.shadows[0]
             got = tokens[at:at + len(drafts)]
             a = next((j for j, (x, y) in enumerate(zip(drafts, got)) if x != y), len(got))
-            if a == len(got) < len(drafts) and a < self.floor:
+            if a == len(got) < len(drafts) and self.score(a, len(drafts)) < self.floor:
                 break  # every token so far agrees, too few yet to reopen: wait for the rest
             self.shadows.pop(0)
-            self.rate = a  # NOTE: while closed each shadow is judged on its own, not averaged
+            self.rate = self.score(a, len(drafts))  # NOTE: while closed each shadow is judged on its own, not averaged
         if self.is_open():
             return
         self.seen, drafts = n, index.propose(tokens, k)
