@@ -315,6 +315,8 @@ class SpeculativeBench:
     """The drafting method compared with none (``SpeculativeConfig.method``)."""
     num_speculative_tokens: tuple[int, ...] = (2, 4)
     """Drafts per verify step (K), each compared with K = 0 (no speculation)."""
+    min_accepted_tokens: float = 0.45
+    """The draft gate's floor on the real model (``SpeculativeConfig.min_accepted_tokens``; at most the smallest K)."""
     document_tokens: int = 1024
     """Tokens of the document both real-model tasks start with (cut at a line end; at most the model's context)."""
     max_tokens: int = 64
@@ -336,6 +338,10 @@ class SpeculativeBench:
         if self.speculative not in SPECULATIVE_METHODS or self.speculative == "none":
             raise ValueError(f"SpeculativeBench.speculative must be one of {SPECULATIVE_METHODS[1:]}, got {self.speculative!r}")
         _check_positive(self, "num_speculative_tokens", "document_tokens", "max_tokens", "repeats", "contexts", "steps")
+        if not 0 <= self.min_accepted_tokens <= min(self.num_speculative_tokens):
+            raise ValueError(f"SpeculativeBench.min_accepted_tokens must be in [0, the smallest "
+                             f"SpeculativeBench.num_speculative_tokens ({min(self.num_speculative_tokens)})], "
+                             f"got {self.min_accepted_tokens}")
 
 
 def _check_allocations(bench) -> None:

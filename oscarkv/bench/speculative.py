@@ -144,12 +144,14 @@ def divergence(ref: tuple[list[int], list[float]], got: tuple[list[int], list[fl
     return dict(first_diff=i, drift=drift, margin=None if i is None else la[i] - lb[i])
 
 
-def model_engine_factory(loaded, artifact, given: dict | None = None, kv_bytes: int = 1 << 28):
+def model_engine_factory(loaded, artifact, given: dict | None = None, kv_bytes: int = 1 << 28,
+                         floor: float = SpeculativeConfig.min_accepted_tokens):
     """``make_engine(method, K)`` for :func:`task_rows` on a loaded real model (ngram drafts when K > 0); OSCAR with
     the artifact's recipe, as ``LLM`` and ``serve`` apply it (the default model's: pages of 16, 4-bit keys in 45
-    heads), and the fields ``given`` sets over it (``quant.artifact.recipe_with``; ``{"sink": 16}`` as ``--sink 16``)."""
+    heads), and the fields ``given`` sets over it (``quant.artifact.recipe_with``; ``{"sink": 16}`` as ``--sink 16``);
+    ``floor``: the draft gate's (``SpeculativeConfig.min_accepted_tokens``)."""
     def make(method: str, k: int) -> LLMEngine:
-        spec = SpeculativeConfig("ngram", num_speculative_tokens=k) if k else SpeculativeConfig()
+        spec = SpeculativeConfig("ngram", num_speculative_tokens=k, min_accepted_tokens=floor) if k else SpeculativeConfig()
         art = artifact if method == "oscar" else None
         kv = recipe_with(KVConfig(method), art, given or {}) if art is not None else KVConfig(method)
         cfg = EngineConfig(kv, kv_memory_bytes=kv_bytes, max_num_seqs=4, speculative=spec)
@@ -268,7 +270,7 @@ def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None, given: dict |
     """Both parts (the shapes only on CUDA), their tables and the projection; JSON to ``out``; ``given``: fields over
     OSCAR's recipe on the real model (the bench's ``--sink`` etc.)."""
     prompts = task_prompts(loaded.tokenizer, cfg.document_tokens)
-    rows = [r for m in cfg.methods for r in task_rows(model_engine_factory(loaded, artifact, given), prompts, m,
+    rows = [r for m in cfg.methods for r in task_rows(model_engine_factory(loaded, artifact, given, floor=cfg.min_accepted_tokens), prompts, m,
                                                        cfg.num_speculative_tokens, cfg.max_tokens, cfg.repeats)]
     if cfg.shapes and not torch.cuda.is_available():
         raise ValueError("bench speculative --shapes needs a CUDA device")
@@ -278,8 +280,10 @@ def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None, given: dict |
         del model
         e2e.release()
     proj = projection([r for r in rows if r["part"] == "model"], [r for r in rows if r["part"] == "shape"])
-    e2e.write_json(out, cfg, rows, projection=proj, prompts=prompts)
-    return format_tables(rows, proj)
+    e2e.write_json(out, cfg, rows, projection=proj, prompts=prompts, recipe_overrides=given or {})
+    over = ", ".join(f"{k} {v}" for k, v in (given or {}).items()) or "none"
+    return (f"draft gate: at least {cfg.min_accepted_tokens} accepted drafts per verify step; over OSCAR's recipe: "
+            f"{over}\n" + format_tables(rows, proj))
 
 
 def format_tables(rows: list[dict], proj: list[dict]) -> str:

@@ -45,6 +45,8 @@ CASES = [  # (argv, what the error line must say); TMP: a fresh empty folder
     (["bench", "followup", "--new-tokens", "8,0"], "--new-tokens must be >= 1, got (8, 0)"),
     (["generate", "--prompt", "x", "--speculative", "ngram", "--min-accepted-tokens", "9"],
      "--min-accepted-tokens must be in [0, --num-speculative-tokens (4)], got 9.0"),
+    (["bench", "speculative", "--num-speculative-tokens", "2,4", "--min-accepted-tokens", "3"],
+     "--min-accepted-tokens must be in [0, the smallest --num-speculative-tokens (2)], got 3.0"),
     (["bench", "speculative", "--speculative", "none"], "--speculative must be one of ('ngram',), got 'none'"),
 ]
 
