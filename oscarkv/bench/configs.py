@@ -317,6 +317,8 @@ class SpeculativeBench:
     """Drafts per verify step (K), each compared with K = 0 (no speculation)."""
     min_accepted_tokens: float = 0.45
     """The draft gate's floor on the real model (``SpeculativeConfig.min_accepted_tokens``; at most the smallest K)."""
+    measured_floor: bool = False
+    """The floor from each engine's own step times instead (``SpeculativeConfig.measured_floor``)."""
     document_tokens: int = 1024
     """Tokens of the document both real-model tasks start with (cut at a line end; at most the model's context)."""
     max_tokens: int = 64

@@ -86,7 +86,8 @@ def _delta(after: SpecStats | None, before: SpecStats | None) -> SpecStats:
 
 def serve_one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> dict:
     """One greedy request to completion: its tokens, the decode phase's wall time and steps, its speculative
-    counters (``SpecStats`` of this request: zeros without speculation)."""
+    counters (``SpecStats`` of this request: zeros without speculation), the gate's floor after it and the engine's
+    mean verify and plain step times (``step_ms``: what ``measured_floor`` reads)."""
     before = engine.stats().speculative
     engine.add_request(rid, ids, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=True))
     first, steps, out = None, 0, None
@@ -104,7 +105,9 @@ def serve_one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> d
     st = _delta(engine.stats().speculative, before)
     return dict(tokens=out.token_ids, logprobs=out.logprobs, decode_steps=steps, ms_per_token=1e3 * decode_s / (len(out.token_ids) - n_first),
                 acceptance_rate=st.acceptance_rate, tokens_per_step=st.tokens_per_step or 1.0,
-                graph=st.graph_steps / st.verify_steps if st.verify_steps else 0.0, spec=asdict(st))
+                graph=st.graph_steps / st.verify_steps if st.verify_steps else 0.0, spec=asdict(st),
+                floor=engine.spec.floor() if engine.spec else None,  # the gate's, after the request
+                step_ms={k: 1e3 * v for k, v in engine.spec.costs.mean.items()} if engine.spec else None)
 
 
 def task_rows(make_engine, prompts: dict[str, list[int]], method: str, ks: tuple[int, ...],
@@ -145,13 +148,13 @@ def divergence(ref: tuple[list[int], list[float]], got: tuple[list[int], list[fl
 
 
 def model_engine_factory(loaded, artifact, given: dict | None = None, kv_bytes: int = 1 << 28,
-                         floor: float = SpeculativeConfig.min_accepted_tokens):
+                         gate: dict | None = None):
     """``make_engine(method, K)`` for :func:`task_rows` on a loaded real model (ngram drafts when K > 0); OSCAR with
     the artifact's recipe, as ``LLM`` and ``serve`` apply it (the default model's: pages of 16, 4-bit keys in 45
     heads), and the fields ``given`` sets over it (``quant.artifact.recipe_with``; ``{"sink": 16}`` as ``--sink 16``);
-    ``floor``: the draft gate's (``SpeculativeConfig.min_accepted_tokens``)."""
+    ``gate``: the draft gate's ``SpeculativeConfig`` fields (``min_accepted_tokens``, ``measured_floor``)."""
     def make(method: str, k: int) -> LLMEngine:
-        spec = SpeculativeConfig("ngram", num_speculative_tokens=k, min_accepted_tokens=floor) if k else SpeculativeConfig()
+        spec = SpeculativeConfig("ngram", num_speculative_tokens=k, **(gate or {})) if k else SpeculativeConfig()
         art = artifact if method == "oscar" else None
         kv = recipe_with(KVConfig(method), art, given or {}) if art is not None else KVConfig(method)
         cfg = EngineConfig(kv, kv_memory_bytes=kv_bytes, max_num_seqs=4, speculative=spec)
@@ -266,11 +269,16 @@ def projection(model_rows: list[dict], shape_rows_: list[dict]) -> list[dict]:
     return out
 
 
+def gate_fields(cfg: SpeculativeBench) -> dict:
+    """The draft gate's ``SpeculativeConfig`` fields the bench sets."""
+    return dict(min_accepted_tokens=cfg.min_accepted_tokens, measured_floor=cfg.measured_floor)
+
+
 def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None, given: dict | None = None) -> str:
     """Both parts (the shapes only on CUDA), their tables and the projection; JSON to ``out``; ``given``: fields over
     OSCAR's recipe on the real model (the bench's ``--sink`` etc.)."""
     prompts = task_prompts(loaded.tokenizer, cfg.document_tokens)
-    rows = [r for m in cfg.methods for r in task_rows(model_engine_factory(loaded, artifact, given, floor=cfg.min_accepted_tokens), prompts, m,
+    rows = [r for m in cfg.methods for r in task_rows(model_engine_factory(loaded, artifact, given, gate=gate_fields(cfg)), prompts, m,
                                                        cfg.num_speculative_tokens, cfg.max_tokens, cfg.repeats)]
     if cfg.shapes and not torch.cuda.is_available():
         raise ValueError("bench speculative --shapes needs a CUDA device")
@@ -282,7 +290,8 @@ def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None, given: dict |
     proj = projection([r for r in rows if r["part"] == "model"], [r for r in rows if r["part"] == "shape"])
     e2e.write_json(out, cfg, rows, projection=proj, prompts=prompts, recipe_overrides=given or {})
     over = ", ".join(f"{k} {v}" for k, v in (given or {}).items()) or "none"
-    return (f"draft gate: at least {cfg.min_accepted_tokens} accepted drafts per verify step; over OSCAR's recipe: "
+    floor = "measured (each engine's step times)" if cfg.measured_floor else f"at least {cfg.min_accepted_tokens}"
+    return (f"draft gate: {floor} accepted drafts per verify step; over OSCAR's recipe: "
             f"{over}\n" + format_tables(rows, proj))
 
 

@@ -41,7 +41,7 @@ BENCHES = {
               ["kv", "concurrency", "requests", "max_tokens"]),
     "speculative": (SpeculativeBench, "batch-1 speculative decoding with and without: acceptance, tokens per step and "
                     "ms per token on a real model (copy and no-copy tasks); GPU: verify-step cost at real shapes",
-                    ["methods", "speculative", "num_speculative_tokens", "min_accepted_tokens", "document_tokens", "max_tokens", "repeats",
+                    ["methods", "speculative", "num_speculative_tokens", "min_accepted_tokens", "measured_floor", "document_tokens", "max_tokens", "repeats",
                      "shapes", "contexts", "steps", "kv_gib"]),
 }
 

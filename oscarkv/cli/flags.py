@@ -195,7 +195,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                                  "l2_prefetch", "l2_prefetch_mib", "piecewise_graph_buckets", "piecewise_batches"])
     p.add_argument("--speculative", choices=SPECULATIVE_METHODS, default="none",
                    help=field_docs(SpeculativeConfig)["method"] + " (default: none)")
-    add_fields(p, SpeculativeConfig, ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_accepted_tokens"])
+    add_fields(p, SpeculativeConfig, ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_accepted_tokens", "measured_floor"])
 
 
 def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
@@ -213,7 +213,7 @@ def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
     except ValueError as e:
         raise UserError(str(e)) from e
     spec = config_from(SpeculativeConfig, argparse.Namespace(method=args.speculative, **{
-        k: getattr(args, k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_accepted_tokens")}))
+        k: getattr(args, k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_accepted_tokens", "measured_floor")}))
     return config_from(EngineConfig, args, kv=kv, speculative=spec,
                        distributed=config_from(DistributedConfig, args))  # distributed flags: serve's
 

@@ -246,6 +246,10 @@ class SpeculativeConfig:
     it accepts more than its cost in plain steps, less one: 0.45 suits a large model at long context (a verify step
     ~1.45 plain steps), 1.3 the default model (2.3); chosen over a share of the drafts (0.25) on development text
     (``lab/results/draft_gate_floor/``). Outputs do not depend on it."""
+    measured_floor: bool = False
+    """Set the floor from this engine's own steps instead: the wall time of its verify steps over its plain decode
+    steps' (averages), less one, once four of each ran (``min_accepted_tokens`` before). Greedy outputs do not
+    depend on it; seeded sampled ones then depend on timing (which steps verify)."""
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:

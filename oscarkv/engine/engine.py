@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -243,7 +244,7 @@ class LLMEngine:
         ``error`` (its output's ``error`` says why; the traceback is logged) and its pages are
         freed; other requests and later steps are unaffected. An exception from the scheduler
         itself is a bug and propagates."""
-        cur, self._ahead = self._ahead, None
+        t, (cur, self._ahead) = time.perf_counter(), (self._ahead, None)
         if cur is None:
             out = self.scheduler.schedule()
             if not out.chunks:
@@ -251,7 +252,11 @@ class LLMEngine:
             cur = self._launch(out)
         if self.overlap and cur.error is None:
             self._ahead = self._launch_ahead(cur)
-        return self._complete(cur)
+        kind = speculative.step_kind(cur.out.chunks) if self.spec is not None and cur.error is None else None
+        done = self._complete(cur)
+        if kind is not None:
+            self.spec.costs.observe(kind, time.perf_counter() - t)  # NOTE: measured_floor's step times
+        return done
 
     @torch.inference_mode()
     def drain(self) -> list[RequestOutput]:

@@ -169,19 +169,57 @@ class DraftGate:
             self.shadows.append((n, drafts))
 
 
+class StepCosts:
+    """The wall time of an engine's verify steps and of its plain decode steps (averages: the mean of the first, then
+    exponential), and the draft floor they imply (``SpeculativeConfig.measured_floor``)."""
+
+    DECAY, WARM = 0.9, 4
+
+    def __init__(self) -> None:
+        self.mean = {"verify": 0.0, "plain": 0.0}
+        self.count = {"verify": 0, "plain": 0}
+
+    def observe(self, kind: str | None, seconds: float) -> None:
+        """One step of ``kind`` (:func:`step_kind`; ``None``: neither, not counted) took ``seconds``."""
+        if kind is None:
+            return
+        n = self.count[kind] = self.count[kind] + 1
+        d = min(self.DECAY, 1 - 1 / n)
+        self.mean[kind] = d * self.mean[kind] + (1 - d) * seconds
+
+    def floor(self, prior: float, k: int) -> float:
+        """A verify step's cost in plain steps, less one (within ``[0, k]``); ``prior`` until both kinds are warm."""
+        if min(self.count.values()) < self.WARM or self.mean["plain"] <= 0:
+            return prior
+        return min(float(k), max(0.0, self.mean["verify"] / self.mean["plain"] - 1))
+
+
+def step_kind(chunks: list[ScheduledChunk]) -> str | None:
+    """``verify`` (a chunk with drafts), ``plain`` (every chunk one decode token) or ``None`` (prefill in it)."""
+    if any(c.drafts for c in chunks):
+        return "verify"
+    return "plain" if all(c.samples and c.plan.t1 - c.plan.t0 == 1 for c in chunks) else None
+
+
 class SpeculativeDecoder:
     """Drafts (``ngram``), verify rows and acceptance for one engine (see the module docstring)."""
 
     def __init__(self, cfg: SpeculativeConfig) -> None:
-        self.cfg, self.stats = cfg, SpecStats()
+        self.cfg, self.stats, self.costs = cfg, SpecStats(), StepCosts()
         self._index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> NgramIndex
         self._gate: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> DraftGate
 
+    def floor(self) -> float:
+        """The gates' floor now: ``min_accepted_tokens``, or measured (``measured_floor``: :class:`StepCosts`)."""
+        prior = self.cfg.min_accepted_tokens
+        return self.costs.floor(prior, self.cfg.num_speculative_tokens) if self.cfg.measured_floor else prior
+
     def _watched(self, seq) -> DraftGate:
-        """``seq``'s gate, its shadow drafts brought up to the tokens known now."""
+        """``seq``'s gate (at the floor of now), its shadow drafts brought up to the tokens known now."""
         gate, index = self._gate.get(seq), self._index.get(seq)
         if gate is None:
-            gate = self._gate[seq] = DraftGate(self.cfg.min_accepted_tokens)
+            gate = self._gate[seq] = DraftGate(self.floor())
+        gate.floor = self.floor()
         if index is None:
             index = self._index[seq] = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
         gate.watch(seq.token_ids, index, self.cfg.num_speculative_tokens)

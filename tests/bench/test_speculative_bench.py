@@ -87,7 +87,8 @@ def test_model_engines_serve_the_artifacts_recipe():
     kv = over("oscar", 2).cfg.kv  # the bench's --sink 8: that window over the recipe, its heads kept
     assert (kv.sink, kv.recent, kv.page_size, kv.layer_key_heads) == (8, 8, 8, ((1,), (0,)))
     assert over("bf16", 0).cfg.kv.sink == KVConfig("bf16").sink
-    gate = sb.model_engine_factory(SimpleNamespace(model=llama, tokenizer=None), artifact, kv_bytes=1 << 22, floor=1.5)
+    gate = sb.model_engine_factory(SimpleNamespace(model=llama, tokenizer=None), artifact, kv_bytes=1 << 22,
+                                   gate={"min_accepted_tokens": 1.5})
     assert gate("oscar", 2).cfg.speculative.min_accepted_tokens == 1.5 and not gate("oscar", 0).cfg.speculative.enabled
 
 

@@ -12,7 +12,8 @@ import torch
 from oscarkv.config import SpeculativeConfig
 from oscarkv.engine.request import SamplingParams
 from oscarkv.engine.sampler import filter_logits
-from oscarkv.engine.speculative import DraftGate, NgramIndex, SpeculativeDecoder, greedy_pair, rejection_sample
+from oscarkv.engine.speculative import (DraftGate, NgramIndex, SpeculativeDecoder, StepCosts, greedy_pair,
+                                       rejection_sample)
 from oscarkv.server.metrics import speculative_metrics
 from tests.engine.conftest import make_engine, prompts, run
 from tests.engine.test_tensor_parallel import MEMORY, TIGHT, _pair
@@ -274,3 +275,52 @@ def _waves(engine) -> dict:
     m = engine.manager
     assert not engine.seqs and m.bf16.num_used == 0 and m.int2.num_used == 0
     return done
+
+
+def _costs(verify_ms: float, plain_ms: float, n: int) -> StepCosts:
+    costs = StepCosts()
+    for _ in range(n):
+        costs.observe("verify", verify_ms / 1e3)
+        costs.observe("plain", plain_ms / 1e3)
+    return costs
+
+
+def test_measured_floor_is_a_verify_steps_cost_in_plain_steps_less_one():
+    """``StepCosts``: the prior until four steps of each kind; then verify / plain − 1, within [0, K]; a decoder with
+    ``measured_floor`` sets its gates' floor from it, one without keeps ``min_accepted_tokens``."""
+    assert _costs(2.3, 1.0, 3).floor(0.45, 4) == 0.45
+    costs = _costs(2.3, 1.0, 4)
+    costs.observe(None, 9.0)  # a step with prefill in it counts for neither
+    assert costs.floor(0.45, 4) == pytest.approx(1.3) and _costs(0.5, 1.0, 4).floor(0.45, 4) == 0.0
+    costs.observe("verify", 1.0)  # a slow verify step: the floor stays within K
+    assert costs.floor(0.45, 4) == 4.0
+
+    class Seq:  # what the gate reads of a sequence (weak-referenceable)
+        def __init__(self, ids):
+            self.token_ids = ids
+
+    measured = SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=4, measured_floor=True))
+    seq = Seq([1, 2, 3, 4, 5] * 4)
+    measured.drafts_next(seq)
+    assert measured._gate[seq].floor == 0.45  # nothing measured yet: the prior
+    measured.costs = _costs(2.3, 1.0, 4)
+    measured.drafts_next(seq)
+    assert measured._gate[seq].floor == pytest.approx(1.3)
+    fixed = SpeculativeDecoder(SpeculativeConfig("ngram", num_speculative_tokens=4))
+    fixed.costs = _costs(2.3, 1.0, 4)
+    assert fixed.floor() == 0.45
+
+
+def test_an_engine_measures_its_steps_for_the_floor(llama, artifact):
+    """With ``measured_floor`` the engine times its verify and plain decode steps (overlap on); greedy tokens are
+    those without speculation."""
+    ps = prompts(1, 40, seed=11) + [copy_prompts()[0]]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    kw = dict(kv_memory_bytes=4 * MEMORY["bf16"]["kv_memory_bytes"])
+    base = run(make_engine(llama, "oscar", artifact, overlap=False, **kw), ps, params)
+    engine = make_engine(llama, "oscar", artifact, overlap=True, speculative=SpeculativeConfig(
+        "ngram", num_speculative_tokens=4, prompt_lookup_max=3, measured_floor=True), **kw)
+    outs = [run(engine, [p], params)[0] for p in ps]
+    assert [o.token_ids for o in base] == [o.token_ids for o in outs]
+    costs = engine.spec.costs
+    assert costs.count["plain"] > 10 and costs.count["verify"] > 0 and min(costs.mean.values()) > 0
