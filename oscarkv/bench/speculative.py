@@ -269,17 +269,14 @@ def projection(model_rows: list[dict], shape_rows_: list[dict]) -> list[dict]:
     return out
 
 
-def gate_fields(cfg: SpeculativeBench) -> dict:
-    """The draft gate's ``SpeculativeConfig`` fields the bench sets."""
-    return dict(min_accepted_tokens=cfg.min_accepted_tokens, measured_floor=cfg.measured_floor)
-
-
 def run(cfg: SpeculativeBench, loaded, artifact, out: Path | None, given: dict | None = None) -> str:
     """Both parts (the shapes only on CUDA), their tables and the projection; JSON to ``out``; ``given``: fields over
     OSCAR's recipe on the real model (the bench's ``--sink`` etc.)."""
     prompts = task_prompts(loaded.tokenizer, cfg.document_tokens)
-    rows = [r for m in cfg.methods for r in task_rows(model_engine_factory(loaded, artifact, given, gate=gate_fields(cfg)), prompts, m,
-                                                       cfg.num_speculative_tokens, cfg.max_tokens, cfg.repeats)]
+    make = model_engine_factory(loaded, artifact, given, gate=dict(min_accepted_tokens=cfg.min_accepted_tokens,
+                                                                   measured_floor=cfg.measured_floor))
+    rows = [r for m in cfg.methods
+            for r in task_rows(make, prompts, m, cfg.num_speculative_tokens, cfg.max_tokens, cfg.repeats)]
     if cfg.shapes and not torch.cuda.is_available():
         raise ValueError("bench speculative --shapes needs a CUDA device")
     for shape in cfg.shapes:

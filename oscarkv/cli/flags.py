@@ -166,6 +166,10 @@ RECIPE_FLAGS = ("sink", "recent", "page_size", "key_bits", "value_bits")
 """The ``KVConfig`` fields the engine's flags set over the artifact's recipe (``engine_config``)."""
 
 
+SPEC_FLAGS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_accepted_tokens", "measured_floor")
+"""The ``SpeculativeConfig`` fields the engine's flags set (beside ``--speculative``, its method)."""
+
+
 def recipe_args(p: argparse.ArgumentParser) -> None:
     """The flags that set ``RECIPE_FLAGS`` over the artifact's recipe (:func:`recipe_given` reads them)."""
     add_fields(p, KVConfig, list(RECIPE_FLAGS))
@@ -195,7 +199,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                                  "l2_prefetch", "l2_prefetch_mib", "piecewise_graph_buckets", "piecewise_batches"])
     p.add_argument("--speculative", choices=SPECULATIVE_METHODS, default="none",
                    help=field_docs(SpeculativeConfig)["method"] + " (default: none)")
-    add_fields(p, SpeculativeConfig, ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_accepted_tokens", "measured_floor"])
+    add_fields(p, SpeculativeConfig, list(SPEC_FLAGS))
 
 
 def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
@@ -212,8 +216,7 @@ def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
         kv = recipe_with(config_from(KVConfig, argparse.Namespace(method=args.kv)), artifact, recipe_given(args))
     except ValueError as e:
         raise UserError(str(e)) from e
-    spec = config_from(SpeculativeConfig, argparse.Namespace(method=args.speculative, **{
-        k: getattr(args, k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_accepted_tokens", "measured_floor")}))
+    spec = config_from(SpeculativeConfig, argparse.Namespace(method=args.speculative, **{k: getattr(args, k) for k in SPEC_FLAGS}))
     return config_from(EngineConfig, args, kv=kv, speculative=spec,
                        distributed=config_from(DistributedConfig, args))  # distributed flags: serve's
 

@@ -216,10 +216,10 @@ class SpeculativeDecoder:
 
     def _watched(self, seq) -> DraftGate:
         """``seq``'s gate (at the floor of now), its shadow drafts brought up to the tokens known now."""
-        gate, index = self._gate.get(seq), self._index.get(seq)
+        gate, index, floor = self._gate.get(seq), self._index.get(seq), self.floor()
         if gate is None:
-            gate = self._gate[seq] = DraftGate(self.floor())
-        gate.floor = self.floor()
+            gate = self._gate[seq] = DraftGate(floor)
+        gate.floor = floor
         if index is None:
             index = self._index[seq] = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
         gate.watch(seq.token_ids, index, self.cfg.num_speculative_tokens)
