@@ -32,6 +32,15 @@ import draft_gate_sim as sim  # noqa: E402
 from oscarkv.engine import speculative as S  # noqa: E402
 
 COSTS = {"default-h200": (2.3, 1.6), "qwen3-4b-100k": (1.45, 1.05)}
+# Per K, as the twenty-seventh session measured them on one H200 (2026-11-29): the default model as served with the
+# 42-head recipe, BF16 and OSCAR (lab/bench_gpu/2026-11-28/s27_call7_h200/gate_1, s27_call8_h200/gate_2: a row's mean
+# verify step ms over its K = 0 ms per token; a plain step not run ahead fitted from the mean plain step ms, one such
+# step after each verify step, the others at K = 0's, rounded over rows: 0.9-1.7 for OSCAR, 1.0-1.3 for BF16);
+# Qwen3-4B's verify step over its decode step at 100K (s27_call3_h200/gate_4; its decode step gains nothing from overlap)
+MEASURED = {"default-oscar-s27": {2: (1.8, 1.4), 4: (1.85, 1.4), 8: (2.05, 1.4)},
+            "default-bf16-s27": {2: (1.35, 1.08), 4: (1.37, 1.08), 8: (1.62, 1.08)},
+            "qwen3-4b-100k-oscar-s27": {2: (1.33, 1.05), 4: (1.62, 1.05), 8: (1.94, 1.05)},
+            "qwen3-4b-100k-bf16-s27": {2: (1.53, 1.05), 4: (1.69, 1.05), 8: (2.0, 1.05)}}
 
 
 class RatioGate(S.DraftGate):
@@ -67,6 +76,21 @@ def dev_set() -> dict[str, tuple[list[int], list[int]]]:
     return got
 
 
+def served_texts(texts: dict, path: Path, max_tokens: int = 128) -> dict[str, tuple[list[int], list[int]]]:
+    """``texts``' prompts with the greedy output the engine serves with the shipped recipe (OSCAR, the CPU), generated
+    once into ``path``: what drafts meet under the recipe, whose text differs from the unquantized model's."""
+    if not path.exists():
+        from oscarkv.engine.request import SamplingParams
+        from oscarkv.llm import LLM
+
+        names = list(texts)
+        with LLM("default", kv="oscar", device="cpu", dtype="float32") as llm:
+            outs = llm.generate([texts[n][0] for n in names], SamplingParams(temperature=0.0, max_tokens=max_tokens))
+        path.write_text(json.dumps({n: o.token_ids for n, o in zip(names, outs)}))
+    got = json.loads(path.read_text())
+    return {n: (texts[n][0], got[n]) for n in texts}
+
+
 def paired(rows: list[dict], ref: str = "0.25") -> str:
     """Each rule against ``ref`` (the shipped floor before) per step costs and K: the geometric mean of the per-text
     speed-up ratios, a 95% bootstrap interval over the texts and how many texts lose more than 1%."""
@@ -88,12 +112,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rules", default="0.25,0.15,0.1,0.05,0,tokens1,tokens1.5,tokens2")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--measured", action="store_true", help="the per-K step costs of MEASURED instead of COSTS")
+    ap.add_argument("--ref", default="0.25", help="the rule every other is paired against")
+    ap.add_argument("--window", default="16,0,16", help="page, sink, recent of the recipe whose demotions cap drafts")
+    ap.add_argument("--served", type=Path, help="a JSON of the engine's greedy outputs with the shipped recipe (made "
+                    "once when absent): replay those instead of the unquantized model's")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     texts, rows = dev_set(), []
-    cap = P.cap(16, 0, 16)
-    for cname, cost in COSTS.items():
+    texts = served_texts(texts, a.served) if a.served else texts
+    cap = P.cap(*map(int, a.window.split(",")))
+    for cname, costs in (MEASURED if a.measured else COSTS).items():
         for k in (2, 4, 8):
+            cost = costs[k] if isinstance(costs, dict) else costs
             for rule in a.rules.split(","):
                 got = {n: replay(p, o, k, rule, cost, cap) for n, (p, o) in texts.items()}
                 rows.append(dict(cost=cname, k=k, rule=rule, speedups=got,
@@ -105,7 +136,7 @@ def main() -> None:
     (a.out / "rules.json").write_text(json.dumps(rows, indent=1))
     lines = ["| step costs | K | rule | geometric mean | worst | copy tasks |", "|---|---:|---|---:|---:|---:|"]
     lines += [f"| {r['cost']} | {r['k']} | {r['rule']} | {r['geomean']:.3f} | {r['worst']:.3f} | {r['copy']:.3f} |" for r in rows]
-    (a.out / "summary.md").write_text("\n".join(lines) + "\n" + paired(rows))
+    (a.out / "summary.md").write_text("\n".join(lines) + "\n" + paired(rows, a.ref))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 #   fallback  8K single needle, 40 samples per haystack (80 a cell): the unquantized cache, 27 layers of 4-bit keys
 #             with a 128-token window (3.75 BPE), 4-bit keys and values everywhere (k4v4_r64) and K4V2+win:
 #             which is the cheapest recipe that keeps >= 95% of the unquantized cache at 8K (issue 26's fallback)
-#   multi     the shipped recipe's multi-needle mean at 4K, then at 8K (three tasks, 20 per haystack each)
+#   multi     the shipped recipe's multi-needle mean at 4K, then at 8K (three tasks, 20 per haystack each); MULTI_SEED,
+#             MULTI_HAYSTACKS, MULTI_SAMPLES (default SEED, HAYSTACKS, SAMPLES) set its needles apart from fallback's
+#   multieval the evaluation (EVAL_SET multi or single) of EVAL_RECIPES (NAME=FILE,...) at EVAL_CONTEXTS, one process each
+#   gate      spec once per "|"-separated entry of GATE_ARGS (each a SPEC_ARGS), in turn
 #   spec      lab/scripts/gpu_spec.sh part2 (speculative decoding on the default model; verify-step cost)
 #   spectests spec, then the GPU tests of speculation;  gputests  those tests alone
 #   rq        --resume-questions' answers on development needles (lab/scripts/resume_questions_ab.py): RQ_SAMPLES
@@ -29,9 +32,20 @@ fallback() { OUT=$W/fallback SAMPLES=${FALLBACK_SAMPLES:-40} CONFIGS=${FALLBACK_
   RECIPES=${FALLBACK_RECIPES:-b3.7=${R}_b3.7.json,k4v4_r64=${R}_k4v4_r64.json} \
   timeout "$T" bash lab/scripts/gpu_twobit.sh eval 8192 single > "$W/fallback.log" 2>&1; }
 multi() { for c in ${MULTI_CONTEXTS:-4096 8192}; do OUT=$W/multi CONFIGS= RECIPES=${MULTI_RECIPES:-shipped=oscarkv/data/default_recipe.json} \
+  SEED=${MULTI_SEED:-${SEED:-0}} HAYSTACKS=${MULTI_HAYSTACKS:-${HAYSTACKS:-eval,gazetteer}} SAMPLES=${MULTI_SAMPLES:-${SAMPLES:-20}} \
   timeout $(( T - ($(date +%s) - START) )) bash lab/scripts/gpu_twobit.sh eval $c multi > "$W/multi_$c.log" 2>&1; done; }
+# multieval: the evaluation (seed 0, eval + gazetteer; EVAL_SET multi or single) of EVAL_RECIPES at each of EVAL_CONTEXTS,
+# all at once; EVAL_SAMPLES per haystack (default 20)
+multieval() { local c; for c in ${EVAL_CONTEXTS:-4096 8192}; do OUT=$W/multieval CONFIGS= RECIPES=$EVAL_RECIPES SEED=0 \
+  HAYSTACKS=eval,gazetteer SAMPLES=${EVAL_SAMPLES:-20} timeout "$T" bash lab/scripts/gpu_twobit.sh eval $c ${EVAL_SET:-multi} \
+  > "$W/multieval_$c.log" 2>&1 & done; wait; }
 T=${LANE_TIMEOUT:-520}  # each lane's limit, seconds (the call's must exceed it: the results are packed after)
 spec() { OUT=$W/spec timeout "$T" bash lab/scripts/gpu_spec.sh part2 > "$W/spec.log" 2>&1; }
+# gate: spec once per entry of GATE_ARGS ("|"-separated SPEC_ARGS), one after the other, into $W/gate_N (run it alone),
+# each table copied to $OUT/gate_N.md as it ends (a call cut short keeps those; a cold machine's first run compiles)
+gate() { local i=0 a; IFS='|' read -ra GA <<< "$GATE_ARGS"; for a in "${GA[@]}"; do i=$((i + 1)); SPEC_ARGS="$a" OUT=$W/gate_$i \
+  timeout $(( T - ($(date +%s) - START) )) bash lab/scripts/gpu_spec.sh part2 > "$W/gate_$i.log" 2>&1
+  cp "$W/gate_$i/spec.md" "$OUT/gate_$i.md" 2>/dev/null; done; }
 # spectests: spec, then the GPU tests of speculation and extend graphs in what is left of the lane's time
 spectests() { spec; local l=$(( T - ($(date +%s) - START) )); [ "$l" -gt 20 ] && timeout "$l" python3 -m pytest -q \
   -p no:cacheprovider -m gpu -rA tests/engine/test_speculative_gpu.py tests/engine/test_extend_graphs_gpu.py > "$W/gpu_tests.log" 2>&1; }
@@ -65,7 +79,7 @@ textpar() { local c n; mkdir -p "$OUT/textpar"; for c in ${TEXT_CONFIGS//,/ }; d
   tar czf "$OUT/textpar.tgz" -C "$OUT" textpar; }  # NOTE: nested folders and "+" in names do not come back from a device
 START=$(date +%s)
 shift; for lane in ${*:-fallback multi spec}; do $lane & done; wait
-{ nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md "$W"/spec/spec.md; do
+{ nvidia-smi --query-gpu=name --format=csv,noheader; for f in "$W"/*/eval_*/results.md "$W"/spec/spec.md "$W"/gate_*/spec.md; do
     echo "== $f"; cat "$f"; done; echo "== followup"; grep '^|' "$W/followup.log" 2>/dev/null
   echo "== rq"; grep '^{' "$W/rq.log" 2>/dev/null; echo "== text"; grep ': n ' "$W/text.log" 2>/dev/null
   echo "== tails"; tail -n 3 "$W"/*.log; } > "$OUT/summary.txt" 2>&1

@@ -243,13 +243,15 @@ class SpeculativeConfig:
     Below it, and from its first step, it drafts in *shadow* only: the drafts a step would propose are judged
     against the tokens it then emits (no verify step, its steps run ahead), and one judged at this many or more
     resumes drafting, so text that does not copy costs plain decode steps; 0 always drafts. A verify step pays when
-    it accepts more than its cost in plain steps, less one: 0.45 suits a large model at long context (a verify step
-    ~1.45 plain steps), 1.3 the default model (2.3); chosen over a share of the drafts (0.25) on development text
-    (``lab/results/draft_gate_floor/``). Outputs do not depend on it."""
+    it accepts more than its cost in plain steps, less one. Chosen over a share of the drafts (0.25) on development
+    text (``lab/results/draft_gate_floor/``) and kept at step costs measured on an H200 (``draft_gate_floor_s27/``:
+    0.7-1.3 gain nothing there); where verify steps cost more than about twice a plain step (a small host-bound
+    model), 1.3 or ``measured_floor`` can spare text that copies little. Outputs do not depend on it."""
     measured_floor: bool = False
-    """Set the floor from this engine's own steps instead: the wall time of its verify steps over its plain decode
-    steps' (averages), less one, once four of each ran (``min_accepted_tokens`` before). Greedy outputs do not
-    depend on it; seeded sampled ones then depend on timing (which steps verify)."""
+    """Set the floor from this engine's own steps instead: where a verify step breaks even, (its wall time + that of
+    the plain step after it, which cannot run ahead) / a plain step run ahead's − 2 (averages), once four verify and
+    four plain steps ran (``min_accepted_tokens`` before). Greedy outputs do not depend on it; seeded sampled ones
+    then depend on timing (which steps verify)."""
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:

@@ -245,6 +245,7 @@ class LLMEngine:
         freed; other requests and later steps are unaffected. An exception from the scheduler
         itself is a bug and propagates."""
         t, (cur, self._ahead) = time.perf_counter(), (self._ahead, None)
+        ahead = cur is not None
         if cur is None:
             out = self.scheduler.schedule()
             if not out.chunks:
@@ -252,7 +253,7 @@ class LLMEngine:
             cur = self._launch(out)
         if self.overlap and cur.error is None:
             self._ahead = self._launch_ahead(cur)
-        kind = speculative.step_kind(cur.out.chunks) if self.spec is not None and cur.error is None else None
+        kind = speculative.step_kind(cur.out.chunks, ahead) if self.spec is not None and cur.error is None else None
         done = self._complete(cur)
         if kind is not None:
             self.spec.costs.observe(kind, time.perf_counter() - t)  # NOTE: measured_floor's step times

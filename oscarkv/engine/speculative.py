@@ -170,14 +170,15 @@ class DraftGate:
 
 
 class StepCosts:
-    """The wall time of an engine's verify steps and of its plain decode steps (averages: the mean of the first, then
-    exponential), and the draft floor they imply (``SpeculativeConfig.measured_floor``)."""
+    """The wall time of an engine's verify steps, of its plain decode steps run ahead (``plain``: overlap) and of those
+    not (``cold``: the step after a verify step, or every step without overlap), as averages (the mean of the first,
+    then exponential), and the draft floor they imply (``SpeculativeConfig.measured_floor``)."""
 
     DECAY, WARM = 0.9, 4
 
     def __init__(self) -> None:
-        self.mean = {"verify": 0.0, "plain": 0.0}
-        self.count = {"verify": 0, "plain": 0}
+        self.mean = {"verify": 0.0, "plain": 0.0, "cold": 0.0}
+        self.count = {"verify": 0, "plain": 0, "cold": 0}
 
     def observe(self, kind: str | None, seconds: float) -> None:
         """One step of ``kind`` (:func:`step_kind`; ``None``: neither, not counted) took ``seconds``."""
@@ -188,17 +189,25 @@ class StepCosts:
         self.mean[kind] = d * self.mean[kind] + (1 - d) * seconds
 
     def floor(self, prior: float, k: int) -> float:
-        """A verify step's cost in plain steps, less one (within ``[0, k]``); ``prior`` until both kinds are warm."""
-        if min(self.count.values()) < self.WARM or self.mean["plain"] <= 0:
+        """The accepted drafts at which a verify step breaks even: with them it emits one more token than it accepts
+        at the cost of itself and of the cold step after it, against as many plain steps, so (verify + cold) / plain
+        − 2, within ``[0, k]`` (where one plain kind is not warm, the other stands in for it: verify / plain − 1);
+        ``prior`` until verify steps and a plain kind are warm."""
+        warm = [kind for kind in ("plain", "cold") if self.count[kind] >= self.WARM and self.mean[kind] > 0]
+        if self.count["verify"] < self.WARM or not warm:
             return prior
-        return min(float(k), max(0.0, self.mean["verify"] / self.mean["plain"] - 1))
+        plain, cold = self.mean[warm[0]], self.mean[warm[-1]]
+        return min(float(k), max(0.0, (self.mean["verify"] + cold) / plain - 2))
 
 
-def step_kind(chunks: list[ScheduledChunk]) -> str | None:
-    """``verify`` (a chunk with drafts), ``plain`` (every chunk one decode token) or ``None`` (prefill in it)."""
+def step_kind(chunks: list[ScheduledChunk], ahead: bool = True) -> str | None:
+    """``verify`` (a chunk with drafts), ``plain`` (every chunk one decode token; ``cold`` if the step was not launched
+    ahead) or ``None`` (prefill in it)."""
     if any(c.drafts for c in chunks):
         return "verify"
-    return "plain" if all(c.samples and c.plan.t1 - c.plan.t0 == 1 for c in chunks) else None
+    if all(c.samples and c.plan.t1 - c.plan.t0 == 1 for c in chunks):
+        return "plain" if ahead else "cold"
+    return None
 
 
 class SpeculativeDecoder:

@@ -1,7 +1,7 @@
 """The default model's artifact ships with the package and is what ``oscarkv calibrate --model default`` makes.
 
 The shipped files (``oscarkv/data/default_rotations``) were written by that command with the
-recipe's defaults; their manifest's ``recipe`` (4-bit keys in 45 of 90 KV heads, pages of 16, no sink, recent 16, the INT2 key
+recipe's defaults; their manifest's ``recipe`` (4-bit keys in 42 of 90 KV heads, pages of 16, sink 16, recent 16, the INT2 key
 clip 0.95 elsewhere) is what the per-head allocation study then chose for them on development samples
 (``lab/scripts/twobit_heads.py``, ``lab/scripts/twobit_head_recipe.py``, ``lab/results/dev_twobit_8k_heads/``), kept as data (``oscarkv/data/default_recipe.json``, with the options it holds for and its provenance)
 that the command writes into what it fits, so that it makes the shipped artifact in full, recipe included.
@@ -36,18 +36,18 @@ def test_shipped_recipe_is_the_development_search(shipped):
     """The shipped recipe is the allocation the development study chose for this artifact
     (``lab/scripts/twobit_head_recipe.py`` wrote it from ``lab/results/dev_twobit_8k_heads/``; development needles as
     served chose its windows, ``lab/results/gpu_heads_windows/``), and the serving entry points apply it: 4-bit keys
-    in the 45 most sensitive KV heads, 2-bit values, pages of 16, no sink, recent 16, key clip 0.95."""
+    in the 42 most sensitive KV heads, 2-bit values, pages of 16, sink 16, recent 16, key clip 0.95."""
     import json
     from pathlib import Path
 
     from oscarkv.config import KVConfig
     from oscarkv.quant.artifact import apply_recipe
 
-    chosen = json.loads((Path(__file__).parents[2] / "lab/scripts/twobit_recipe_8192_s0_r16_p16.json").read_text())
+    chosen = json.loads((Path(__file__).parents[2] / "lab/scripts/twobit_recipe_8192_s16_r16_p16.json").read_text())
     assert shipped.manifest["recipe"] == chosen
     kv = apply_recipe(KVConfig("oscar"), shipped)
-    assert (kv.key_clip, kv.sink, kv.recent, kv.page_size, kv.bits, kv.levels) == (0.95, 0, 16, 16, (2, 2), "uniform")
-    assert sum(map(len, kv.layer_key_heads)) == 45 and 2 in kv.layer_key_heads[18]  # layer 18 head 2: the most
+    assert (kv.key_clip, kv.sink, kv.recent, kv.page_size, kv.bits, kv.levels) == (0.95, 16, 16, 16, (2, 2), "uniform")
+    assert sum(map(len, kv.layer_key_heads)) == 42 and 2 in kv.layer_key_heads[18]  # layer 18 head 2: the most
     assert not kv.layer_key_bits and not kv.layer_value_bits
 
 

@@ -285,13 +285,23 @@ def _costs(verify_ms: float, plain_ms: float, n: int) -> StepCosts:
     return costs
 
 
-def test_measured_floor_is_a_verify_steps_cost_in_plain_steps_less_one():
-    """``StepCosts``: the prior until four steps of each kind; then verify / plain − 1, within [0, K]; a decoder with
-    ``measured_floor`` sets its gates' floor from it, one without keeps ``min_accepted_tokens``."""
+def test_measured_floor_is_where_a_verify_step_breaks_even():
+    """``StepCosts``: the prior until four verify steps and four plain ones; then (verify + cold) / plain − 2 — a verify
+    step and the cold step after it against plain steps run ahead — with either plain kind standing in for a missing
+    one, within [0, K]; a decoder with ``measured_floor`` sets its gates' floor from it, one without keeps
+    ``min_accepted_tokens``."""
     assert _costs(2.3, 1.0, 3).floor(0.45, 4) == 0.45
     costs = _costs(2.3, 1.0, 4)
     costs.observe(None, 9.0)  # a step with prefill in it counts for neither
     assert costs.floor(0.45, 4) == pytest.approx(1.3) and _costs(0.5, 1.0, 4).floor(0.45, 4) == 0.0
+    for _ in range(4):  # cold steps cost 1.6 plain steps: the verify step's overlap break counts
+        costs.observe("cold", 1.6e-3)
+    assert costs.floor(0.45, 4) == pytest.approx(1.9)
+    cold_only = StepCosts()  # no overlap: every plain step cold
+    for _ in range(4):
+        cold_only.observe("verify", 2.3e-3)
+        cold_only.observe("cold", 1.0e-3)
+    assert cold_only.floor(0.45, 4) == pytest.approx(1.3)
     costs.observe("verify", 1.0)  # a slow verify step: the floor stays within K
     assert costs.floor(0.45, 4) == 4.0
 
@@ -312,8 +322,8 @@ def test_measured_floor_is_a_verify_steps_cost_in_plain_steps_less_one():
 
 
 def test_an_engine_measures_its_steps_for_the_floor(llama, artifact):
-    """With ``measured_floor`` the engine times its verify and plain decode steps (overlap on); greedy tokens are
-    those without speculation."""
+    """With ``measured_floor`` the engine times its verify steps and its plain decode steps, run ahead and cold (overlap
+    on); greedy tokens are those without speculation."""
     ps = prompts(1, 40, seed=11) + [copy_prompts()[0]]
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     kw = dict(kv_memory_bytes=4 * MEMORY["bf16"]["kv_memory_bytes"])
@@ -323,4 +333,5 @@ def test_an_engine_measures_its_steps_for_the_floor(llama, artifact):
     outs = [run(engine, [p], params)[0] for p in ps]
     assert [o.token_ids for o in base] == [o.token_ids for o in outs]
     costs = engine.spec.costs
-    assert costs.count["plain"] > 10 and costs.count["verify"] > 0 and min(costs.mean.values()) > 0
+    assert costs.count["plain"] > 10 and costs.count["verify"] > 0 and costs.count["cold"] > 0
+    assert min(costs.mean.values()) > 0
