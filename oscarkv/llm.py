@@ -40,8 +40,8 @@ class LLM:
         builds this needs the ``if __name__ == "__main__":`` guard). Without ``config``, an OSCAR
         artifact's recipe (the windows ``oscarkv calibrate --max-bpe`` chose, in its manifest) sets
         the windows; the line describing them is logged at start-up and kept as ``self.recipe``.
-        ``recipe_overrides``: ``KVConfig`` fields set over that recipe, as the flags do (``{"sink": 16}`` adds a
-        sink and keeps the per-head bits; ``key_bits``/``value_bits`` replace the allocation).
+        ``recipe_overrides``: ``KVConfig`` fields set over that recipe, as the flags do (``{"sink": 64}`` widens
+        the sink and keeps the per-head bits; ``key_bits``/``value_bits`` replace the allocation).
         ``device``: where a model named by a spec runs (:data:`oscarkv.config.DEVICES`; ``auto``: the
         first CUDA device when one is visible); a ``LoadedModel`` runs where its weights are."""
         if config is not None and recipe_overrides:

@@ -205,8 +205,8 @@ def engine_args(p: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace, artifact=None) -> EngineConfig:
     """The :class:`EngineConfig` the flags of :func:`engine_args` name; a bad value is a UserError.
     Windows, pages and bits the flags leave unset come from the artifact's recipe when it holds one
-    (``oscarkv.quant.artifact.apply_recipe``), else from ``KVConfig``'s defaults: ``--sink 16`` adds a sink to the
-    recipe and keeps its per-head bits; ``--key-bits``/``--value-bits`` replace its allocation."""
+    (``oscarkv.quant.artifact.apply_recipe``), else from ``KVConfig``'s defaults: ``--sink 64`` widens the recipe's
+    sink and keeps its per-head bits; ``--key-bits``/``--value-bits`` replace its allocation."""
     from oscarkv.quant.artifact import recipe_with
 
     if args.rotations is not None and args.kv != "oscar":

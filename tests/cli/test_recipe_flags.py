@@ -54,8 +54,8 @@ def test_llm_sets_fields_over_the_recipe_as_the_flags_do(shipped):
     from oscarkv.models.loader import load_model
 
     loaded = load_model("default", "float32", device="cpu")
-    with LLM(loaded, artifact=shipped, recipe_overrides={"sink": 16}) as llm:
-        assert llm.engine.cfg.kv == kv_for(["--sink", "16"], shipped)
-        assert llm.recipe.endswith("(set by the caller: the artifact's recipe but sink 16)")
+    with LLM(loaded, artifact=shipped, recipe_overrides={"sink": 32}) as llm:
+        assert llm.engine.cfg.kv == kv_for(["--sink", "32"], shipped)
+        assert llm.recipe.endswith("(set by the caller: the artifact's recipe but sink 32)")
     with pytest.raises(ValueError, match="recipe_overrides"):
-        LLM(loaded, artifact=shipped, config=EngineConfig(), recipe_overrides={"sink": 16})
+        LLM(loaded, artifact=shipped, config=EngineConfig(), recipe_overrides={"sink": 32})
