@@ -40,9 +40,8 @@ def replay(mod, prompt: list[int], out: list[int], k: int, cost: tuple[float, fl
     """Steps, verify steps and speed-up (tokens per cost unit) of one output under ``mod``'s gate (``gate``: this
     one instead); ``limit(t)``: the most drafts a step to ``t`` tokens may add (``KVCacheManager.draft_end``)."""
     v, u = cost
-    cfg = SpeculativeConfig("ngram", num_speculative_tokens=k)
-    if gate is not None:  # NOTE: the decoder sets each gate's floor from its config at every watch
-        cfg = SpeculativeConfig("ngram", num_speculative_tokens=k, min_accepted_tokens=gate.floor)
+    floor = {} if gate is None else {"min_accepted_tokens": gate.floor}  # NOTE: the decoder resets gates' floors from it
+    cfg = SpeculativeConfig("ngram", num_speculative_tokens=k, **floor)
     if mod is before:  # NOTE: its gate read a share of the drafts, 0.25 then (min_acceptance)
         cfg = SimpleNamespace(**vars(cfg), min_acceptance=0.25)
     dec = mod.SpeculativeDecoder(cfg)

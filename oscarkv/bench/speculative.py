@@ -150,8 +150,8 @@ def divergence(ref: tuple[list[int], list[float]], got: tuple[list[int], list[fl
 def model_engine_factory(loaded, artifact, given: dict | None = None, kv_bytes: int = 1 << 28,
                          gate: dict | None = None):
     """``make_engine(method, K)`` for :func:`task_rows` on a loaded real model (ngram drafts when K > 0); OSCAR with
-    the artifact's recipe, as ``LLM`` and ``serve`` apply it (the default model's: pages of 16, 4-bit keys in 45
-    heads), and the fields ``given`` sets over it (``quant.artifact.recipe_with``; ``{"sink": 16}`` as ``--sink 16``);
+    the artifact's recipe, as ``LLM`` and ``serve`` apply it (the default model's: pages of 16, sink 16, 4-bit keys in
+    42 heads), and the fields ``given`` sets over it (``quant.artifact.recipe_with``; ``{"sink": 64}`` as ``--sink 64``);
     ``gate``: the draft gate's ``SpeculativeConfig`` fields (``min_accepted_tokens``, ``measured_floor``)."""
     def make(method: str, k: int) -> LLMEngine:
         spec = SpeculativeConfig("ngram", num_speculative_tokens=k, **(gate or {})) if k else SpeculativeConfig()
